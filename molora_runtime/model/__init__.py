@@ -1,0 +1,1 @@
+"""molora_runtime.model."""
