@@ -1,0 +1,46 @@
+"""Names of every metric the project exports (shared by the exporters and the dashboard).
+
+Ray prefixes application metrics with `ray_` when it exposes them to Prometheus, so a metric
+defined here as `molora_requests_total` is scraped as `ray_molora_requests_total`.
+"""
+
+from __future__ import annotations
+
+PROMETHEUS_PREFIX = "ray_"
+
+REQUESTS = "molora_requests_total"  # counter {route_kind, adapter, status}
+TOKENS = "molora_tokens_total"  # counter {route_kind, adapter, kind=prompt|completion}
+TTFT = "molora_ttft_seconds"  # histogram {route_kind}
+INTER_TOKEN = "molora_inter_token_latency_seconds"  # histogram {route_kind}
+QUEUE_LENGTH = "molora_queue_length"  # gauge (waiting requests of a replica)
+RUNNING = "molora_running_requests"  # gauge
+HOTSET_HITS = "molora_hotset_hits_total"  # counter
+HOTSET_MISSES = "molora_hotset_misses_total"  # counter
+HOTSET_EVICTIONS = "molora_hotset_evictions_total"  # counter
+HOTSET_LOADS = "molora_hotset_loads_total"  # counter
+HOTSET_LOAD_LATENCY = "molora_hotset_load_latency_seconds"  # histogram
+HOTSET_SLOTS_USED = "molora_hotset_slots_used"  # gauge
+GATE_TOKENS = "molora_router_gate_tokens_total"  # counter {composition, layer, adapter}
+PLACEMENTS = "molora_placement_total"  # counter {outcome=affinity|spill|new}
+
+ALL = (
+    REQUESTS,
+    TOKENS,
+    TTFT,
+    INTER_TOKEN,
+    QUEUE_LENGTH,
+    RUNNING,
+    HOTSET_HITS,
+    HOTSET_MISSES,
+    HOTSET_EVICTIONS,
+    HOTSET_LOADS,
+    HOTSET_LOAD_LATENCY,
+    HOTSET_SLOTS_USED,
+    GATE_TOKENS,
+    PLACEMENTS,
+)
+
+
+def scraped(name: str) -> str:
+    """The name under which Prometheus sees `name` (Ray's prefix added)."""
+    return PROMETHEUS_PREFIX + name
