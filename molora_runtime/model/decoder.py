@@ -1,0 +1,205 @@
+"""A compact decoder for the Llama and Qwen3 families with routed-LoRA projections.
+
+All tokens of a step are flattened to [N, d]; every projection (and so every LoRA delta) runs once
+over all of them, whatever route each token takes. Only attention looks at sequence structure,
+through `CacheAttention` (serving, KV cache) or `DenseAttention` (training, no cache).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from molora_runtime.lora.context import LoRAContext
+from molora_runtime.model.arch import ModelArch
+from molora_runtime.model.attention_meta import CacheAttention, DenseAttention, KVCache
+from molora_runtime.model.layers import LoRALinear, RMSNorm, RotaryEmbedding
+
+AttentionMeta = CacheAttention | DenseAttention
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: ModelArch, layer: int) -> None:
+        super().__init__()
+        d, hd = arch.hidden_size, arch.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, hd
+        self.layer = layer
+        bias = arch.attention_bias
+        self.q_proj = LoRALinear(d, self.num_heads * hd, bias, "q_proj", layer)
+        self.k_proj = LoRALinear(d, self.num_kv_heads * hd, bias, "k_proj", layer)
+        self.v_proj = LoRALinear(d, self.num_kv_heads * hd, bias, "v_proj", layer)
+        self.o_proj = LoRALinear(self.num_heads * hd, d, bias, "o_proj", layer)
+        self.q_norm = RMSNorm(hd, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(hd, arch.rms_norm_eps) if arch.qk_norm else None
+        self.scale = hd**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        meta: AttentionMeta,
+        rope: RotaryEmbedding,
+        kv: KVCache | None,
+        ctx: LoRAContext | None,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_proj(x, ctx).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x, ctx).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x, ctx).view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(q, k, meta.positions)
+        if isinstance(meta, DenseAttention):
+            out = self._dense(q, k, v, meta)
+        else:
+            assert kv is not None, "the serving path needs a KV cache"
+            out = self._cached(q, k, v, meta, kv)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim), ctx)
+
+    def _dense(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: DenseAttention):
+        B, T = meta.batch, meta.seq_len
+        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return out.transpose(1, 2).reshape(B * T, self.num_heads, self.head_dim)
+
+    def _cached(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: CacheAttention,
+        kv: KVCache,
+    ) -> torch.Tensor:
+        k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
+        k_cache[meta.kv_rows, meta.positions] = k.to(k_cache.dtype)
+        v_cache[meta.kv_rows, meta.positions] = v.to(v_cache.dtype)
+        out = torch.empty_like(q)
+        D = meta.num_decode
+        if D:
+            out[:D] = self._decode(q[:D], meta, k_cache, v_cache)
+        for seg in meta.prefill_segments:
+            sl = slice(seg.start, seg.start + seg.length)
+            ctx_len = seg.start_pos + seg.length
+            qs = q[sl].transpose(0, 1).unsqueeze(0)  # [1, H, len, hd]
+            ks = k_cache[seg.row, :ctx_len].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            vs = v_cache[seg.row, :ctx_len].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            if seg.start_pos == 0:
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            else:
+                qpos = torch.arange(seg.start_pos, ctx_len, device=q.device)
+                kpos = torch.arange(ctx_len, device=q.device)
+                mask = kpos[None, :] <= qpos[:, None]
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+            out[sl] = o.squeeze(0).transpose(0, 1)
+        return out
+
+    def _decode(
+        self, q: torch.Tensor, meta: CacheAttention, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        D = q.shape[0]
+        length = meta.static_kv_len or meta.max_decode_context
+        rows = meta.kv_rows[:D]
+        ks = k_cache[rows, :length].transpose(1, 2).to(q.dtype)  # [D, Hkv, len, hd]
+        vs = v_cache[rows, :length].transpose(1, 2).to(q.dtype)
+        kpos = torch.arange(length, device=q.device)
+        mask = (kpos[None, :] < meta.decode_context_lens[:, None]).view(D, 1, 1, length)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=mask, enable_gqa=True)
+        return o.squeeze(2)
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: ModelArch, layer: int) -> None:
+        super().__init__()
+        d, f = arch.hidden_size, arch.intermediate_size
+        self.gate_proj = LoRALinear(d, f, False, "gate_proj", layer)
+        self.up_proj = LoRALinear(d, f, False, "up_proj", layer)
+        self.down_proj = LoRALinear(f, d, False, "down_proj", layer)
+
+    def forward(self, x: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x, ctx)) * self.up_proj(x, ctx), ctx)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = Attention(arch, layer)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = MLP(arch, layer)
+
+    def forward(self, h, meta, rope, kv, ctx):
+        normed = self.input_layernorm(h)
+        if ctx is not None:
+            ctx.begin_layer(self.layer, normed)  # learned gates read the layer's normed input
+        h = h + self.self_attn(normed, meta, rope, kv, ctx)
+        return h + self.mlp(self.post_attention_layernorm(h), ctx)
+
+
+class CausalLM(nn.Module):
+    """Decoder + LM head. `forward` serves (KV cache); `forward_train` trains gates (no cache)."""
+
+    def __init__(self, arch: ModelArch, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.arch = arch
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.lm_head = (
+            None
+            if arch.tie_word_embeddings
+            else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        )
+        self.rope = RotaryEmbedding(
+            arch.head_dim, max_positions or arch.max_position_embeddings, arch.rope
+        )
+
+    def lora_linears(self) -> list[LoRALinear]:
+        return [m for m in self.modules() if isinstance(m, LoRALinear)]
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMeta,
+        kv: KVCache | None,
+        ctx: LoRAContext | None,
+    ) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            h = layer(h, meta, self.rope, kv, ctx)
+        return self.norm(h)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: CacheAttention,
+        kv: KVCache,
+        ctx: LoRAContext | None,
+        logits_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Serve one step: input_ids [N] flattened; returns logits of `logits_index` tokens."""
+        hidden = self.hidden_states(input_ids, meta, kv, ctx)
+        if logits_index is not None:
+            hidden = hidden.index_select(0, logits_index)
+        return self.logits(hidden)
+
+    def forward_train(
+        self, input_ids: torch.Tensor, ctx: LoRAContext | None = None
+    ) -> torch.Tensor:
+        """Full causal forward of a [B, T] batch without a KV cache; returns logits [B, T, V].
+
+        `ctx` routes the B*T flattened tokens (row-major); with `ctx.return_gate_logits` the
+        per-layer gate logits [B*T, K] are left in `ctx.gate_logits`, and gradients flow into
+        the gate tensors of `ctx.gates` (base weights and adapter buffers stay frozen).
+        """
+        B, T = input_ids.shape
+        positions = torch.arange(T, device=input_ids.device).repeat(B)
+        meta = DenseAttention(batch=B, seq_len=T, positions=positions)
+        hidden = self.hidden_states(input_ids.reshape(-1), meta, None, ctx)
+        return self.logits(hidden).view(B, T, -1)

@@ -1,0 +1,160 @@
+"""`molora train adapter`: LoRA training of one domain adapter with PEFT, saved as a PEFT folder.
+
+The base stays frozen; only the LoRA A/B matrices train, on answer tokens only. The data is
+drawn from the domain's generator with the training seed range, so the run is a pure function of
+its config: same config + seed, same adapter (on one device type). Checkpoints (safetensors +
+json) let an interrupted run resume where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file, save_file
+
+from molora_runtime.config import DEFAULT_MODEL, LORA_TARGET_MODULES
+from molora_runtime.training.batching import answer_loss, collate, encode_example
+from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
+from molora_runtime.training.data import DOMAINS, domain_examples
+from molora_runtime.training.progress import Progress
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+class AdapterTrainConfig(BaseModel):
+    """Everything that determines an adapter; recorded next to it as `training_config.json`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = DEFAULT_MODEL
+    domain: str
+    output: str = Field(description="PEFT folder to write")
+    rank: int = Field(8, ge=1, le=256)
+    alpha: float = Field(16.0, gt=0)
+    target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGET_MODULES))
+    steps: int = Field(150, ge=1)
+    batch_size: int = Field(8, ge=1)
+    lr: float = Field(2e-3, gt=0)
+    warmup: int = Field(10, ge=0)
+    seed: int = 0
+    max_tasks: int = Field(2, ge=1, le=4, description="tasks per training example")
+    checkpoint_every: int = Field(50, ge=1)
+    save_dtype: str = Field("bfloat16", pattern="^(bfloat16|float32)$")
+    device: str = "auto"
+    threads: int | None = Field(None, ge=1, description="torch CPU threads")
+
+    def resume_key(self) -> dict:
+        """Fields that must match for a checkpoint to be resumed."""
+        return self.model_dump(exclude={"output", "checkpoint_every", "device", "threads"})
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def lr_at(step: int, cfg_steps: int, warmup: int, lr: float) -> float:
+    """Linear warm-up then cosine decay to 10%."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(cfg_steps - warmup, 1)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def load_base(model: str, device: torch.device):
+    """The frozen base model and its tokenizer, in float32 for stable small-batch training."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from molora_runtime.model.registry import resolve_model_path
+
+    path = resolve_model_path(model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    lm.requires_grad_(False)
+    return lm, tokenizer
+
+
+def train_adapter(cfg: AdapterTrainConfig) -> Path:
+    """Train and save one adapter; resumes from `<output>/checkpoint` when present."""
+    from peft import LoraConfig, get_peft_model
+
+    if cfg.domain not in DOMAINS:
+        raise ValueError(f"unknown domain {cfg.domain!r}; known: {sorted(DOMAINS)}")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    device = pick_device(cfg.device)
+    base, tokenizer = load_base(cfg.model, device)
+    lora = LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=0.0,
+        target_modules=cfg.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(base, lora)
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=0.0)
+
+    out = Path(cfg.output)
+    ckpt = out / "checkpoint"
+    meta = load_checkpoint(ckpt, params, optimizer, cfg.resume_key())
+    start = meta["step"] if meta else 0
+    if start:
+        print(f"[adapter] resumed from step {start}", flush=True)
+
+    examples = domain_examples(
+        cfg.domain, cfg.steps * cfg.batch_size, cfg.seed, "train", max_tasks=cfg.max_tasks
+    )
+    encoded = [encode_example(tokenizer, e) for e in examples]
+    inner = model.get_base_model()
+    progress = Progress(cfg.steps, start=start, label=f"adapter:{cfg.domain}")
+    model.train()
+    for step in range(start, cfg.steps):
+        batch = collate(encoded[step * cfg.batch_size : (step + 1) * cfg.batch_size], 0)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg.steps, cfg.warmup, cfg.lr)
+        hidden = inner.model(
+            input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)
+        ).last_hidden_state
+        loss = answer_loss(hidden, inner.lm_head, batch.labels.to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
+        optimizer.step()
+        progress.update(step + 1, loss.item())
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+            save_checkpoint(ckpt, step + 1, params, optimizer, cfg.resume_key())
+
+    save_peft_folder(model, out, cfg)
+    if ckpt.exists():
+        for f in ckpt.iterdir():
+            f.unlink()
+        ckpt.rmdir()
+    return out
+
+
+def save_peft_folder(model, out: Path, cfg: AdapterTrainConfig) -> None:
+    """Write a standard PEFT folder, weights cast to `save_dtype`, base named by alias not path."""
+    model.save_pretrained(str(out))
+    weights = out / ADAPTER_WEIGHTS
+    dtype = getattr(torch, cfg.save_dtype)
+    tensors = {k: v.to(dtype).contiguous() for k, v in load_file(str(weights)).items()}
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    conf_path = out / "adapter_config.json"
+    conf = json.loads(conf_path.read_text())
+    conf["base_model_name_or_path"] = cfg.model
+    conf_path.write_text(json.dumps(conf, indent=2) + "\n")
+    (out / "training_config.json").write_text(cfg.model_dump_json(indent=2) + "\n")

@@ -1,0 +1,63 @@
+"""Tokenising examples into padded training batches with the loss only on answer tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from molora_runtime.training.data import Example
+
+IGNORE = -100
+
+
+def render_prompt(tokenizer, example: Example) -> str:
+    """The chat-templated prompt text, ending where the assistant's answer starts."""
+    return tokenizer.apply_chat_template(
+        example.messages(), tokenize=False, add_generation_prompt=True
+    )
+
+
+def end_of_turn(tokenizer) -> str:
+    return tokenizer.eos_token or "<|im_end|>"
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    labels: torch.Tensor  # [B, T], IGNORE outside the answer; already shifted (label of t is t+1)
+
+
+def encode_example(tokenizer, example: Example) -> tuple[list[int], list[int]]:
+    """Token ids of prompt+answer and per-token labels (next token where it is answer)."""
+    prompt_ids = tokenizer(render_prompt(tokenizer, example), add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(example.target() + end_of_turn(tokenizer), add_special_tokens=False)[
+        "input_ids"
+    ]
+    ids = prompt_ids + answer_ids
+    # position t predicts ids[t+1]; only answer tokens are targets.
+    labels = [IGNORE] * len(ids)
+    for t in range(len(prompt_ids) - 1, len(ids) - 1):
+        labels[t] = ids[t + 1]
+    return ids, labels
+
+
+def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> Batch:
+    """Right-pad a list of (ids, labels) into tensors."""
+    width = max(len(ids) for ids, _ in encoded)
+    ids_t = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    labels = torch.full((len(encoded), width), IGNORE, dtype=torch.long)
+    for row, (ids, lab) in enumerate(encoded):
+        ids_t[row, : len(ids)] = torch.tensor(ids)
+        mask[row, : len(ids)] = 1
+        labels[row, : len(lab)] = torch.tensor(lab)
+    return Batch(input_ids=ids_t, attention_mask=mask, labels=labels)
+
+
+def answer_loss(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.Tensor):
+    """Cross-entropy over answer positions only; projecting just those saves most lm_head work."""
+    keep = labels != IGNORE
+    logits = lm_head(hidden[keep])
+    return torch.nn.functional.cross_entropy(logits.float(), labels[keep])
