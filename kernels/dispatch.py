@@ -1,14 +1,92 @@
-"""Chooses the routed-LoRA implementation for the device and token count."""
+"""Chooses the routed-LoRA implementation for the device, token count and autograd need.
+
+CUDA without autograd → Triton kernels (BGMV for decode-sized batches, SGMV for prefill).
+CPU, or any call that must backpropagate (learned-router training) → the fastest PyTorch
+reference twin for the token count. Triton is imported lazily, only for CUDA inputs or when
+asked for explicitly (`backend="triton"`, e.g. under `TRITON_INTERPRET=1`), so importing
+`kernels` never imports triton.
+"""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from kernels.reference import routed_lora_segmented
+from kernels.reference import REFERENCE_VARIANTS
+
+# CPU choice by token count, from `benchmarks/kernels.py --quick` on the 2-core dev box
+# (benchmarks/results/kernels_cpu_quick.json): the masked per-slot variant is fastest for
+# small T (no gathers, plain GEMMs), the segmented (sorted, per-slot GEMM) variant for large T,
+# where masked wastes S× flops on tokens that do not use the slot.
+CPU_SMALL_T_VARIANT = "masked"
+CPU_LARGE_T_VARIANT = "segmented"
+CPU_SMALL_T_MAX = 64
+# Differentiable path on CUDA: two GEMMs and no host syncs.
+CUDA_GRAD_VARIANT = "onehot"
+
+BACKEND_ENV = "MOLORA_KERNEL_BACKEND"
+BACKENDS = ("auto", "triton", *REFERENCE_VARIANTS)
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def select_backend(x: torch.Tensor, tensors: tuple[torch.Tensor, ...], backend: str | None) -> str:
+    """Name of the implementation to run: 'triton' or a key of REFERENCE_VARIANTS."""
+    backend = backend or os.environ.get(BACKEND_ENV, "auto")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown routed-LoRA backend {backend!r}; expected one of {BACKENDS}")
+    if backend != "auto":
+        return backend
+    if _needs_grad(x, *tensors):
+        return CUDA_GRAD_VARIANT if x.is_cuda else _cpu_variant(x.shape[0])
+    if x.is_cuda:
+        return "triton"
+    return _cpu_variant(x.shape[0])
+
+
+def _cpu_variant(T: int) -> str:
+    return CPU_SMALL_T_VARIANT if T <= CPU_SMALL_T_MAX else CPU_LARGE_T_VARIANT
 
 
 def routed_lora(
-    x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor
+    x: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    slot_ids: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """Return the routed LoRA delta [T, d_out] for x [T, d_in]; see the package docstring."""
-    return routed_lora_segmented(x, A, B, slot_ids, weights)
+    name = select_backend(x, (A, B, weights), backend)
+    if name == "triton":
+        from kernels.triton_ops import routed_lora_triton
+
+        return routed_lora_triton(x, A, B, slot_ids, weights)
+    return REFERENCE_VARIANTS[name](x, A, B, slot_ids, weights)
+
+
+def routed_lora_multi(
+    x: torch.Tensor,
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    slot_ids: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> list[torch.Tensor]:
+    """Deltas for several projections sharing x and routing (fused q/k/v, gate/up).
+
+    On CUDA the shrinks (and expands) of up to three outputs run as one launch each; the
+    reference path simply loops.
+    """
+    flat = tuple(t for pair in pairs for t in pair)
+    name = select_backend(x, (*flat, weights), backend)
+    if name == "triton":
+        from kernels.triton_ops import routed_lora_multi_triton
+
+        return routed_lora_multi_triton(x, pairs, slot_ids, weights)
+    fn = REFERENCE_VARIANTS[name]
+    return [fn(x, A, B, slot_ids, weights) for A, B in pairs]

@@ -1,0 +1,58 @@
+"""Shared Triton helpers: per-output operand selection and launch-size heuristics.
+
+Imported only from the Triton kernel modules, which `kernels.dispatch` loads lazily, so that
+importing `kernels` never imports triton (tests set `TRITON_INTERPRET=1` before that happens).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_OUTPUTS = 3  # fused q/k/v is the widest group; more outputs are launched in chunks
+MAX_RANK = 128
+
+
+@triton.jit
+def select_out(o, v0, v1, v2, NUM_OUT: tl.constexpr):
+    """Pick output `o`'s operand (pointer or scalar); compile-time trivial when NUM_OUT == 1."""
+    if NUM_OUT == 1:
+        v = v0
+    elif NUM_OUT == 2:
+        if o == 0:  # noqa: SIM108 (Triton needs statement form for runtime branches)
+            v = v0
+        else:
+            v = v1
+    else:
+        if o == 0:
+            v = v0
+        elif o == 1:
+            v = v1
+        else:
+            v = v2
+    return v
+
+
+def rank_block(r: int) -> int:
+    """Rank tile: a power of two >= 16 (the `tl.dot` minimum) covering the padded rank."""
+    if r > MAX_RANK:
+        raise ValueError(f"rank {r} exceeds the kernel maximum {MAX_RANK}")
+    return max(16, triton.next_power_of_2(r))
+
+
+def is_interpreted(t: torch.Tensor) -> bool:
+    """True when the kernels run under the Triton CPU interpreter (tensor not on CUDA)."""
+    return t.device.type != "cuda"
+
+
+def sm_count(t: torch.Tensor) -> int:
+    """Streaming multiprocessors of `t`'s device (1 under the interpreter)."""
+    if t.device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(t.device).multi_processor_count
+
+
+def pad3(items: list) -> list:
+    """Repeat the first entry so a per-output argument list always has MAX_OUTPUTS entries."""
+    return items + [items[0]] * (MAX_OUTPUTS - len(items))

@@ -1,0 +1,73 @@
+"""Triton entry points: choose decode (BGMV) or prefill (SGMV) kernels and group outputs.
+
+Loaded lazily by `kernels.dispatch` (never at `import kernels`). On CUDA tensors the kernels are
+compiled; on CPU tensors they only run when `TRITON_INTERPRET=1` was set before triton was
+imported (the tests do that). No backward: the dispatcher sends autograd calls elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.triton_bgmv import bgmv
+from kernels.triton_common import MAX_OUTPUTS, MAX_RANK
+from kernels.triton_sgmv import sgmv
+
+# Up to this many (token, j) pairs the per-pair gather kernels win: each pair is one program and
+# small batches need split-K to fill the GPU, while SGMV tiles need >= 16 tokens per slot to pay.
+# Provisional until the first GPU run of `benchmarks/kernels.py` (benchmarks/results/*cuda*.json).
+DECODE_MAX_PAIRS = 128
+
+MODES = ("auto", "bgmv", "sgmv")
+
+
+def _check(x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, slot_ids: torch.Tensor) -> None:
+    if x.dim() != 2 or A.dim() != 3 or B.dim() != 3 or slot_ids.dim() != 2:
+        raise ValueError("expected x [T, d_in], A [S, r, d_in], B [S, d_out, r], slot_ids [T, k]")
+    if A.shape[2] != x.shape[1] or B.shape[2] != A.shape[1] or B.shape[0] != A.shape[0]:
+        raise ValueError(f"shape mismatch: x {x.shape}, A {A.shape}, B {B.shape}")
+    if A.dtype != x.dtype or B.dtype != x.dtype:
+        raise ValueError(f"dtype mismatch: x {x.dtype}, A {A.dtype}, B {B.dtype}")
+    if A.shape[1] > MAX_RANK:
+        raise ValueError(f"rank {A.shape[1]} exceeds {MAX_RANK}")
+
+
+def routed_lora_multi_triton(
+    x: torch.Tensor,
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    slot_ids: torch.Tensor,
+    weights: torch.Tensor,
+    mode: str = "auto",
+) -> list[torch.Tensor]:
+    """Deltas for several (A, B) sharing x and the routing; one shrink+expand per 3 outputs."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}")
+    for A, B in pairs:
+        _check(x, A, B, slot_ids)
+    if len({A.shape[1] for A, _ in pairs}) != 1:
+        raise ValueError("fused outputs must share the (padded) rank")
+    T, K = slot_ids.shape
+    outs = [torch.empty(T, B.shape[1], dtype=x.dtype, device=x.device) for _, B in pairs]
+    if T == 0 or K == 0:
+        return [o.zero_() for o in outs]
+    ids = slot_ids.to(torch.int32).contiguous()
+    w = weights.contiguous()
+    if mode == "auto":
+        mode = "bgmv" if T * K <= DECODE_MAX_PAIRS else "sgmv"
+    launch = bgmv if mode == "bgmv" else sgmv
+    for i in range(0, len(pairs), MAX_OUTPUTS):
+        group = pairs[i : i + MAX_OUTPUTS]
+        launch(x, [a for a, _ in group], [b for _, b in group], ids, w, outs[i : i + MAX_OUTPUTS])
+    return outs
+
+
+def routed_lora_triton(
+    x: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    slot_ids: torch.Tensor,
+    weights: torch.Tensor,
+    mode: str = "auto",
+) -> torch.Tensor:
+    """Routed LoRA delta [T, d_out] in x.dtype via the Triton kernels (fp32 accumulation)."""
+    return routed_lora_multi_triton(x, [(A, B)], slot_ids, weights, mode)[0]
