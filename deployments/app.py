@@ -1,0 +1,58 @@
+"""`build_app`: what `serve_config.yaml`'s `import_path` points at.
+
+`serve run serve_config.yaml` calls `build_app(args)`; args are validated as `ServeConfig`
+(errors name the bad key) and become one router (ingress) plus the model replicas, whose
+handle places requests with `AdapterAffinityRouter`. Replica count, autoscaling and resources
+come from the YAML's `deployments` section, so the same code runs one CPU replica or many GPUs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
+
+from deployments.config import ConfigError, ServeConfig
+from deployments.ingress import Router
+from deployments.replica import ModelReplica
+
+AFFINITY_ROUTER = "deployments.request_router:AdapterAffinityRouter"
+
+
+def router_config(cfg: ServeConfig) -> RequestRouterConfig:
+    """Placement of the model handle: adapter affinity, or Ray's default for comparison."""
+    period = cfg.placement.stats_period_s
+    common = {
+        "request_routing_stats_period_s": period,
+        "request_routing_stats_timeout_s": max(5.0, 4 * period),
+    }
+    if cfg.placement.policy == "default":
+        return RequestRouterConfig(**common)
+    return RequestRouterConfig(
+        request_router_class=AFFINITY_ROUTER,
+        request_router_kwargs={
+            "load_bound": cfg.placement.load_bound,
+            "load_bound_ratio": cfg.placement.load_bound_ratio,
+            "placement_memory_s": cfg.placement.placement_memory_s,
+        },
+        **common,
+    )
+
+
+def check_environment(cfg: ServeConfig) -> None:
+    """Fail at `serve run` time, naming the key, for what validation cannot see."""
+    url = cfg.store.resolved_url()
+    if "://" not in url and not Path(url).is_dir():
+        raise ConfigError(
+            f"invalid serve config:\n  args.store.url: directory {url} does not exist"
+        )
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    cfg = ServeConfig.from_args(args)
+    check_environment(cfg)
+    config = cfg.model_dump(mode="json")
+    model = ModelReplica.options(request_router_config=router_config(cfg)).bind(config)
+    return Router.bind(model, config)

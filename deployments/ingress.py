@@ -1,0 +1,523 @@
+"""The router (ingress) deployment: the OpenAI-compatible HTTP API.
+
+It validates the body, resolves `model` into a route against the registry, and streams the
+request through the model handle, whose `AdapterAffinityRouter` picks the replica. It holds no
+tokenizer and no tensors; prompt-length checks happen in the replica and come back as 400s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from ray import serve
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deployments import metrics
+from deployments.config import ServeConfig
+from deployments.placement import adapter_key
+from deployments.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    ModelCard,
+    ModelList,
+    MoloraInfo,
+    TokenAttributionOut,
+    Usage,
+    error_payload,
+    new_id,
+)
+from deployments.registry import (
+    BadModelName,
+    CatalogCache,
+    ModelNotFound,
+    Resolved,
+    Resolver,
+)
+from deployments.request_router import PLACEMENT_KWARG
+from deployments.store import load_catalog
+from molora_runtime.engine.types import GenerationRequest, SamplingParams
+
+logger = logging.getLogger("ray.serve")
+
+app = FastAPI(title="MoLoRA Serve", docs_url=None, redoc_url=None)
+
+
+class ApiError(Exception):
+    """An error answered in the OpenAI shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, retry_after: int = 1
+) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after)} if status in (429, 503) else None
+    return JSONResponse(error_payload(status, message, param), status_code=status, headers=headers)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return error_response(exc.status_code, str(exc.detail))
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    return error_response(400, str(exc))
+
+
+def validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    """First error as `param: message`, with `param` the dotted path of the bad field."""
+    errors = exc.errors()
+    err = errors[0]
+    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-union"))]
+    param = ".".join(loc) or None
+    msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param
+
+
+def route_label(resolved: Resolved) -> str:
+    route = resolved.route
+    if route.kind == "learned":
+        return route.composition.split("@", 1)[0]  # type: ignore[union-attr]
+    return adapter_key(resolved.placement_adapters) or "base"
+
+
+def sse(payload: Any) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+class _Tracker:
+    """Per-request metrics: TTFT, inter-token gaps, tokens, final status."""
+
+    def __init__(self, resolved: Resolved) -> None:
+        self.kind = resolved.kind
+        self.label = route_label(resolved)
+        self.start = time.perf_counter()
+        self.last: float | None = None
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def on_item(self, item: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        n = len(item.get("token_ids", ()))
+        self.prompt_tokens = item.get("prompt_tokens", self.prompt_tokens) or self.prompt_tokens
+        self.completion_tokens = item.get("completion_tokens", self.completion_tokens) or (
+            self.completion_tokens + n
+        )
+        if n == 0:
+            return
+        with contextlib.suppress(Exception):
+            if self.last is None:
+                metrics.ttft().observe(now - self.start, tags={"route_kind": self.kind})
+            else:
+                gap = (now - self.last) / n
+                for _ in range(n):
+                    metrics.inter_token().observe(gap, tags={"route_kind": self.kind})
+        self.last = now
+
+    def done(self, status: str) -> None:
+        with contextlib.suppress(Exception):
+            tags = {"route_kind": self.kind, "adapter": self.label}
+            metrics.requests().inc(tags={**tags, "status": status})
+            if self.prompt_tokens:
+                metrics.tokens().inc(self.prompt_tokens, tags={**tags, "kind": "prompt"})
+            if self.completion_tokens:
+                metrics.tokens().inc(self.completion_tokens, tags={**tags, "kind": "completion"})
+
+
+@serve.deployment(name="Router", max_ongoing_requests=512)
+@serve.ingress(app)
+class Router:
+    """OpenAI-compatible ingress in front of the model replicas."""
+
+    def __init__(self, model: DeploymentHandle, config: dict[str, Any]) -> None:
+        self.cfg = ServeConfig.model_validate(config)
+        self.model = model
+        self.catalog = CatalogCache(
+            lambda: asyncio.to_thread(load_catalog, self.cfg.store), self.cfg.store.refresh_s
+        )
+        self._last_forced = 0.0
+
+    # -- endpoints --------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health(self) -> JSONResponse:
+        try:
+            info = await asyncio.wait_for(self.model.health.remote(), timeout=10)
+        except Exception as exc:
+            return error_response(
+                503, f"model replicas are not healthy: {type(exc).__name__}: {exc}"
+            )
+        return JSONResponse({"status": "ok", **info})
+
+    @app.get("/v1/models")
+    async def models(self) -> JSONResponse:
+        catalog = await self.catalog.get()
+        resolver = Resolver(self.cfg, catalog)
+        base = resolver.base_name
+        cards: list[ModelCard] = []
+        if self.cfg.expose.base:
+            cards.append(ModelCard(id=base, root=base, molora={"kind": "base"}))
+        for name, entry in sorted(resolver.adapters.items()):
+            cards.append(
+                ModelCard(
+                    id=name,
+                    root=base,
+                    parent=base,
+                    molora={
+                        "kind": "adapter",
+                        "versions": list(entry.versions),
+                        "latest": entry.latest,
+                    },
+                )
+            )
+        for name, entry in sorted(resolver.compositions.items()):
+            cards.append(
+                ModelCard(
+                    id=name,
+                    root=base,
+                    parent=base,
+                    molora={
+                        "kind": "composition",
+                        "adapters": list(entry.adapters),
+                        "versions": list(entry.versions),
+                        "latest": entry.latest,
+                    },
+                )
+            )
+        for name, route in sorted(self.cfg.expose.routes.items()):
+            cards.append(
+                ModelCard(
+                    id=name,
+                    root=base,
+                    parent=base,
+                    molora={"kind": "route", "route": route.model_dump()},
+                )
+            )
+        return JSONResponse(ModelList(data=cards).model_dump())
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Any:
+        return await self._handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Any:
+        return await self._handle(request, chat=True)
+
+    # -- request path -----------------------------------------------------------------------
+
+    async def _handle(self, request: Request, chat: bool) -> Any:
+        retry_after = self.cfg.server.retry_after_s
+        try:
+            body = await self._parse(request, chat)
+            resolved = await self._resolve(body)
+            gen_req = self._engine_request(body, resolved, chat)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.param, retry_after)
+        tracker = _Tracker(resolved)
+        try:
+            stream, first = await self._start(gen_req, resolved)
+        except ApiError as exc:
+            tracker.done(str(exc.status))
+            return error_response(exc.status, exc.message, exc.param, retry_after)
+        shaper = _Shaper(body, resolved, chat, gen_req.request_id)
+        if body.stream:
+            return StreamingResponse(
+                self._sse(stream, first, shaper, tracker),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Request-Id": gen_req.request_id},
+            )
+        return await self._collect(stream, first, shaper, tracker)
+
+    async def _parse(
+        self, request: Request, chat: bool
+    ) -> CompletionRequest | ChatCompletionRequest:
+        raw = await request.body()
+        if len(raw) > self.cfg.server.max_request_bytes:
+            raise ApiError(413, f"request body exceeds {self.cfg.server.max_request_bytes} bytes")
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        model_cls = ChatCompletionRequest if chat else CompletionRequest
+        try:
+            return model_cls.model_validate(data)
+        except ValidationError as exc:
+            message, param = validation_message(exc)
+            raise ApiError(400, message, param) from None
+
+    async def _resolve(self, body: CompletionRequest | ChatCompletionRequest) -> Resolved:
+        explicit = body.molora.route
+        for attempt in range(2):
+            resolver = Resolver(self.cfg, await self.catalog.get(force=attempt > 0))
+            try:
+                return resolver.resolve(body.model, explicit)
+            except BadModelName as exc:
+                raise ApiError(400, str(exc), "model") from None
+            except ModelNotFound as exc:
+                # A name published seconds ago may not be in the cached catalog yet.
+                now = time.monotonic()
+                if attempt == 0 and now - self._last_forced > 1.0:
+                    self._last_forced = now
+                    continue
+                param = "molora.route" if explicit is not None else "model"
+                raise ApiError(404, str(exc), param) from None
+        raise AssertionError("unreachable")
+
+    def _engine_request(
+        self, body: CompletionRequest | ChatCompletionRequest, resolved: Resolved, chat: bool
+    ) -> GenerationRequest:
+        try:
+            sampling = SamplingParams(
+                max_tokens=body.requested_max_tokens() or self.cfg.server.default_max_tokens,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                seed=body.seed,
+                stop=body.stop_list(),
+                stop_token_ids=body.stop_token_ids,
+                ignore_eos=body.ignore_eos,
+            )
+            prompt: dict[str, Any]
+            if isinstance(body, ChatCompletionRequest):
+                prompt = {"messages": body.engine_messages()}
+            elif isinstance(body.prompt, str):
+                prompt = {"prompt": body.prompt}
+            elif isinstance(body.prompt[0], str):
+                prompt = {"prompt": body.prompt[0]}
+            else:
+                prompt = {"prompt_token_ids": list(body.prompt)}
+            return GenerationRequest(
+                request_id=new_id("chatcmpl" if chat else "cmpl"),
+                route=resolved.route,
+                sampling=sampling,
+                return_attribution=body.molora.return_attribution,
+                **prompt,
+            )
+        except ValidationError as exc:
+            message, param = validation_message(exc)
+            raise ApiError(400, message, param) from None
+
+    async def _start(
+        self, req: GenerationRequest, resolved: Resolved
+    ) -> tuple[Any, dict[str, Any]]:
+        """Send the request and wait for its first item, so errors still get a real status."""
+        payload = req.model_dump(mode="json")
+        placement = {"adapters": list(resolved.placement_adapters)}
+        for attempt in range(2):
+            stream = self.model.options(stream=True).generate.remote(
+                payload, **{PLACEMENT_KWARG: placement}
+            )
+            try:
+                first = await stream.__anext__()
+            except StopAsyncIteration:
+                raise ApiError(500, "the replica ended the stream without output") from None
+            except BackPressureError as exc:
+                raise ApiError(503, f"server overloaded, retry later: {exc}") from None
+            except asyncio.CancelledError:
+                stream.cancel()
+                raise
+            except Exception as exc:
+                # The replica died before producing anything: nothing was sent, so try another.
+                logger.warning("request %s failed to start: %r", req.request_id, exc)
+                stream.cancel()
+                if attempt == 0:
+                    continue
+                raise ApiError(
+                    503, f"no model replica could take the request: {type(exc).__name__}"
+                ) from None
+            if "error" in first:
+                stream.cancel()
+                err = first["error"]
+                raise ApiError(int(err["status"]), err["message"])
+            return stream, first
+        raise AssertionError("unreachable")
+
+    async def _items(
+        self, stream: Any, first: dict[str, Any], tracker: _Tracker
+    ) -> AsyncIterator[dict[str, Any]]:
+        """All items of a started stream; cancelling the consumer cancels the replica call."""
+        try:
+            tracker.on_item(first)
+            yield first
+            if first.get("finished"):
+                return
+            async for item in stream:
+                if "error" not in item:
+                    tracker.on_item(item)
+                yield item
+                if item.get("finished") or "error" in item:
+                    return
+        finally:
+            stream.cancel()
+
+    async def _collect(
+        self, stream: Any, first: dict[str, Any], shaper: _Shaper, tracker: _Tracker
+    ) -> JSONResponse:
+        items: list[dict[str, Any]] = []
+        try:
+            async with contextlib.aclosing(self._items(stream, first, tracker)) as source:
+                async for item in source:
+                    if "error" in item:
+                        err = item["error"]
+                        tracker.done(str(err["status"]))
+                        return error_response(int(err["status"]), err["message"])
+                    items.append(item)
+        except asyncio.CancelledError:
+            tracker.done("cancelled")
+            raise
+        except Exception as exc:
+            tracker.done("503")
+            return error_response(
+                503, f"the model replica failed mid-request: {type(exc).__name__}"
+            )
+        tracker.done("ok")
+        return JSONResponse(shaper.full(items))
+
+    async def _sse(
+        self, stream: Any, first: dict[str, Any], shaper: _Shaper, tracker: _Tracker
+    ) -> AsyncIterator[str]:
+        status = "ok"
+        try:
+            failed = False
+            async with contextlib.aclosing(self._items(stream, first, tracker)) as source:
+                async for item in source:
+                    if "error" in item:
+                        err = item["error"]
+                        status, failed = str(err["status"]), True
+                        yield sse(error_payload(int(err["status"]), err["message"]))
+                        break
+                    for chunk in shaper.chunks(item):
+                        yield sse(chunk)
+            if not failed and shaper.include_usage:
+                yield sse(shaper.usage_chunk())
+        except asyncio.CancelledError:
+            status = "cancelled"
+            raise
+        except Exception as exc:
+            status = "503"
+            logger.warning("stream failed mid-way: %r", exc)
+            yield sse(
+                error_payload(503, f"the model replica failed mid-stream: {type(exc).__name__}")
+            )
+        finally:
+            tracker.done(status)
+        yield sse("[DONE]")
+
+
+class _Shaper:
+    """Turns replica items into OpenAI responses and chunks."""
+
+    def __init__(self, body: Any, resolved: Resolved, chat: bool, request_id: str) -> None:
+        self.body, self.resolved, self.chat, self.id = body, resolved, chat, request_id
+        self.model = body.model
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.usage = Usage()
+        self.sent_role = False
+
+    def _usage(self, item: dict[str, Any]) -> None:
+        p = item.get("prompt_tokens") or self.usage.prompt_tokens
+        c = item.get("completion_tokens") or self.usage.completion_tokens
+        self.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+    def _info(
+        self, item: dict[str, Any] | None, attribution: list[dict[str, Any]] | None
+    ) -> MoloraInfo:
+        item = item or {}
+        return MoloraInfo(
+            route_kind=self.resolved.kind,
+            replica=item.get("replica"),
+            hot_set_hit=item.get("hot_set_hit"),
+            attribution=[TokenAttributionOut(**a) for a in attribution]
+            if attribution is not None
+            else None,
+        )
+
+    def full(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        text = "".join(i.get("text", "") for i in items)
+        for item in items:
+            self._usage(item)
+        finish = next((i["finish_reason"] for i in reversed(items) if i.get("finish_reason")), None)
+        attribution = None
+        if self.body.molora.return_attribution:
+            attribution = [a for i in items for a in i.get("attribution") or []]
+        info = self._info(items[0] if items else None, attribution)
+        if self.chat:
+            return ChatCompletionResponse(
+                id=self.id,
+                model=self.model,
+                choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)],
+                usage=self.usage,
+                molora=info,
+            ).model_dump(exclude_none=True)
+        return CompletionResponse(
+            id=self.id,
+            model=self.model,
+            choices=[CompletionChoice(text=text, finish_reason=finish)],
+            usage=self.usage,
+            molora=info,
+        ).model_dump(exclude_none=True)
+
+    def chunks(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        self._usage(item)
+        text = item.get("text", "")
+        finish = item.get("finish_reason") if item.get("finished") else None
+        first = "replica" in item
+        if not text and finish is None and not first:
+            return []
+        info = None
+        attribution = item.get("attribution")
+        if first or attribution:
+            info = self._info(item if first else None, attribution)
+        if self.chat:
+            delta = DeltaMessage(content=text)
+            if not self.sent_role:
+                delta.role = "assistant"
+                self.sent_role = True
+            chunk: Any = ChatCompletionChunk(
+                id=self.id,
+                model=self.model,
+                choices=[ChatChunkChoice(delta=delta, finish_reason=finish)],
+                molora=info,
+            )
+        else:
+            chunk = CompletionChunk(
+                id=self.id,
+                model=self.model,
+                choices=[CompletionChoice(text=text, finish_reason=finish)],
+                molora=info,
+            )
+        return [chunk.model_dump(exclude_none=True)]
+
+    def usage_chunk(self) -> dict[str, Any]:
+        cls = ChatCompletionChunk if self.chat else CompletionChunk
+        return cls(id=self.id, model=self.model, choices=[], usage=self.usage).model_dump(
+            exclude_none=True
+        )

@@ -1,0 +1,102 @@
+"""Prometheus metrics exported through Ray (`ray.serve.metrics`), named in `metric_names`.
+
+Each process creates its metrics once, lazily, so importing this module costs nothing and
+unit tests that never touch Ray never start it.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from ray.serve import metrics as serve_metrics
+
+from deployments import metric_names as names
+
+LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+LOAD_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+
+
+@cache
+def requests() -> serve_metrics.Counter:
+    return serve_metrics.Counter(
+        names.REQUESTS,
+        description="requests by route kind, adapter (model name) and status",
+        tag_keys=("route_kind", "adapter", "status"),
+    )
+
+
+@cache
+def tokens() -> serve_metrics.Counter:
+    return serve_metrics.Counter(
+        names.TOKENS,
+        description="prompt and completion tokens by route kind and adapter",
+        tag_keys=("route_kind", "adapter", "kind"),
+    )
+
+
+@cache
+def ttft() -> serve_metrics.Histogram:
+    return serve_metrics.Histogram(
+        names.TTFT,
+        description="time to first token as the client sees it",
+        boundaries=LATENCY_BUCKETS,
+        tag_keys=("route_kind",),
+    )
+
+
+@cache
+def inter_token() -> serve_metrics.Histogram:
+    return serve_metrics.Histogram(
+        names.INTER_TOKEN,
+        description="time between streamed tokens",
+        boundaries=ITL_BUCKETS,
+        tag_keys=("route_kind",),
+    )
+
+
+@cache
+def queue_length() -> serve_metrics.Gauge:
+    return serve_metrics.Gauge(names.QUEUE_LENGTH, description="waiting requests of a replica")
+
+
+@cache
+def running() -> serve_metrics.Gauge:
+    return serve_metrics.Gauge(names.RUNNING, description="running requests of a replica")
+
+
+@cache
+def hotset_counter(name: str) -> serve_metrics.Counter:
+    return serve_metrics.Counter(name, description=f"hot-set {name.split('_')[2]} of a replica")
+
+
+@cache
+def hotset_load_latency() -> serve_metrics.Histogram:
+    return serve_metrics.Histogram(
+        names.HOTSET_LOAD_LATENCY,
+        description="seconds spent loading adapters into hot-set slots (mean per load)",
+        boundaries=LOAD_BUCKETS,
+    )
+
+
+@cache
+def hotset_slots_used() -> serve_metrics.Gauge:
+    return serve_metrics.Gauge(names.HOTSET_SLOTS_USED, description="occupied hot-set slots")
+
+
+@cache
+def gate_tokens() -> serve_metrics.Counter:
+    return serve_metrics.Counter(
+        names.GATE_TOKENS,
+        description="tokens routed to each expert, per layer, by learned compositions",
+        tag_keys=("composition", "layer", "adapter"),
+    )
+
+
+@cache
+def placements() -> serve_metrics.Counter:
+    return serve_metrics.Counter(
+        names.PLACEMENTS,
+        description="placement decisions of the adapter-affinity router",
+        tag_keys=("outcome",),
+    )

@@ -1,0 +1,115 @@
+"""Adapter-affinity placement as pure functions (no Ray), so the policy is unit-testable.
+
+A request goes to the replica whose hot-set already holds the most of its adapters, among the
+replicas whose load is within a bound of the least loaded one. Ties, and adapter sets that no
+replica holds yet, are broken by rendezvous (highest-random-weight) hashing of the adapter set
+over replica ids: every adapter set has a stable home, different sets spread over replicas, and
+hot-sets shard instead of every replica loading everything. When the home is overloaded the
+set spills to the next replica in its rendezvous order, which then warms up as a second home.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Outcome = Literal["affinity", "spill", "new", "base"]
+
+
+def adapter_key(adapters: Iterable[str]) -> str:
+    """Canonical key of an adapter set (order and duplicates do not matter)."""
+    return "+".join(sorted(set(adapters)))
+
+
+def base_name(ref: str) -> str:
+    return ref.split("@", 1)[0]
+
+
+def rendezvous_score(key: str, replica_id: str) -> int:
+    """Stable 64-bit weight of (key, replica); blake2b so it is identical across processes."""
+    digest = hashlib.blake2b(f"{key}\x00{replica_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous_order(key: str, replica_ids: Iterable[str]) -> list[str]:
+    """Replica ids from most to least preferred home of `key`."""
+    return sorted(replica_ids, key=lambda rid: rendezvous_score(key, rid), reverse=True)
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """What the router knows of one replica: its hot-set and its load (in-flight requests)."""
+
+    replica_id: str
+    hot_set: frozenset[str] = field(default_factory=frozenset)
+    load: int = 0
+    capacity: int | None = None  # max ongoing requests; None = unbounded
+    slots: int | None = None  # hot-set slots; None = unknown (assume room)
+
+    def overlap(self, adapters: frozenset[str]) -> int:
+        held = {base_name(a) for a in self.hot_set}
+        return sum(1 for a in adapters if base_name(a) in held)
+
+    def has_room(self, adapters: frozenset[str]) -> bool:
+        """Can the missing adapters be loaded without evicting (so no other set loses its home)?"""
+        if self.slots is None:
+            return True
+        return self.slots - len(self.hot_set) >= len(adapters) - self.overlap(adapters)
+
+    def full(self) -> bool:
+        return self.capacity is not None and self.load >= self.capacity
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Replicas in preference order (first = chosen) and why the first was chosen."""
+
+    ranked: list[str]
+    outcome: Outcome
+
+
+def load_limit(min_load: int, bound: int, ratio: float) -> int:
+    """Highest load still eligible: least load plus max(bound, ratio x least load)."""
+    return min_load + max(bound, int(ratio * min_load))
+
+
+def place(
+    adapters: Iterable[str],
+    replicas: Sequence[ReplicaView],
+    load_bound: int = 4,
+    load_bound_ratio: float = 0.25,
+) -> Placement:
+    """Rank replicas for a request needing `adapters` (empty = base model)."""
+    if not replicas:
+        return Placement(ranked=[], outcome="new")
+    wanted = frozenset(adapters)
+    key = adapter_key(wanted)
+    hrw = {rid: i for i, rid in enumerate(rendezvous_order(key, [r.replica_id for r in replicas]))}
+    open_replicas = [r for r in replicas if not r.full()] or list(replicas)
+    limit = load_limit(min(r.load for r in open_replicas), load_bound, load_bound_ratio)
+
+    def eligible(r: ReplicaView) -> bool:
+        return not r.full() and r.load <= limit
+
+    if not wanted:
+        # Base-model requests have no affinity: least loaded first, rendezvous breaks ties.
+        ranked = sorted(replicas, key=lambda r: (r.full(), r.load, hrw[r.replica_id]))
+        return Placement(ranked=[r.replica_id for r in ranked], outcome="base")
+
+    def rank_key(r: ReplicaView) -> tuple[bool, int, bool, int]:
+        # Eligible first; then most adapters already hot; then room to load the rest without
+        # evicting another set's adapters; then the set's rendezvous order.
+        return (not eligible(r), -r.overlap(wanted), not r.has_room(wanted), hrw[r.replica_id])
+
+    ranked = sorted(replicas, key=rank_key)
+    best_overlap = max(r.overlap(wanted) for r in replicas)
+    chosen = ranked[0]
+    if best_overlap == 0:
+        outcome: Outcome = "new" if hrw[chosen.replica_id] == 0 else "spill"
+    elif chosen.overlap(wanted) == best_overlap:
+        outcome = "affinity"
+    else:
+        outcome = "spill"
+    return Placement(ranked=[r.replica_id for r in ranked], outcome=outcome)

@@ -1,0 +1,299 @@
+"""OpenAI-compatible request/response payloads and the error shape.
+
+Requests forbid unknown keys so a misspelt parameter is a 400 naming it rather than a silently
+ignored setting; parameters OpenAI defines but we do not implement are accepted only at their
+neutral value. The `molora` object is our extension: an explicit route and per-token attribution.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from molora_runtime.routes import RouteSpec
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MoloraOptions(_Payload):
+    """Our extension of the request body."""
+
+    route: RouteSpec | None = Field(
+        None, description="explicit route; overrides what `model` implies"
+    )
+    return_attribution: bool = Field(False, description="report the adapters behind each token")
+
+
+class StreamOptions(_Payload):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Payload):
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="vLLM extension; 0 = off")
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    molora: MoloraOptions = Field(default_factory=MoloraOptions)
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float) -> float:
+        if value != 0.0:
+            raise ValueError("penalties are not supported; use 0")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > 8 or any(not s for s in stops):
+            raise ValueError("stop must be at most 8 non-empty strings")
+        return value
+
+    @model_validator(mode="after")
+    def _no_stream_opts_without_stream(self) -> _SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[int] | list[str] = Field(description="text, token ids, or one text")
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=1)
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("prompt must not be empty")
+            if isinstance(value[0], str):
+                if len(value) != 1:
+                    raise ValueError("batched prompts are not supported; send one per request")
+            elif any(t < 0 for t in value):
+                raise ValueError("prompt token ids must be >= 0")
+        elif not value:
+            raise ValueError("prompt must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> CompletionRequest:
+        for key in ("echo", "logprobs", "suffix"):
+            if getattr(self, key):
+                raise ValueError(f"{key} is not supported")
+        return self
+
+
+class ContentPart(_Payload):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> ChatCompletionRequest:
+        if self.logprobs or self.top_logprobs:
+            raise ValueError("logprobs is not supported")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ValueError("only response_format {'type': 'text'} is supported")
+        return self
+
+    def engine_messages(self) -> list[dict[str, str]]:
+        role = {"developer": "system"}
+        return [{"role": role.get(m.role, m.role), "content": m.text()} for m in self.messages]
+
+
+# ---- responses ---------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class TokenAttributionOut(BaseModel):
+    token_id: int
+    adapters: dict[str, float]
+
+
+class MoloraInfo(BaseModel):
+    """What we add to responses: where the request ran and, on request, per-token attribution."""
+
+    route_kind: str
+    replica: str | None = None
+    hot_set_hit: bool | None = None
+    attribution: list[TokenAttributionOut] | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    molora: MoloraInfo | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    molora: MoloraInfo | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    molora: MoloraInfo | None = None
+
+
+class CompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    molora: MoloraInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "molora"
+    root: str | None = None
+    parent: str | None = None
+    molora: dict[str, Any] = Field(default_factory=dict, description="kind, versions, experts")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The OpenAI error shape: `{"error": {"message", "type", "param", "code"}}`."""
+
+    error: ErrorBody
+
+
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+
+
+def error_payload(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    body = ErrorBody(
+        message=message, type=ERROR_TYPES.get(status, "error"), param=param, code=status
+    )
+    return ErrorResponse(error=body).model_dump()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,204 @@
+"""Model names → routes: what `/v1/models` lists and how a request's `model` is understood.
+
+The ingress keeps a `Catalog` (adapters and compositions of the store, cached for a few
+seconds) and resolves `model` against it: the base model, a named route, a static mix
+`a:0.7+b:0.3`, a composition, or an adapter (`name` / `name@version`). Unknown names are
+`ModelNotFound` (→ 404); malformed ones `BadModelName` (→ 400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from deployments.config import ServeConfig
+from molora_runtime.routes import (
+    BaseRoute,
+    LearnedRoute,
+    MixRoute,
+    SingleRoute,
+    VocabRoute,
+    check_ref,
+    parse_mix,
+)
+
+
+class ModelNotFound(LookupError):
+    """`model` (or a ref inside a route) names nothing the server exposes."""
+
+
+class BadModelName(ValueError):
+    """`model` or an explicit route is malformed."""
+
+
+@dataclass(frozen=True)
+class AdapterEntry:
+    name: str
+    versions: tuple[str, ...] = ()
+    latest: str | None = None
+    base_model: str | None = None
+
+
+@dataclass(frozen=True)
+class CompositionEntry:
+    name: str
+    adapters: tuple[str, ...]
+    versions: tuple[str, ...] = ()
+    latest: str | None = None
+    base_model: str | None = None
+    top_k: int | None = None
+
+
+@dataclass(frozen=True)
+class Catalog:
+    adapters: dict[str, AdapterEntry] = field(default_factory=dict)
+    compositions: dict[str, CompositionEntry] = field(default_factory=dict)
+
+
+Route = BaseRoute | SingleRoute | MixRoute | VocabRoute | LearnedRoute
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A request's route plus the adapter set placement should co-locate."""
+
+    route: Route
+    placement_adapters: tuple[str, ...]
+
+    @property
+    def kind(self) -> str:
+        return self.route.kind
+
+
+def _split(ref: str) -> tuple[str, str | None]:
+    name, _, version = ref.partition("@")
+    return name, version or None
+
+
+class Resolver:
+    """Resolves names against a catalog filtered by the `expose` settings."""
+
+    def __init__(self, config: ServeConfig, catalog: Catalog) -> None:
+        self.config = config
+        expose = config.expose
+        self.adapters = {
+            n: e
+            for n, e in catalog.adapters.items()
+            if expose.adapters == "all" or n in expose.adapters
+        }
+        self.compositions = {
+            n: e
+            for n, e in catalog.compositions.items()
+            if expose.compositions == "all" or n in expose.compositions
+        }
+        self.base_name = config.base_model_name()
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def _check_version(self, kind: str, ref: str, versions: tuple[str, ...]) -> None:
+        _, version = _split(ref)
+        if version is not None and versions and version not in versions:
+            raise ModelNotFound(
+                f"{kind} {ref!r} has no version {version!r}; known: {list(versions)}"
+            )
+
+    def adapter(self, ref: str) -> str:
+        try:
+            check_ref(ref)
+        except ValueError as exc:
+            raise BadModelName(str(exc)) from None
+        name, _ = _split(ref)
+        entry = self.adapters.get(name)
+        if entry is None:
+            raise ModelNotFound(f"adapter {name!r} does not exist")
+        self._check_version("adapter", ref, entry.versions)
+        return ref
+
+    def composition(self, ref: str) -> CompositionEntry:
+        name, _ = _split(ref)
+        entry = self.compositions.get(name)
+        if entry is None:
+            raise ModelNotFound(f"composition {name!r} does not exist")
+        self._check_version("composition", ref, entry.versions)
+        return entry
+
+    # -- resolution -------------------------------------------------------------------------
+
+    def check_route(self, route: Route) -> Resolved:
+        """Validate every ref of an explicit route and derive its placement set."""
+        if isinstance(route, LearnedRoute):
+            entry = self.composition(route.composition)
+            experts = tuple(_split(a)[0] for a in entry.adapters)
+            return Resolved(route, (*experts, f"composition:{entry.name}"))
+        names = [self.adapter(a) for a in route.adapters()]
+        return Resolved(route, tuple(_split(a)[0] for a in names))
+
+    def resolve(self, model: str, explicit: Route | None = None) -> Resolved:
+        if explicit is not None:
+            self.known(model)
+            return self.check_route(explicit)
+        if self.config.expose.base and model == self.base_name:
+            return Resolved(BaseRoute(), ())
+        if model in self.config.expose.routes:
+            return self.check_route(self.config.expose.routes[model])
+        if ":" in model:
+            if not self.config.expose.mixes:
+                raise BadModelName("static mixes are disabled on this server")
+            try:
+                mix = parse_mix(model)
+            except (ValueError, ValidationError) as exc:
+                raise BadModelName(f"invalid mix {model!r}: {_first_error(exc)}") from None
+            return self.check_route(mix)
+        name, _ = _split(model)
+        if name in self.compositions:
+            return self.check_route(LearnedRoute(composition=model))
+        if name in self.adapters:
+            return self.check_route(SingleRoute(adapter=self.adapter(model)))
+        raise ModelNotFound(
+            f"model {model!r} does not exist; see GET /v1/models for the base model, adapters, "
+            "compositions and routes, or write a mix as 'a:0.7+b:0.3'"
+        )
+
+    def known(self, model: str) -> None:
+        """With an explicit route, `model` only labels the request but must still be valid."""
+        if model == self.base_name or model in self.config.expose.routes:
+            return
+        name, _ = _split(model)
+        if ":" in model or name in self.adapters or name in self.compositions:
+            return
+        raise ModelNotFound(f"model {model!r} does not exist")
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return exc.errors()[0]["msg"]
+    return str(exc)
+
+
+class CatalogCache:
+    """Keeps the catalog for `ttl_s`; a failed refresh keeps serving the last good catalog."""
+
+    def __init__(self, load: Callable[[], Awaitable[Catalog]], ttl_s: float) -> None:
+        self._load = load
+        self._ttl = ttl_s
+        self._catalog: Catalog | None = None
+        self._at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def get(self, force: bool = False) -> Catalog:
+        if not force and self._catalog is not None and time.monotonic() - self._at < self._ttl:
+            return self._catalog
+        async with self._lock:
+            if not force and self._catalog is not None and time.monotonic() - self._at < self._ttl:
+                return self._catalog
+            try:
+                self._catalog = await self._load()
+            except Exception:
+                if self._catalog is None:
+                    raise
+            self._at = time.monotonic()
+            return self._catalog

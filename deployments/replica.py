@@ -1,0 +1,206 @@
+"""The model replica: one engine per replica, streamed through the deployment handle.
+
+`generate` yields plain dicts (text deltas, token ids, usage, optional attribution); the first
+item also says which replica served the request and whether its adapters were already hot.
+Errors travel as `{"error": ...}` items. A cancelled call (client disconnect) closes the engine
+stream, which aborts the request and frees its KV blocks and slot pins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
+
+from ray import serve
+
+from deployments import metrics
+from deployments.config import ServeConfig
+from deployments.errors import error_item
+from deployments.placement import base_name
+from deployments.store import open_source
+from molora_runtime.engine.types import EngineStats, GenerationOutput, GenerationRequest
+from molora_runtime.errors import EngineStoppedError
+
+logger = logging.getLogger("ray.serve")
+
+METRICS_PERIOD_S = 1.0
+
+
+def output_item(out: GenerationOutput) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "text": out.text_delta,
+        "token_ids": list(out.new_token_ids),
+        "finished": out.finished,
+        "finish_reason": out.finish_reason,
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": out.completion_tokens,
+    }
+    if out.attribution is not None:
+        item["attribution"] = [asdict(a) for a in out.attribution]
+    if out.error:
+        item["engine_error"] = out.error
+    return item
+
+
+def stats_dict(stats: EngineStats) -> dict[str, Any]:
+    return asdict(stats)
+
+
+@serve.deployment(
+    name="ModelReplica",
+    max_ongoing_requests=32,
+    health_check_period_s=10,
+    health_check_timeout_s=30,
+    graceful_shutdown_wait_loop_s=2,
+    graceful_shutdown_timeout_s=30,
+)
+class ModelReplica:
+    """Owns one `AsyncEngine`; reports its hot-set and load for placement."""
+
+    async def __init__(self, config: dict[str, Any]) -> None:
+        from molora_runtime.engine.async_engine import AsyncEngine
+
+        self._config = ServeConfig.model_validate(config)
+        self._engine = AsyncEngine(self._config.engine, open_source(self._config.store))
+        await self._engine.start()
+        try:
+            self._replica_id = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # outside Serve (unit use)
+            self._replica_id = "local"
+        self._stopped: str | None = None
+        self._last_counters: dict[str, int] = {}
+        self._metrics_task = asyncio.get_running_loop().create_task(self._export_metrics())
+
+    # -- serving ----------------------------------------------------------------------------
+
+    async def generate(
+        self, request: dict[str, Any], placement: dict[str, Any] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream one request; `placement` (the adapter set) is read by the router, not here."""
+        try:
+            req = GenerationRequest.model_validate(request)
+            self._engine.validate_request(req)
+        except Exception as exc:
+            yield error_item(exc)
+            return
+        wanted = {base_name(a) for a in (placement or {}).get("adapters", [])}
+        hot = {base_name(a) for a in self._engine.stats().hot_set}
+        meta = {"replica": self._replica_id, "hot_set_hit": wanted <= hot}
+        stream = self._engine.generate(req)
+        first = True
+        try:
+            async for out in stream:
+                item = output_item(out)
+                if first:
+                    item.update(meta)
+                    first = False
+                yield item
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, EngineStoppedError):
+                self._stopped = str(exc)
+            yield error_item(exc)
+        finally:
+            # Closing the engine stream aborts the request; abort again in case it never started.
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+            with contextlib.suppress(Exception):
+                await self._engine.abort(req.request_id)
+
+    async def stats(self) -> dict[str, Any]:
+        return {"replica": self._replica_id, **stats_dict(self._engine.stats())}
+
+    async def health(self) -> dict[str, Any]:
+        await self.check_health()
+        return {"replica": self._replica_id, "model": self._engine.model_id}
+
+    async def model_info(self) -> dict[str, Any]:
+        return {"model_id": self._engine.model_id, "max_model_len": self._engine.max_model_len}
+
+    # -- Serve hooks ------------------------------------------------------------------------
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Polled by the controller and handed to the router as `routing_stats`."""
+        stats = self._engine.stats()
+        return {
+            "hot_set": list(stats.hot_set),
+            "load": stats.running + stats.waiting,
+            "free_slots": stats.free_slots,
+            "num_slots": stats.num_slots,
+        }
+
+    async def check_health(self) -> None:
+        if self._stopped is not None:
+            raise RuntimeError(f"engine stopped: {self._stopped}")
+        self._engine.stats()  # raises if the engine is gone
+
+    async def __del__(self) -> None:
+        """Graceful shutdown: Serve drains requests first, then stops the step loop."""
+        self._metrics_task.cancel()
+        with contextlib.suppress(Exception):
+            await self._engine.shutdown()
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    async def _export_metrics(self) -> None:
+        while True:
+            try:
+                self._export_once()
+            except Exception:
+                logger.debug("metric export failed", exc_info=True)
+            await asyncio.sleep(METRICS_PERIOD_S)
+
+    def _delta(self, key: str, value: int) -> int:
+        delta = value - self._last_counters.get(key, 0)
+        self._last_counters[key] = value
+        return max(0, delta)
+
+    def _export_once(self) -> None:
+        from deployments import metric_names as names
+
+        stats = self._engine.stats()
+        metrics.queue_length().set(stats.waiting)
+        metrics.running().set(stats.running)
+        metrics.hotset_slots_used().set(stats.num_slots - stats.free_slots)
+        for name, value in (
+            (names.HOTSET_HITS, stats.hot_set_hits),
+            (names.HOTSET_MISSES, stats.hot_set_misses),
+            (names.HOTSET_EVICTIONS, stats.hot_set_evictions),
+            (names.HOTSET_LOADS, stats.hot_set_loads),
+        ):
+            if delta := self._delta(name, value):
+                metrics.hotset_counter(name).inc(delta)
+        load_seconds = getattr(stats, "hot_set_load_seconds", None)
+        if load_seconds is not None:
+            loads = stats.hot_set_loads - self._last_counters.get("loads_for_latency", 0)
+            spent = load_seconds - self._last_counters.get("load_seconds", 0)
+            self._last_counters["loads_for_latency"] = stats.hot_set_loads
+            self._last_counters["load_seconds"] = load_seconds
+            if loads > 0:
+                for _ in range(loads):
+                    metrics.hotset_load_latency().observe(spent / loads)
+        pop = getattr(self._engine, "pop_gate_stats", None)
+        if pop is not None:
+            self._export_gates(pop())
+
+    def _export_gates(self, gate_stats: dict[str, list[list[int]]]) -> None:
+        experts = getattr(self._engine, "composition_experts", None)
+        for composition, layers in gate_stats.items():
+            names = experts(composition) if callable(experts) else None
+            for layer, counts in enumerate(layers):
+                for k, count in enumerate(counts):
+                    if count:
+                        adapter = names[k] if names and k < len(names) else str(k)
+                        metrics.gate_tokens().inc(
+                            count,
+                            tags={
+                                "composition": composition,
+                                "layer": str(layer),
+                                "adapter": adapter,
+                            },
+                        )

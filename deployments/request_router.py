@@ -1,0 +1,131 @@
+"""Ray Serve `RequestRouter` that places requests by adapter affinity (see `placement`).
+
+Replicas report their hot-set through `record_routing_stats`; the router adds what it placed
+itself in the last few seconds (the reports lag) and its own in-flight counts, then ranks
+replicas with `placement.place`. Ray probes the ranks in order and falls back to the next
+rank when a replica rejects (full), so overload spills instead of queueing at the home.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, defaultdict
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from deployments import metrics
+from deployments.placement import ReplicaView, place
+
+logger = logging.getLogger("ray.serve")
+
+PLACEMENT_KWARG = "placement"
+
+
+def request_adapters(pending_request: PendingRequest | None) -> list[str]:
+    """The adapter set the ingress attached to a generate call (empty for other calls)."""
+    if pending_request is None:
+        return []
+    info = pending_request.kwargs.get(PLACEMENT_KWARG)
+    if isinstance(info, dict):
+        return [str(a) for a in info.get("adapters", [])]
+    return []
+
+
+class AdapterAffinityRouter(RequestRouter):
+    """Hot-set-affinity placement within a load bound; rendezvous hashing for new sets."""
+
+    def initialize_state(
+        self,
+        load_bound: int = 4,
+        load_bound_ratio: float = 0.25,
+        placement_memory_s: float = 5.0,
+        **_: Any,
+    ) -> None:
+        self._load_bound = load_bound
+        self._load_bound_ratio = load_bound_ratio
+        self._memory_s = placement_memory_s
+        self._inflight: dict[ReplicaID, int] = defaultdict(int)
+        self._recent: dict[ReplicaID, dict[str, float]] = defaultdict(dict)
+        self._counted: OrderedDict[str, None] = OrderedDict()
+
+    # -- views ------------------------------------------------------------------------------
+
+    def _hot_set(self, replica: RunningReplica, now: float) -> frozenset[str]:
+        stats = replica.routing_stats or {}
+        reported = set(stats.get("hot_set", ()))
+        recent = self._recent.get(replica.replica_id, {})
+        for name, at in list(recent.items()):
+            if now - at > self._memory_s:
+                del recent[name]
+        return frozenset(reported | set(recent))
+
+    def _load(self, replica: RunningReplica) -> int:
+        cached = self.replica_queue_len_cache.get(replica.replica_id)
+        return max(self._inflight.get(replica.replica_id, 0), cached or 0)
+
+    def views(self, replicas: list[RunningReplica]) -> list[ReplicaView]:
+        now = time.monotonic()
+        return [
+            ReplicaView(
+                replica_id=r.replica_id.unique_id,
+                hot_set=self._hot_set(r, now),
+                load=self._load(r),
+                capacity=r.max_ongoing_requests,
+                slots=(r.routing_stats or {}).get("num_slots"),
+            )
+            for r in replicas
+        ]
+
+    # -- RequestRouter API ------------------------------------------------------------------
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        if pending_request is not None:
+            # Every rank is offered in one pass, so a further pass must back off, not spin.
+            pending_request.routing_context.should_backoff = True
+        adapters = request_adapters(pending_request)
+        decision = place(
+            adapters, self.views(candidate_replicas), self._load_bound, self._load_bound_ratio
+        )
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        ranked = [by_id[rid] for rid in decision.ranked]
+        if adapters and ranked:
+            now = time.monotonic()
+            for name in adapters:
+                self._recent[ranked[0].replica_id][name] = now
+        self._count(pending_request, decision.outcome)
+        return [[r] for r in ranked]
+
+    def _count(self, pending_request: PendingRequest | None, outcome: str) -> None:
+        if pending_request is None:
+            return
+        rid = pending_request.metadata.internal_request_id
+        if rid in self._counted:
+            return
+        self._counted[rid] = None
+        while len(self._counted) > 4096:
+            self._counted.popitem(last=False)
+        try:
+            metrics.placements().inc(tags={"outcome": outcome})
+        except Exception:  # metrics must never break routing
+            logger.debug("placement metric failed", exc_info=True)
+
+    def on_send_request(self, replica_id: ReplicaID) -> None:
+        super().on_send_request(replica_id)
+        self._inflight[replica_id] += 1
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        super().on_request_completed(replica_id, internal_request_id)
+        self._inflight[replica_id] = max(0, self._inflight.get(replica_id, 0) - 1)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._inflight.pop(replica_id, None)
+        self._recent.pop(replica_id, None)

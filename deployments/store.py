@@ -1,0 +1,55 @@
+"""The one place `deployments` talks to the adapter store: listing and adapter sources."""
+
+from __future__ import annotations
+
+from deployments.config import StoreConfig
+from deployments.registry import AdapterEntry, Catalog, CompositionEntry
+from molora_runtime.lora.source import AdapterSource
+
+
+def _registry(cfg: StoreConfig):
+    from adapter_store.registry import open_registry
+
+    return open_registry(cfg.resolved_url(), cfg.endpoint_url)
+
+
+def load_catalog(cfg: StoreConfig) -> Catalog:
+    """Adapters and compositions of the store (latest, non-yanked versions) for `/v1/models`."""
+    registry = _registry(cfg)
+    adapters: dict[str, AdapterEntry] = {}
+    for manifest in registry.catalog("adapter"):
+        versions = tuple(
+            v.version for v in registry.versions("adapter", manifest.name) if not v.yanked
+        )
+        adapters[manifest.name] = AdapterEntry(
+            name=manifest.name,
+            versions=versions,
+            latest=manifest.version,
+            base_model=manifest.base_model,
+        )
+    compositions: dict[str, CompositionEntry] = {}
+    for manifest in registry.catalog("composition"):
+        versions = tuple(
+            v.version for v in registry.versions("composition", manifest.name) if not v.yanked
+        )
+        compositions[manifest.name] = CompositionEntry(
+            name=manifest.name,
+            adapters=tuple(manifest.adapters),
+            versions=versions,
+            latest=manifest.version,
+            base_model=manifest.base_model,
+            top_k=manifest.top_k,
+        )
+    return Catalog(adapters=adapters, compositions=compositions)
+
+
+def open_source(cfg: StoreConfig) -> AdapterSource:
+    """An `AdapterSource` over the store with its verified local cache."""
+    from adapter_store import StoreSource  # type: ignore[attr-defined]
+
+    return StoreSource(
+        cfg.resolved_url(),
+        endpoint_url=cfg.endpoint_url,
+        cache_dir=cfg.cache_dir,
+        cache_bytes=cfg.cache_bytes,
+    )
