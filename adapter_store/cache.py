@@ -1,0 +1,176 @@
+"""The local verified cache: `<root>/<kind>s/<name>/<version>/` = the files + manifest.json.
+
+An entry appears by renaming a fully downloaded and checksummed temp folder into place, under a
+per-version file lock, so concurrent pullers (threads or processes) download once and readers
+never see a partial folder. A byte budget is kept by evicting least-recently-used entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from adapter_store.backends.base import Progress
+from adapter_store.errors import IntegrityError
+from adapter_store.manifest import AdapterManifest, CompositionManifest, parse_manifest
+from adapter_store.names import Kind, check_name, check_version
+from adapter_store.registry import MANIFEST, Registry, kind_prefix
+
+log = logging.getLogger(__name__)
+AnyManifest = AdapterManifest | CompositionManifest
+LAST_USED = ".last_used"
+STALE_TMP_S = 6 * 3600
+
+
+class LocalCache:
+    def __init__(self, root: str | Path, max_bytes: int, lock_timeout_s: float = 600.0) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.max_bytes = max_bytes
+        self.lock_timeout_s = lock_timeout_s
+        self._tmp = self.root / ".tmp"
+        self._locks = self.root / ".locks"
+
+    def entry_dir(self, kind: Kind, name: str, version: str) -> Path:
+        return self.root / kind_prefix(kind) / check_name(name) / check_version(version)
+
+    def _lock(self, kind: Kind, name: str, version: str) -> FileLock:
+        self._locks.mkdir(parents=True, exist_ok=True)
+        return FileLock(
+            str(self._locks / f"{kind}-{name}-{version}.lock"), timeout=self.lock_timeout_s
+        )
+
+    @staticmethod
+    def touch(entry: Path) -> None:
+        """Mark an entry as just used (LRU order = mtime of its `.last_used`)."""
+        with contextlib.suppress(FileNotFoundError):  # evicted meanwhile: nothing to mark
+            (entry / LAST_USED).touch()
+
+    def get(self, kind: Kind, name: str, version: str) -> Path | None:
+        """The cached folder if present (entries only exist once complete and verified)."""
+        entry = self.entry_dir(kind, name, version)
+        if (entry / MANIFEST).is_file():
+            self.touch(entry)
+            return entry
+        return None
+
+    def pull(
+        self, registry: Registry, manifest: AnyManifest, progress: Progress | None = None
+    ) -> Path:
+        """Download, verify and install one version; a no-op if another puller got there first."""
+        kind, name, version = manifest.kind, manifest.name, manifest.version
+        entry = self.entry_dir(kind, name, version)
+        with self._lock(kind, name, version):
+            if (entry / MANIFEST).is_file():
+                self.touch(entry)
+                return entry
+            self._tmp.mkdir(parents=True, exist_ok=True)
+            tmp = self._tmp / f"{name}-{version}-{uuid.uuid4().hex}"
+            tmp.mkdir()
+            try:
+                for f in manifest.files:
+                    with (tmp / f.path).open("wb") as out:
+                        registry.fetch(manifest, f, out, progress)
+                        out.flush()
+                        os.fsync(out.fileno())
+                (tmp / MANIFEST).write_bytes(manifest.model_dump_json(indent=2).encode())
+                (tmp / LAST_USED).touch()
+                entry.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(tmp, entry)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        self.evict(keep={entry})
+        return entry
+
+    def entries(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [
+            p
+            for kind_dir in self.root.glob("*s")
+            if not kind_dir.name.startswith(".")
+            for p in kind_dir.glob("*/*")
+            if (p / MANIFEST).is_file()
+        ]
+
+    @staticmethod
+    def entry_size(entry: Path) -> int:
+        return sum(p.stat().st_size for p in entry.iterdir() if p.is_file())
+
+    def usage(self) -> int:
+        return sum(self.entry_size(e) for e in self.entries())
+
+    def cached_manifests(self, kind: Kind, name: str) -> list[AnyManifest]:
+        """Manifests of the cached versions of one name (for serving while the store is down)."""
+        base = self.root / kind_prefix(kind) / check_name(name)
+        out = []
+        for entry in base.glob("*") if base.is_dir() else []:
+            try:
+                out.append(parse_manifest((entry / MANIFEST).read_bytes(), str(entry)))
+            except (FileNotFoundError, IntegrityError):
+                continue
+        return out
+
+    def remove(self, kind: Kind, name: str, version: str) -> bool:
+        entry = self.entry_dir(kind, name, version)
+        with self._lock(kind, name, version):
+            return self._drop(entry)
+
+    def _drop(self, entry: Path) -> bool:
+        if not entry.is_dir():
+            return False
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        trash = self._tmp / f"evict-{uuid.uuid4().hex}"
+        os.rename(entry, trash)  # disappears atomically for readers
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+
+    def evict(self, keep: set[Path] | frozenset[Path] = frozenset()) -> list[Path]:
+        """Drop least-recently-used entries until the cache fits its byte budget."""
+        self._locks.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self._locks / "evict.lock"), timeout=self.lock_timeout_s):
+            self._clean_stale_tmp()
+            sized = []
+            for entry in self.entries():
+                try:
+                    stamp = (entry / LAST_USED).stat().st_mtime
+                except FileNotFoundError:
+                    stamp = 0.0
+                sized.append((stamp, entry, self.entry_size(entry)))
+            total = sum(size for _, _, size in sized)
+            evicted = []
+            for _, entry, size in sorted(sized, key=lambda t: t[0]):
+                if total <= self.max_bytes:
+                    break
+                if entry in keep:
+                    continue
+                kind, name, version = entry.parent.parent.name[:-1], entry.parent.name, entry.name
+                try:
+                    with self._lock(kind, name, version).acquire(timeout=0):  # type: ignore[arg-type]
+                        if self._drop(entry):
+                            total -= size
+                            evicted.append(entry)
+                except Timeout:
+                    continue  # being pulled right now
+            if total > self.max_bytes:
+                log.warning(
+                    "store cache holds %d bytes, over its %d-byte budget", total, self.max_bytes
+                )
+            return evicted
+
+    def _clean_stale_tmp(self) -> None:
+        if not self._tmp.is_dir():
+            return
+        now = time.time()
+        for leftover in self._tmp.iterdir():
+            try:
+                if now - leftover.stat().st_mtime > STALE_TMP_S:
+                    shutil.rmtree(leftover, ignore_errors=True)
+            except FileNotFoundError:
+                continue

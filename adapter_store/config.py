@@ -1,0 +1,98 @@
+"""Where the store and the cache are: flag > environment > config file > repo default."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from adapter_store.backends.base import Backend
+from adapter_store.errors import InvalidInputError
+
+DEFAULT_LOCAL_STORE = Path("deployments/default_store")
+DEFAULT_CACHE_BYTES = 20 * 1024**3
+
+
+class StoreSettings(BaseModel):
+    """Optional `$MOLORA_HOME/store.json`: defaults for every `molora` command and the runtime."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    store: str | None = Field(None, description="s3://bucket/prefix or a directory")
+    endpoint_url: str | None = None
+    cache_dir: Path | None = None
+    cache_bytes: int = Field(DEFAULT_CACHE_BYTES, ge=0)
+
+
+def molora_home() -> Path:
+    return Path(os.environ.get("MOLORA_HOME") or Path.home() / ".cache" / "molora").expanduser()
+
+
+def load_settings() -> StoreSettings:
+    path = Path(os.environ.get("MOLORA_STORE_CONFIG") or molora_home() / "store.json")
+    if not path.is_file():
+        return StoreSettings()
+    try:
+        return StoreSettings.model_validate(json.loads(path.read_text()))
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise InvalidInputError(f"invalid store settings file {path}: {exc}") from exc
+
+
+def resolve_store_url(flag: str | None = None, settings: StoreSettings | None = None) -> str:
+    """`--store`, then `MOLORA_STORE`, then the settings file, then ./deployments/default_store."""
+    for candidate in (flag, os.environ.get("MOLORA_STORE"), (settings or load_settings()).store):
+        if candidate:
+            return candidate
+    if DEFAULT_LOCAL_STORE.is_dir():
+        return str(DEFAULT_LOCAL_STORE)
+    raise InvalidInputError(
+        "no store configured: pass --store s3://bucket/prefix or a directory, or set MOLORA_STORE"
+    )
+
+
+def resolve_cache_dir(
+    flag: str | Path | None = None, settings: StoreSettings | None = None
+) -> Path:
+    settings = settings or load_settings()
+    chosen = flag or os.environ.get("MOLORA_STORE_CACHE") or settings.cache_dir
+    return Path(chosen).expanduser() if chosen else molora_home() / "store-cache"
+
+
+def resolve_cache_bytes(flag: int | None = None, settings: StoreSettings | None = None) -> int:
+    if flag is not None:
+        return flag
+    env = os.environ.get("MOLORA_STORE_CACHE_BYTES")
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            raise InvalidInputError(f"MOLORA_STORE_CACHE_BYTES={env!r} is not an integer") from None
+    return (settings or load_settings()).cache_bytes
+
+
+def open_backend(url: str, endpoint_url: str | None = None, *, create: bool = False) -> Backend:
+    """`s3://bucket/prefix` → S3Backend; anything else is a local directory path."""
+    if url.startswith("s3://"):
+        parsed = urlparse(url)
+        if "@" in parsed.netloc or ":" in parsed.netloc:
+            raise InvalidInputError(
+                "store URL must be s3://bucket/prefix; credentials and ports do not belong in it "
+                "(use the AWS credential chain and --endpoint-url)"
+            )
+        if not parsed.netloc:
+            raise InvalidInputError(
+                f"store URL {url!r} lacks a bucket: expected s3://bucket/prefix"
+            )
+        from adapter_store.backends.s3 import S3Backend  # boto3 only when needed
+
+        return S3Backend(parsed.netloc, parsed.path.strip("/"), endpoint_url=endpoint_url)
+    if "://" in url:
+        raise InvalidInputError(
+            f"unsupported store URL {url!r}: use s3://bucket/prefix or a directory"
+        )
+    from adapter_store.backends.local import LocalBackend
+
+    return LocalBackend(url, create=create)

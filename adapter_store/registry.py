@@ -1,0 +1,420 @@
+"""The registry: publish, resolve, list, yank, delete and verify versions in a backend.
+
+Key layout (identical under a directory root and an S3 prefix):
+
+    adapters/<name>/<version>/manifest.json        written last, conditionally: the commit
+    adapters/<name>/<version>/yanked.json          optional marker, excluded from `latest`
+    adapters/<name>/<version>/<blob_dir>/<file>    this publish's files (a PEFT folder)
+    compositions/<name>/<version>/...              same for compositions
+
+Each publish uploads into its own `blob_dir`, so a losing concurrent publish never overwrites
+the winner's files and can remove exactly what it uploaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from adapter_store.backends.base import Backend, ObjectExistsError, ObjectMissingError, Progress
+from adapter_store.errors import (
+    IntegrityError,
+    InvalidInputError,
+    NotFoundError,
+    StoreError,
+    VersionExistsError,
+)
+from adapter_store.manifest import (
+    AdapterManifest,
+    CompositionManifest,
+    FileEntry,
+    YankRecord,
+    dump_manifest,
+    parse_manifest,
+    utcnow,
+)
+from adapter_store.names import KINDS, Kind, check_name, check_version, parse_ref
+from adapter_store.validate import (
+    COMPOSITION_CONFIG,
+    DEFAULT_MAX_BYTES,
+    read_composition,
+    sha256_file,
+    validate_adapter,
+)
+
+log = logging.getLogger(__name__)
+AnyManifest = AdapterManifest | CompositionManifest
+MANIFEST = "manifest.json"
+YANKED = "yanked.json"
+
+
+def kind_prefix(kind: Kind) -> str:
+    if kind not in KINDS:
+        raise InvalidInputError(f"unknown kind {kind!r}; expected one of {KINDS}")
+    return f"{kind}s/"
+
+
+def version_dir(kind: Kind, name: str, version: str) -> str:
+    return f"{kind_prefix(kind)}{check_name(name)}/{check_version(version)}/"
+
+
+def blob_key(manifest: AnyManifest, path: str) -> str:
+    return (
+        f"{version_dir(manifest.kind, manifest.name, manifest.version)}{manifest.blob_dir}/{path}"
+    )
+
+
+@dataclass
+class VersionInfo:
+    version: str
+    yanked: bool
+
+
+class HashingWriter:
+    """Write-through sink that counts and hashes what passes (for verify-while-download)."""
+
+    def __init__(self, out: BinaryIO | None = None) -> None:
+        self.out = out
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        if self.out is not None:
+            self.out.write(data)
+        return len(data)
+
+    def check(self, entry: FileEntry, ref: str) -> None:
+        if self.size != entry.size or self.digest.hexdigest() != entry.sha256:
+            raise IntegrityError(
+                f"{ref}: {entry.path} failed verification (expected {entry.size} bytes sha256 "
+                f"{entry.sha256[:12]}…, got {self.size} bytes sha256 {self.digest.hexdigest()[:12]}…): "
+                "the stored object is corrupted or was modified"
+            )
+
+
+@dataclass
+class StagedPublish:
+    """Files uploaded, manifest not yet written: `commit()` publishes, `abort()` cleans up."""
+
+    registry: Registry
+    manifest: AnyManifest
+    uploaded: list[str] = field(default_factory=list)
+    done: bool = False
+
+    def commit(self) -> AnyManifest:
+        m = self.manifest
+        key = version_dir(m.kind, m.name, m.version) + MANIFEST
+        try:
+            self.registry.backend.put_bytes(key, dump_manifest(m), if_absent=True)
+        except ObjectExistsError:
+            self.abort()
+            raise VersionExistsError(
+                f"{m.kind} {m.ref} already exists (published concurrently); versions are "
+                "immutable, choose a new version"
+            ) from None
+        except BaseException:
+            self.abort()
+            raise
+        self.done = True
+        return m
+
+    def abort(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self.registry.backend.delete(self.uploaded)
+        except StoreError as exc:  # the store went away: say what is left behind
+            log.error("could not remove partial upload %s: %s", self.uploaded, exc)
+
+
+class Registry:
+    """Versioned adapters and compositions over one backend."""
+
+    def __init__(self, backend: Backend, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.backend = backend
+        self.max_bytes = max_bytes
+        self._manifests: dict[tuple[str, str, str], AnyManifest] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def names(self, kind: Kind) -> list[str]:
+        return self.backend.list_children(kind_prefix(kind))
+
+    def versions(self, kind: Kind, name: str) -> list[VersionInfo]:
+        prefix = kind_prefix(kind) + check_name(name) + "/"
+        keys = set(self.backend.list_keys(prefix))
+        found = []
+        for key in keys:
+            rest = key[len(prefix) :]
+            version, _, leaf = rest.partition("/")
+            if leaf == MANIFEST:
+                found.append(VersionInfo(version, f"{prefix}{version}/{YANKED}" in keys))
+        return sorted(found, key=lambda v: v.version)
+
+    def manifest(self, kind: Kind, name: str, version: str) -> AnyManifest:
+        """One version's manifest (memoized: published manifests never change)."""
+        memo_key = (kind, name, version)
+        with self._lock:
+            if memo_key in self._manifests:
+                return self._manifests[memo_key]
+        key = version_dir(kind, name, version) + MANIFEST
+        try:
+            data = self.backend.read_bytes(key)
+        except ObjectMissingError:
+            raise NotFoundError(
+                f"{kind} {name}@{version} does not exist in store {self.url}"
+            ) from None
+        manifest = parse_manifest(data, f"{self.url}/{key}")
+        if manifest.kind != kind or manifest.name != name or manifest.version != version:
+            raise IntegrityError(
+                f"manifest at {self.url}/{key} describes {manifest.kind} {manifest.ref}"
+            )
+        with self._lock:
+            self._manifests[memo_key] = manifest
+        return manifest
+
+    def forget(self, kind: Kind, name: str, version: str) -> None:
+        with self._lock:
+            self._manifests.pop((kind, name, version), None)
+
+    def latest(self, kind: Kind, name: str) -> AnyManifest:
+        """Newest created, non-yanked version."""
+        infos = self.versions(kind, name)
+        live = [self.manifest(kind, name, v.version) for v in infos if not v.yanked]
+        if not live:
+            hint = " (all versions are yanked)" if infos else ""
+            raise NotFoundError(f"{kind} {name!r} does not exist in store {self.url}{hint}")
+        return max(live, key=lambda m: (m.created, m.version))
+
+    def resolve(self, kind: Kind, ref: str) -> AnyManifest:
+        r = parse_ref(ref)
+        return (
+            self.latest(kind, r.name)
+            if r.version is None
+            else self.manifest(kind, r.name, r.version)
+        )
+
+    def catalog(self, kind: Kind) -> list[AnyManifest]:
+        """Latest manifest of every name of this kind (names with only yanked versions omitted)."""
+        out = []
+        for name in self.names(kind):
+            try:
+                out.append(self.latest(kind, name))
+            except NotFoundError:
+                continue
+        return out
+
+    def fetch(
+        self,
+        manifest: AnyManifest,
+        entry: FileEntry,
+        out: BinaryIO | None,
+        progress: Progress | None = None,
+    ) -> None:
+        """Stream one file into `out` (or nowhere) and verify its size and sha256."""
+        writer = HashingWriter(out)
+        try:
+            self.backend.download(blob_key(manifest, entry.path), writer, progress)  # type: ignore[arg-type]
+        except ObjectMissingError:
+            self.forget(manifest.kind, manifest.name, manifest.version)
+            raise NotFoundError(
+                f"{manifest.kind} {manifest.ref}: file {entry.path} is missing from store {self.url} "
+                "(deleted while reading?)"
+            ) from None
+        writer.check(entry, f"{manifest.kind} {manifest.ref}")
+
+    def verify(self, manifest: AnyManifest, progress: Progress | None = None) -> list[str]:
+        """Re-download every file and compare with the manifest; returns the problems found."""
+        problems = []
+        for entry in manifest.files:
+            try:
+                self.fetch(manifest, entry, None, progress)
+            except (IntegrityError, NotFoundError) as exc:
+                problems.append(str(exc))
+        return problems
+
+    # ---- publishing ----------------------------------------------------------------------------
+
+    def _check_new(self, kind: Kind, name: str, version: str) -> None:
+        if self.backend.exists(version_dir(kind, name, version) + MANIFEST):
+            raise VersionExistsError(
+                f"{kind} {name}@{version} already exists in store {self.url}; versions are "
+                "immutable, choose a new version"
+            )
+
+    def _upload(
+        self, manifest: AnyManifest, sources: dict[str, Path], progress: Progress | None
+    ) -> StagedPublish:
+        staged = StagedPublish(self, manifest)
+        try:
+            for entry in manifest.files:
+                key = blob_key(manifest, entry.path)
+                staged.uploaded.append(key)
+                self.backend.upload_file(key, sources[entry.path], progress)
+        except BaseException:
+            staged.abort()
+            raise
+        return staged
+
+    @staticmethod
+    def _entries(files: list[Path]) -> tuple[list[FileEntry], dict[str, Path]]:
+        entries = [
+            FileEntry(path=p.name, sha256=sha256_file(p), size=p.stat().st_size) for p in files
+        ]
+        return entries, {p.name: p for p in files}
+
+    @staticmethod
+    def _blob_dir() -> str:
+        return f"u-{int(time.time() * 1000):x}-{secrets.token_hex(6)}"
+
+    def stage_adapter(
+        self,
+        folder: str | Path,
+        name: str,
+        version: str,
+        *,
+        base_model: str | None = None,
+        base_config: dict[str, Any] | None = None,
+        description: str | None = None,
+        tags: list[str] | None = None,
+        progress: Progress | None = None,
+    ) -> StagedPublish:
+        check_name(name)
+        check_version(version)
+        info = validate_adapter(Path(folder), base_config, self.max_bytes)
+        base = base_model or info.base_model
+        if not base:
+            raise InvalidInputError(
+                "adapter_config.json names no base_model_name_or_path: pass --base-model"
+            )
+        self._check_new("adapter", name, version)
+        entries, sources = self._entries(info.files)
+        manifest = AdapterManifest(
+            name=name, version=version, base_model=base, files=entries, blob_dir=self._blob_dir(),
+            created=utcnow(), description=description, tags=tags or [],
+            base_model_fingerprint=info.base_model_fingerprint, rank=info.rank, alpha=info.alpha,
+            target_modules=info.target_modules, num_layers=info.num_layers, dtype=info.dtype,
+        )  # fmt: skip
+        return self._upload(manifest, sources, progress)
+
+    def publish_adapter(
+        self, folder: str | Path, name: str, version: str, **kwargs: Any
+    ) -> AnyManifest:
+        return self.stage_adapter(folder, name, version, **kwargs).commit()
+
+    def pin_adapters(self, refs: list[str], base_model: str) -> list[str]:
+        """Resolve each ref to `name@version`, checking it exists and fits the base model."""
+        pinned = []
+        for ref in refs:
+            try:
+                m = self.resolve("adapter", ref)
+            except NotFoundError as exc:
+                raise InvalidInputError(
+                    f"composition adapter {ref!r} is not in the store: {exc}"
+                ) from None
+            if m.base_model != base_model:
+                raise InvalidInputError(
+                    f"composition adapter {m.ref} is for base model {m.base_model!r}, not {base_model!r}"
+                )
+            pinned.append(m.ref)
+        return pinned
+
+    def stage_composition(
+        self,
+        folder: str | Path,
+        name: str,
+        version: str,
+        *,
+        description: str | None = None,
+        tags: list[str] | None = None,
+        progress: Progress | None = None,
+    ) -> StagedPublish:
+        check_name(name)
+        check_version(version)
+        files, cfg = read_composition(Path(folder), self.max_bytes)
+        self._check_new("composition", name, version)
+        pinned = self.pin_adapters(cfg.adapters, cfg.base_model)
+        with tempfile.TemporaryDirectory(prefix="molora-compose-") as tmp:
+            stored_cfg = Path(tmp) / COMPOSITION_CONFIG
+            stored_cfg.write_text(
+                json.dumps(cfg.model_dump() | {"adapters": pinned}, indent=2) + "\n"
+            )
+            files = [stored_cfg if p.name == COMPOSITION_CONFIG else p for p in files]
+            entries, sources = self._entries(files)
+            manifest = CompositionManifest(
+                name=name, version=version, base_model=cfg.base_model, files=entries,
+                blob_dir=self._blob_dir(), created=utcnow(), description=description,
+                tags=tags or [], adapters=pinned, top_k=cfg.top_k, temperature=cfg.temperature,
+                num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
+            )  # fmt: skip
+            return self._upload(manifest, sources, progress)
+
+    def publish_composition(
+        self, folder: str | Path, name: str, version: str, **kwargs: Any
+    ) -> AnyManifest:
+        return self.stage_composition(folder, name, version, **kwargs).commit()
+
+    # ---- removing ------------------------------------------------------------------------------
+
+    def users_of(self, adapter_ref: str) -> list[str]:
+        """Composition versions that pin this adapter version."""
+        users = []
+        for name in self.names("composition"):
+            for info in self.versions("composition", name):
+                m = self.manifest("composition", name, info.version)
+                if adapter_ref in m.adapters:  # type: ignore[union-attr]
+                    users.append(m.ref)
+        return users
+
+    def delete(self, kind: Kind, name: str, version: str, *, force: bool = False) -> AnyManifest:
+        """Remove a version: manifest first (readers stop seeing it), then its files."""
+        manifest = self.manifest(kind, name, version)
+        if kind == "adapter" and not force:
+            users = self.users_of(manifest.ref)
+            if users:
+                raise InvalidInputError(
+                    f"adapter {manifest.ref} is pinned by composition(s) {', '.join(users)}; "
+                    "delete those first or pass --force"
+                )
+        vdir = version_dir(kind, name, version)
+        self.backend.delete([vdir + MANIFEST])
+        self.forget(kind, name, version)
+        self.backend.delete([k for k in self.backend.list_keys(vdir)])
+        return manifest
+
+    def yank(self, kind: Kind, name: str, version: str, reason: str | None = None) -> AnyManifest:
+        manifest = self.manifest(kind, name, version)
+        record = YankRecord(yanked=utcnow(), reason=reason)
+        self.backend.put_bytes(
+            version_dir(kind, name, version) + YANKED, record.model_dump_json().encode()
+        )
+        return manifest
+
+    def unyank(self, kind: Kind, name: str, version: str) -> AnyManifest:
+        manifest = self.manifest(kind, name, version)
+        self.backend.delete([version_dir(kind, name, version) + YANKED])
+        return manifest
+
+
+def open_registry(
+    url: str, endpoint_url: str | None = None, *, create: bool = False, **kwargs: Any
+) -> Registry:
+    from adapter_store.config import open_backend
+
+    return Registry(open_backend(url, endpoint_url, create=create), **kwargs)

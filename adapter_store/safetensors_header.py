@@ -1,0 +1,96 @@
+"""Read a safetensors header without torch: enough to check shapes, dtypes and file integrity.
+
+Parsing the 8-byte length + JSON header ourselves keeps the store free of torch and lets us
+refuse truncated files and pickles disguised as `.safetensors` before anything is uploaded.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from adapter_store.errors import InvalidInputError
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+DTYPE_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+}  # fmt: skip
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+
+
+class TensorInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    dtype: str
+    shape: tuple[int, ...]
+    data_offsets: tuple[int, int] = Field(description="[begin, end) within the data section")
+
+
+def _looks_pickled(head: bytes) -> bool:
+    # torch.save writes a zip ("PK"); raw pickles start with the PROTO opcode 0x80.
+    return head[:2] == b"PK" or head[:1] == b"\x80"
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Tensor name → info; raises InvalidInputError naming the file and the defect."""
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        if _looks_pickled(head):
+            raise InvalidInputError(
+                f"{path.name} is a pickle/torch.save file, not safetensors: pickles are refused"
+            )
+        if len(head) < 8:
+            raise InvalidInputError(f"{path.name} is not a safetensors file (too short)")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER_BYTES or 8 + n > size:
+            raise InvalidInputError(
+                f"{path.name} is not a valid safetensors file (bad header size)"
+            )
+        try:
+            raw = json.loads(fh.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidInputError(f"{path.name}: safetensors header is not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise InvalidInputError(f"{path.name}: safetensors header is not an object")
+    raw.pop("__metadata__", None)
+    tensors: dict[str, TensorInfo] = {}
+    data_len = size - 8 - n
+    for name, info in raw.items():
+        try:
+            t = TensorInfo.model_validate(info)
+        except ValueError as exc:
+            raise InvalidInputError(f"{path.name}: bad header entry for {name!r}: {exc}") from exc
+        begin, end = t.data_offsets
+        if t.dtype not in DTYPE_BYTES:
+            raise InvalidInputError(f"{path.name}: tensor {name!r} has unknown dtype {t.dtype}")
+        nbytes = int(np.prod(t.shape, dtype=np.int64)) * DTYPE_BYTES[t.dtype]
+        if not 0 <= begin <= end <= data_len or end - begin != nbytes:
+            raise InvalidInputError(
+                f"{path.name}: tensor {name!r} lies outside the file or has the wrong byte size "
+                "(truncated or corrupted file?)"
+            )
+        tensors[name] = t
+    return tensors
+
+
+def read_float_tensor(path: Path, name: str) -> np.ndarray:
+    """Load one float tensor as float32 numpy (gates are small); BF16 is widened by hand."""
+    header = read_header(path)
+    info = header[name]
+    if info.dtype not in FLOAT_DTYPES:
+        raise InvalidInputError(f"{path.name}: tensor {name!r} must be float, got {info.dtype}")
+    with path.open("rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        fh.seek(8 + n + info.data_offsets[0])
+        buf = fh.read(info.data_offsets[1] - info.data_offsets[0])
+    if info.dtype == "BF16":
+        arr = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        arr = np.frombuffer(buf, dtype={"F64": "<f8", "F32": "<f4", "F16": "<f2"}[info.dtype])
+    return arr.astype(np.float32).reshape(info.shape)

@@ -1,0 +1,189 @@
+"""`AdapterStoreSource`: what the runtime holds; turns `name[@version]` into a verified local folder.
+
+A pinned ref that is already cached costs no network call. A bare name resolves `latest`
+(memoized for `latest_ttl_s`); if the store is down, the newest cached version serves, with a
+warning. A local-directory store is read in place after checksum verification.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from adapter_store.backends.base import Progress
+from adapter_store.cache import LocalCache
+from adapter_store.config import (
+    load_settings,
+    open_backend,
+    resolve_cache_bytes,
+    resolve_cache_dir,
+    resolve_store_url,
+)
+from adapter_store.errors import IntegrityError, NotFoundError, StoreUnavailableError
+from adapter_store.manifest import AdapterManifest, CompositionManifest
+from adapter_store.names import KINDS, Kind, parse_ref
+from adapter_store.registry import AnyManifest, Registry, blob_key
+from adapter_store.validate import sha256_file
+
+log = logging.getLogger(__name__)
+
+
+class AdapterStoreSource:
+    """Implements the runtime's `AdapterSource` protocol (structurally, without importing it)."""
+
+    def __init__(
+        self,
+        store_url: str | None = None,
+        cache_dir: str | Path | None = None,
+        endpoint_url: str | None = None,
+        cache_bytes: int | None = None,
+        *,
+        latest_ttl_s: float = 10.0,
+        direct_local: bool = True,
+        registry: Registry | None = None,
+    ) -> None:
+        settings = load_settings()
+        if registry is None:
+            url = resolve_store_url(store_url, settings)
+            registry = Registry(open_backend(url, endpoint_url or settings.endpoint_url))
+        self.registry = registry
+        self.cache = LocalCache(
+            resolve_cache_dir(cache_dir, settings), resolve_cache_bytes(cache_bytes, settings)
+        )
+        self.latest_ttl_s = latest_ttl_s
+        self.direct_local = direct_local
+        self._latest: dict[tuple[str, str], tuple[float, AnyManifest]] = {}
+        self._verified: dict[Path, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return self.registry.url
+
+    # ---- the AdapterSource protocol --------------------------------------------------------------
+
+    def adapter_path(self, ref: str) -> Path:
+        return self.path("adapter", ref)
+
+    def composition_path(self, ref: str) -> Path:
+        return self.path("composition", ref)
+
+    # ---- resolution ------------------------------------------------------------------------------
+
+    def path(self, kind: Kind, ref: str, progress: Progress | None = None) -> Path:
+        r = parse_ref(ref)
+        if r.version is not None:
+            if not self._is_local:
+                cached = self.cache.get(kind, r.name, r.version)
+                if cached is not None:
+                    return cached
+            try:
+                manifest = self.registry.manifest(kind, r.name, r.version)
+            except StoreUnavailableError as exc:
+                raise StoreUnavailableError(
+                    f"{kind} {ref} is not cached and the store is down: {exc}"
+                ) from exc
+            return self.materialize(manifest, progress)
+        try:
+            manifest = self.latest(kind, r.name)
+        except StoreUnavailableError as exc:
+            return self._offline_latest(kind, r.name, exc)
+        return self.materialize(manifest, progress)
+
+    def latest(self, kind: Kind, name: str) -> AnyManifest:
+        key = (kind, name)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._latest.get(key)
+        if hit is not None and now - hit[0] < self.latest_ttl_s:
+            return hit[1]
+        manifest = self.registry.latest(kind, name)
+        with self._lock:
+            self._latest[key] = (now, manifest)
+        return manifest
+
+    def manifest(self, kind: Kind, ref: str) -> AnyManifest:
+        r = parse_ref(ref)
+        return (
+            self.latest(kind, r.name)
+            if r.version is None
+            else self.registry.manifest(kind, r.name, r.version)
+        )
+
+    def _offline_latest(self, kind: Kind, name: str, exc: StoreUnavailableError) -> Path:
+        cached = self.cache.cached_manifests(kind, name)
+        if not cached:
+            raise StoreUnavailableError(
+                f"cannot resolve the latest {kind} {name!r}: the store is down and no version is "
+                f"cached ({exc})"
+            ) from exc
+        newest = max(cached, key=lambda m: (m.created, m.version))
+        log.warning("store %s is down (%s); serving cached %s %s", self.url, exc, kind, newest.ref)
+        entry = self.cache.get(kind, newest.name, newest.version)
+        if entry is None:
+            raise StoreUnavailableError(
+                f"store is down and cached {kind} {newest.ref} was just evicted"
+            ) from exc
+        return entry
+
+    @property
+    def _is_local(self) -> bool:
+        return self.direct_local and self.registry.backend.local_path("x") is not None
+
+    def materialize(self, manifest: AnyManifest, progress: Progress | None = None) -> Path:
+        """A verified local folder for this exact version (cache pull or in-place local store)."""
+        if self._is_local:
+            return self._verified_local(manifest)
+        cached = self.cache.get(manifest.kind, manifest.name, manifest.version)
+        return cached or self.cache.pull(self.registry, manifest, progress)
+
+    def _verified_local(self, manifest: AnyManifest) -> Path:
+        folder = None
+        for entry in manifest.files:
+            path = self.registry.backend.local_path(blob_key(manifest, entry.path))
+            assert path is not None
+            folder = path.parent
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                raise NotFoundError(
+                    f"{manifest.kind} {manifest.ref}: {entry.path} is missing from the store"
+                ) from None
+            stamp = (st.st_size, st.st_mtime_ns)
+            with self._lock:
+                if self._verified.get(path) == stamp:
+                    continue
+            if st.st_size != entry.size or sha256_file(path) != entry.sha256:
+                raise IntegrityError(
+                    f"{manifest.kind} {manifest.ref}: {entry.path} in {path.parent} does not match "
+                    "its manifest checksum (corrupted or modified)"
+                )
+            with self._lock:
+                self._verified[path] = stamp
+        assert folder is not None
+        return folder
+
+    # ---- listing for /v1/models --------------------------------------------------------------------
+
+    def catalog(self) -> list[AnyManifest]:
+        """Latest manifest of every adapter and composition; cached ones while the store is down."""
+        try:
+            return [m for kind in KINDS for m in self.registry.catalog(kind)]
+        except StoreUnavailableError as exc:
+            log.warning("store %s is down (%s); listing cached versions only", self.url, exc)
+            out: list[AnyManifest] = []
+            for kind in KINDS:
+                base = self.cache.root / f"{kind}s"
+                for name_dir in sorted(base.iterdir()) if base.is_dir() else []:
+                    cached = self.cache.cached_manifests(kind, name_dir.name)
+                    if cached:
+                        out.append(max(cached, key=lambda m: (m.created, m.version)))
+            return out
+
+    def list_adapters(self) -> list[AdapterManifest]:
+        return [m for m in self.catalog() if isinstance(m, AdapterManifest)]
+
+    def list_compositions(self) -> list[CompositionManifest]:
+        return [m for m in self.catalog() if isinstance(m, CompositionManifest)]
