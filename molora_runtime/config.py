@@ -45,6 +45,9 @@ class HotSetConfig(StrictModel):
     pinned: list[str] = Field(
         default_factory=list, description="adapters loaded at start, never evicted"
     )
+    host_cache_mb: int = Field(
+        512, ge=0, description="parsed adapters kept in host memory (tier between disk and slots)"
+    )
 
     @field_validator("target_modules")
     @classmethod

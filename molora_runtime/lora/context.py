@@ -19,14 +19,12 @@ class GateTable:
     """The composition slots of the hot-set, as the model sees them during a forward.
 
     weight: [C, L, K, d]; bias: [C, L, K]; expert_slots: [C, K] hot-set slot of each expert
-    (0 for padding experts); top_k: [C]; temperature: [C]; num_experts: [C].
+    (0 for padding experts); num_experts: [C].
     """
 
     weight: torch.Tensor
     bias: torch.Tensor
     expert_slots: torch.Tensor
-    top_k: torch.Tensor
-    temperature: torch.Tensor
     num_experts: torch.Tensor
 
 
@@ -38,6 +36,8 @@ class LoRAContext:
     weights: torch.Tensor  # [T, W] float32
     comp_idx: torch.Tensor | None = None  # [T] int64 composition slot, -1 = static route
     gates: GateTable | None = None
+    top_k: torch.Tensor | None = None  # [T] int64, learned tokens' top-k
+    temperature: torch.Tensor | None = None  # [T] float32, learned tokens' gate temperature
     record_layers: bool = False  # keep each layer's table (attribution / gate statistics)
     return_gate_logits: bool = False  # keep raw gate logits (router training)
     # outputs of the forward, filled by begin_layer
@@ -60,6 +60,7 @@ class LoRAContext:
 
     def _learned_table(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.comp_idx is not None and self.gates is not None and self._static is not None
+        assert self.top_k is not None and self.temperature is not None
         g = self.gates
         static_slots, static_w = self._static
         C, _, K, d = g.weight.shape
@@ -71,7 +72,7 @@ class LoRAContext:
         logits = (
             all_logits.view(-1, C, K).gather(1, comp.view(-1, 1, 1).expand(-1, 1, K)).squeeze(1)
         )
-        logits = (logits + g.bias[comp, layer]) / g.temperature[comp].unsqueeze(1)
+        logits = (logits + g.bias[comp, layer]) / self.temperature.unsqueeze(1)
         expert_range = torch.arange(K, device=logits.device)
         logits = logits.masked_fill(
             expert_range[None, :] >= g.num_experts[comp][:, None], float("-inf")
@@ -80,7 +81,7 @@ class LoRAContext:
             self.gate_logits.append(logits)
         k_max = min(W, K)
         top_vals, top_idx = torch.topk(logits, k_max, dim=-1)
-        keep = torch.arange(k_max, device=logits.device)[None, :] < g.top_k[comp][:, None]
+        keep = torch.arange(k_max, device=logits.device)[None, :] < self.top_k[:, None]
         top_vals = top_vals.masked_fill(~keep, float("-inf"))
         probs = torch.softmax(top_vals, dim=-1)
         slots = g.expert_slots[comp].gather(1, top_idx).masked_fill(~keep, 0)

@@ -1,0 +1,522 @@
+"""The synchronous engine core: admission, batch formation, one forward per step, sampling.
+
+Continuous batching: requests join and leave between steps. A step packs every running decode
+(one token each) first, then prefill chunks, into one flat token batch; every projection and every
+routed-LoRA delta runs once over all of them, whatever each token's route.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from molora_runtime.config import EngineConfig
+from molora_runtime.engine.detokenizer import IncrementalDetokenizer
+from molora_runtime.engine.sampler import sample_tokens
+from molora_runtime.engine.sequence import SeqStatus, Sequence
+from molora_runtime.engine.types import (
+    EngineStats,
+    FinishReason,
+    GenerationOutput,
+    GenerationRequest,
+    TokenAttribution,
+)
+from molora_runtime.errors import (
+    AdapterLoadError,
+    AdapterNotFoundError,
+    EngineOverloadedError,
+    HotSetFullError,
+    InvalidRequestError,
+)
+from molora_runtime.lora.context import LoRAContext
+from molora_runtime.lora.hotset import HotSet
+from molora_runtime.lora.routing import RouteSegment, build_lora_context, check_route_width
+from molora_runtime.lora.source import AdapterSource
+from molora_runtime.model.attention_meta import CacheAttention, KVCache, PrefillSegment
+from molora_runtime.model.loader import load_model
+from molora_runtime.model.registry import resolve_model_path
+from molora_runtime.routes import LearnedRoute
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(config: EngineConfig) -> torch.device:
+    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def pick_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    if config.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[config.dtype]
+
+
+def load_tokenizer(folder: Path) -> Any | None:
+    if (
+        not (folder / "tokenizer.json").is_file()
+        and not (folder / "tokenizer_config.json").is_file()
+    ):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+class LLMEngine:
+    """One model, one hot-set, one KV cache; driven by `step()` (not thread-safe except
+    `add_request`/`abort`, which only enqueue)."""
+
+    def __init__(self, config: EngineConfig, source: AdapterSource) -> None:
+        self.config = config
+        self.device = pick_device(config)
+        self.dtype = pick_dtype(config, self.device)
+        self.model_path = resolve_model_path(config.model)
+        self.model = load_model(
+            self.model_path, self.dtype, self.device, max_positions=config.max_model_len
+        )
+        self.arch = self.model.arch
+        self.model_id = config.model
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.eos_ids = set(self.arch.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_ids.add(int(self.tokenizer.eos_token_id))
+        self.max_model_len = min(config.max_model_len, self.arch.max_position_embeddings)
+        rows = config.max_num_seqs + 1  # the extra row absorbs padded graph replays
+        self.kv = KVCache(
+            self.arch.num_layers,
+            rows,
+            self.max_model_len,
+            self.arch.num_kv_heads,
+            self.arch.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.scratch_row = rows - 1
+        self.hot_set = HotSet(self.model, config.hot_set, source, self.device, self.dtype)
+        self.width = config.hot_set.max_adapters_per_token
+        self._free_rows = list(range(config.max_num_seqs))
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._incoming: deque[Sequence] = deque()
+        self._aborts: deque[str] = deque()
+        self._lock = threading.Lock()
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._gate_stats: dict[str, torch.Tensor] = {}
+        self._seed_gen = torch.Generator().manual_seed(config.seed)
+        self.graph_runner = None
+        if config.enable_cuda_graph and self.device.type == "cuda":
+            from molora_runtime.engine.cuda_graph import CudaGraphRunner
+
+            self.graph_runner = CudaGraphRunner(self)
+
+    # ----- requests -------------------------------------------------------------------------
+    def encode_prompt(self, req: GenerationRequest) -> list[int]:
+        if req.prompt_token_ids is not None:
+            ids = list(req.prompt_token_ids)
+            bad = [t for t in ids if not 0 <= t < self.arch.vocab_size]
+            if bad:
+                raise InvalidRequestError(
+                    f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.arch.vocab_size})"
+                )
+            return ids
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer: send prompt_token_ids")
+        if req.messages is not None:
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    req.messages, add_generation_prompt=True, tokenize=False
+                )
+            except Exception as exc:  # template errors are the caller's messages' fault
+                raise InvalidRequestError(f"cannot apply the chat template: {exc}") from exc
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        assert req.prompt is not None
+        return list(self.tokenizer.encode(req.prompt, add_special_tokens=False))
+
+    def validate_request(self, req: GenerationRequest) -> list[int]:
+        """Cheap checks before queueing; returns the prompt ids."""
+        ids = self.encode_prompt(req)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens; this model's limit is {self.max_model_len} "
+                "tokens for prompt and completion together"
+            )
+        route = req.route
+        for name in route.adapters():
+            self.hot_set.source.adapter_path(name)  # raises AdapterNotFoundError
+        comp_top_k = None
+        if isinstance(route, LearnedRoute):
+            folder = self.hot_set.source.composition_path(route.composition)
+            from molora_runtime.lora.composition import load_composition
+
+            comp_top_k = load_composition(route.composition, folder).config.top_k
+        check_route_width(route, self.width, comp_top_k)
+        if len(route.adapters()) > self.hot_set.num_slots:
+            raise InvalidRequestError(
+                f"the route needs {len(route.adapters())} adapters at once but the hot-set has "
+                f"{self.hot_set.num_slots} slots"
+            )
+        return ids
+
+    def add_request(self, req: GenerationRequest, prompt_ids: list[int] | None = None) -> None:
+        """Validate and enqueue; raises InvalidRequestError / AdapterNotFoundError /
+        EngineOverloadedError without touching anything else."""
+        if prompt_ids is None:
+            prompt_ids = self.validate_request(req)
+        with self._lock:
+            if len(self.waiting) + len(self._incoming) >= self.config.max_queue_len:
+                raise EngineOverloadedError(
+                    f"{self.config.max_queue_len} requests are already waiting; retry later"
+                )
+            seed = req.sampling.seed
+            gen = None
+            if req.sampling.temperature > 0:
+                if seed is None:
+                    seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
+                gen = torch.Generator().manual_seed(seed)
+            self._incoming.append(Sequence(request=req, prompt_ids=prompt_ids, generator=gen))
+
+    def abort(self, request_id: str) -> None:
+        self._aborts.append(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._incoming or self._aborts)
+
+    def stats(self) -> EngineStats:
+        c = self.hot_set.counters
+        return EngineStats(
+            running=len(self.running),
+            waiting=len(self.waiting) + len(self._incoming),
+            hot_set=self.hot_set.loaded(),
+            pinned=self.hot_set.pinned(),
+            free_slots=self.hot_set.free_slots(),
+            num_slots=self.hot_set.num_slots,
+            hot_set_hits=c.hits,
+            hot_set_misses=c.misses,
+            hot_set_evictions=c.evictions,
+            hot_set_loads=c.loads,
+            compositions=self.hot_set.compositions(),
+        )
+
+    def pop_gate_stats(self) -> dict[str, list[list[int]]]:
+        """Per composition, [layer][expert] token counts since the last call."""
+        out = {k: v.long().tolist() for k, v in self._gate_stats.items()}
+        self._gate_stats.clear()
+        return out
+
+    # ----- the step -------------------------------------------------------------------------
+    def step(self) -> list[GenerationOutput]:
+        outputs: list[GenerationOutput] = []
+        self._drain_incoming(outputs)
+        self._admit(outputs)
+        if not self.running:
+            return outputs
+        batch = self._form_batch()
+        logits, ctx = self._forward(batch)
+        self._after_forward(batch, logits, ctx, outputs)
+        self._prefetch()
+        return outputs
+
+    def _drain_incoming(self, outputs: list[GenerationOutput]) -> None:
+        with self._lock:
+            while self._incoming:
+                self.waiting.append(self._incoming.popleft())
+        aborted = set()
+        while self._aborts:
+            aborted.add(self._aborts.popleft())
+        if not aborted:
+            return
+        for seq in [s for s in self.waiting if s.request_id in aborted]:
+            self.waiting.remove(seq)
+            seq.status = SeqStatus.FINISHED
+            outputs.append(self._final(seq, "abort"))
+        for seq in [s for s in self.running if s.request_id in aborted]:
+            self._finish(seq, "abort", outputs)
+
+    def _needs(self, seq: Sequence) -> list[str]:
+        return seq.route.adapters()
+
+    def _admit(self, outputs: list[GenerationOutput]) -> None:
+        """Move waiting requests to running while KV rows and hot-set slots allow (FIFO; a
+        request whose adapters cannot all be resident now waits, later ones may pass it)."""
+        held: list[Sequence] = []
+        while self.waiting and self._free_rows:
+            seq = self.waiting.popleft()
+            try:
+                if not self._bind_adapters(seq):
+                    held.append(seq)
+                    if len(held) >= 8:
+                        break
+                    continue
+            except (
+                AdapterLoadError,
+                AdapterNotFoundError,
+                HotSetFullError,
+                InvalidRequestError,
+            ) as exc:
+                seq.status = SeqStatus.FINISHED
+                seq.error = str(exc)
+                outputs.append(self._final(seq, "error"))
+                continue
+            seq.row = self._free_rows.pop(0)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+        for seq in reversed(held):
+            self.waiting.appendleft(seq)
+
+    def _bind_adapters(self, seq: Sequence) -> bool:
+        comp = seq.composition
+        needs = self._needs(seq)
+        if comp is not None:
+            cslot, experts = self.hot_set.ensure_composition(comp)
+            needs = list(dict.fromkeys(needs + experts))
+        if not self.hot_set.can_hold(needs):
+            return False
+        self.hot_set.ensure(needs)
+        self.hot_set.acquire(needs)
+        seq.adapters = needs
+        if comp is not None:
+            self.hot_set.acquire_composition(comp)
+            self.hot_set.bind_experts(cslot)
+        return True
+
+    def _form_batch(self) -> _Batch:
+        budget = self.config.max_num_batched_tokens
+        decodes = [s for s in self.running if not s.in_prefill]
+        prefills = [s for s in self.running if s.in_prefill]
+        batch = _Batch()
+        for seq in decodes:
+            batch.add(seq, seq.num_computed, 1, produces_logits=True)
+        budget -= len(decodes)
+        for seq in prefills:
+            if budget <= 0:
+                break
+            remaining = len(seq.prompt_ids) - seq.num_computed
+            n = min(remaining, budget)
+            batch.add(seq, seq.num_computed, n, produces_logits=(n == remaining))
+            budget -= n
+        batch.num_decode = len(decodes)
+        return batch
+
+    def _forward(self, batch: _Batch) -> tuple[torch.Tensor, LoRAContext | None]:
+        dev = self.device
+        ids = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)
+        segments = [
+            RouteSegment(seq.route, ids[start : start + n]) for seq, start, n in batch.segments
+        ]
+        record = any(
+            seq.request.return_attribution or isinstance(seq.route, LearnedRoute)
+            for seq, _, _ in batch.segments
+        )
+        ctx = build_lora_context(segments, self.hot_set, self.width, dev, record_layers=record)
+        if (
+            self.graph_runner is not None
+            and batch.num_decode == len(batch.segments)
+            and self.graph_runner.can_run(batch.num_decode, ctx)
+        ):
+            logits = self.graph_runner.run(batch, ids, ctx)
+            return logits, ctx
+        meta = CacheAttention(
+            kv_rows=torch.tensor(batch.rows, dtype=torch.long, device=dev),
+            positions=torch.tensor(batch.positions, dtype=torch.long, device=dev),
+            num_decode=batch.num_decode,
+            decode_context_lens=torch.tensor(
+                [p + 1 for p in batch.positions[: batch.num_decode]], dtype=torch.long, device=dev
+            ),
+            prefill_segments=batch.prefill_segments,
+            max_decode_context=max((p + 1 for p in batch.positions[: batch.num_decode]), default=0),
+        )
+        logits_index = torch.tensor(batch.logits_index, dtype=torch.long, device=dev)
+        with torch.inference_mode():
+            logits = self.model(ids, meta, self.kv, ctx, logits_index)
+        return logits, ctx
+
+    def _after_forward(
+        self,
+        batch: _Batch,
+        logits: torch.Tensor,
+        ctx: LoRAContext | None,
+        outputs: list[GenerationOutput],
+    ) -> None:
+        for seq, _, n in batch.segments:
+            seq.num_computed += n
+        if ctx is not None and ctx.has_learned and ctx.layer_tables:
+            self._record_gate_stats(ctx)
+        sampled_seqs = batch.logits_seqs
+        if not sampled_seqs:
+            return
+        tokens = sample_tokens(
+            logits, [s.request.sampling for s in sampled_seqs], [s.generator for s in sampled_seqs]
+        )
+        now = time.monotonic()
+        for i, (seq, token) in enumerate(zip(sampled_seqs, tokens, strict=True)):
+            seq.output_ids.append(token)
+            if seq.first_token_at is None:
+                seq.first_token_at = now
+            if seq.request.return_attribution:
+                seq.attribution.append(self._attribution(ctx, batch.logits_index[i], token))
+            reason = self._check_stop(seq, token)
+            if reason is not None:
+                self._finish(seq, reason, outputs)
+            else:
+                out = self._increment(seq, finished=False)
+                if out is not None:
+                    outputs.append(out)
+
+    def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
+        p = seq.request.sampling
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+            return "stop"
+        detok = self._detokenizer(seq)
+        text, hit = detok.update(seq.output_ids)
+        seq.text = text
+        if hit:
+            return "stop"
+        if len(seq.output_ids) >= p.max_tokens or seq.total_len >= self.max_model_len:
+            return "length"
+        return None
+
+    def _detokenizer(self, seq: Sequence) -> IncrementalDetokenizer:
+        detok = self._detok.get(seq.request_id)
+        if detok is None:
+            detok = IncrementalDetokenizer(self.tokenizer, seq.request.sampling.stop)
+            self._detok[seq.request_id] = detok
+        return detok
+
+    def _increment(self, seq: Sequence, finished: bool) -> GenerationOutput | None:
+        detok = self._detokenizer(seq)
+        safe = detok.safe_length(seq.text, finished)
+        delta = seq.text[seq.emitted_chars : safe] if safe > seq.emitted_chars else ""
+        new_ids = seq.output_ids[seq.emitted_tokens :]
+        if not delta and not new_ids and not finished:
+            return None
+        attribution = None
+        if seq.request.return_attribution:
+            attribution = seq.attribution[seq.emitted_tokens : len(seq.output_ids)]
+        seq.emitted_chars = max(seq.emitted_chars, safe)
+        seq.emitted_tokens = len(seq.output_ids)
+        return GenerationOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_ids,
+            text_delta=delta,
+            finished=finished,
+            finish_reason=seq.finish_reason if finished else None,
+            prompt_tokens=len(seq.prompt_ids),
+            completion_tokens=len(seq.output_ids),
+            attribution=attribution,
+            error=seq.error,
+        )
+
+    def _final(self, seq: Sequence, reason: FinishReason) -> GenerationOutput:
+        seq.finish_reason = reason
+        self._detok.pop(seq.request_id, None)
+        return GenerationOutput(
+            request_id=seq.request_id,
+            new_token_ids=[],
+            text_delta="",
+            finished=True,
+            finish_reason=reason,
+            prompt_tokens=len(seq.prompt_ids),
+            completion_tokens=len(seq.output_ids),
+            attribution=[] if seq.request.return_attribution else None,
+            error=seq.error,
+        )
+
+    def _finish(self, seq: Sequence, reason: FinishReason, outputs: list[GenerationOutput]) -> None:
+        seq.finish_reason = reason
+        seq.status = SeqStatus.FINISHED
+        if reason != "abort":
+            out = self._increment(seq, finished=True)
+            if out is not None:
+                outputs.append(out)
+        else:
+            outputs.append(self._final(seq, "abort"))
+        self._detok.pop(seq.request_id, None)
+        self.running.remove(seq)
+        self.hot_set.release(seq.adapters)
+        if seq.composition is not None:
+            self.hot_set.release_composition(seq.composition)
+        seq.adapters = []
+        if seq.row is not None:
+            self._free_rows.append(seq.row)
+            self._free_rows.sort()
+            seq.row = None
+
+    def _prefetch(self) -> None:
+        """Warm empty slots with adapters of queued requests (never evicts)."""
+        for seq in list(self.waiting)[:4]:
+            self.hot_set.prefetch(self._needs(seq))
+
+    # ----- routing observability --------------------------------------------------------------
+    def _slot_names(self) -> dict[int, str]:
+        return {self.hot_set.slot_of(n): n for n in self.hot_set.loaded()}
+
+    def _attribution(self, ctx: LoRAContext | None, index: int, token: int) -> TokenAttribution:
+        if ctx is None or not ctx.layer_tables:
+            return TokenAttribution(token_id=token, adapters={})
+        names = self._slot_names()
+        slots = torch.stack([t[0][index] for t in ctx.layer_tables]).cpu()
+        weights = torch.stack([t[1][index] for t in ctx.layer_tables]).float().cpu()
+        totals: dict[str, float] = {}
+        for s, w in zip(slots.flatten().tolist(), weights.flatten().tolist(), strict=True):
+            if s > 0 and w != 0.0:
+                totals[names.get(s, f"slot{s}")] = totals.get(names.get(s, f"slot{s}"), 0.0) + w
+        n_layers = len(ctx.layer_tables)
+        return TokenAttribution(
+            token_id=token, adapters={k: round(v / n_layers, 4) for k, v in totals.items()}
+        )
+
+    def _record_gate_stats(self, ctx: LoRAContext) -> None:
+        assert ctx.comp_idx is not None and ctx.gates is not None
+        slots = torch.stack([t[0] for t in ctx.layer_tables])  # [L, T, W]
+        weights = torch.stack([t[1] for t in ctx.layer_tables])
+        for comp in self.hot_set.compositions():
+            c = self.hot_set.comp_slot_of(comp)
+            mask = ctx.comp_idx == c
+            if not bool(mask.any()):
+                continue
+            k = int(ctx.gates.num_experts[c])
+            experts = ctx.gates.expert_slots[c, :k]
+            hit = (slots[:, mask, :, None] == experts) & (weights[:, mask, :, None] > 0)
+            counts = hit.sum(dim=(1, 2)).cpu()  # [L, K]
+            prev = self._gate_stats.get(comp)
+            self._gate_stats[comp] = (
+                counts if prev is None or prev.shape != counts.shape else prev + counts
+            )
+
+
+class _Batch:
+    """Host-side description of one step's flat token batch."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.positions: list[int] = []
+        self.rows: list[int] = []
+        self.segments: list[tuple[Sequence, int, int]] = []  # (seq, start index in batch, n)
+        self.prefill_segments: list[PrefillSegment] = []
+        self.logits_index: list[int] = []
+        self.logits_seqs: list[Sequence] = []
+        self.num_decode = 0
+
+    def add(self, seq: Sequence, pos: int, n: int, produces_logits: bool) -> None:
+        start = len(self.token_ids)
+        assert seq.row is not None
+        self.token_ids.extend(seq.tokens(pos, pos + n))
+        self.positions.extend(range(pos, pos + n))
+        self.rows.extend([seq.row] * n)
+        self.segments.append((seq, start, n))
+        if seq.in_prefill:
+            self.prefill_segments.append(PrefillSegment(start, n, seq.row, pos))
+        if produces_logits:
+            self.logits_index.append(start + n - 1)
+            self.logits_seqs.append(seq)

@@ -1,0 +1,40 @@
+"""Token sampling: greedy, temperature, top-k, top-p, each request with its own seeded generator."""
+
+from __future__ import annotations
+
+import torch
+
+from molora_runtime.engine.types import SamplingParams
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> list[int]:
+    """Pick one token per row of `logits` [n, V] (float32)."""
+    greedy = logits.argmax(dim=-1).tolist()
+    out: list[int] = []
+    for i, p in enumerate(params):
+        if p.temperature == 0.0:
+            out.append(int(greedy[i]))
+            continue
+        out.append(_sample_one(logits[i], p, generators[i]))
+    return out
+
+
+def _sample_one(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+    row = row.float() / p.temperature
+    if p.top_k and p.top_k < row.shape[-1]:
+        kth = torch.topk(row, p.top_k).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    probs = torch.softmax(row, dim=-1)
+    if p.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        drop = cumulative - sorted_probs > p.top_p  # keep the smallest prefix reaching top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    probs = probs / probs.sum()
+    # Generators live on the CPU so a seed gives the same tokens on any device.
+    return int(torch.multinomial(probs.cpu(), 1, generator=gen))

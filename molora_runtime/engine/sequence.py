@@ -1,0 +1,65 @@
+"""The engine's state for one request while it is queued or running."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from molora_runtime.engine.types import FinishReason, GenerationRequest, TokenAttribution
+from molora_runtime.routes import LearnedRoute, RouteSpec
+
+
+class SeqStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request: GenerationRequest
+    prompt_ids: list[int]
+    generator: torch.Generator | None
+    output_ids: list[int] = field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    row: int | None = None  # KV-cache row while running
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    adapters: list[str] = field(default_factory=list)  # hot-set adapters held while running
+    text: str = ""  # detokenized output so far (stop strings already cut)
+    emitted_chars: int = 0
+    emitted_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    attribution: list[TokenAttribution] = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def route(self) -> RouteSpec:
+        return self.request.route
+
+    @property
+    def composition(self) -> str | None:
+        return self.route.composition if isinstance(self.route, LearnedRoute) else None
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < len(self.prompt_ids)
+
+    def token_at(self, index: int) -> int:
+        n = len(self.prompt_ids)
+        return self.prompt_ids[index] if index < n else self.output_ids[index - n]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        return (self.prompt_ids + self.output_ids)[start:end]

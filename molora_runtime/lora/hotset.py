@@ -1,0 +1,335 @@
+"""The hot-set: a fixed number of adapter slots in static device buffers.
+
+Per LoRA target module there is one pair of buffers `A[S, L, r_max, d_in]`, `B[S, L, d_out, r_max]`
+(slot 0 stays all-zero: "no adapter"). Loading an adapter copies its tensors into a slot in place,
+so buffer addresses never change and a captured decode graph stays valid. Slots are reused LRU;
+an adapter held by a running request (refcount > 0) or pinned is never evicted. Learned
+compositions get the same treatment in a small table of gate slots.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from molora_runtime.config import HotSetConfig
+from molora_runtime.errors import AdapterLoadError, HotSetFullError
+from molora_runtime.lora.composition import Composition, CompositionError, load_composition
+from molora_runtime.lora.context import GateTable
+from molora_runtime.lora.peft_adapter import AdapterWeights, read_peft_adapter
+from molora_runtime.lora.source import AdapterSource
+from molora_runtime.model.arch import ModelArch
+from molora_runtime.model.decoder import CausalLM
+from molora_runtime.model.layers import LoRABuffers
+
+
+@dataclass
+class _Slot:
+    name: str | None = None
+    refs: int = 0
+    pinned: bool = False
+    last_used: int = 0
+
+
+@dataclass
+class _CompSlot:
+    name: str | None = None
+    experts: list[str] = field(default_factory=list)
+    top_k: int = 1
+    temperature: float = 1.0
+    refs: int = 0
+    last_used: int = 0
+
+
+@dataclass
+class HotSetCounters:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    loads: int = 0
+    load_seconds: list[float] = field(default_factory=list)  # drained by the metrics exporter
+
+
+class HotSet:
+    """Owns the slot buffers, the name → slot map and the composition gate table."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        config: HotSetConfig,
+        source: AdapterSource,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.arch: ModelArch = model.arch
+        self.config = config
+        self.source = source
+        self.device, self.dtype = device, dtype
+        S, L, r = config.num_slots + 1, self.arch.num_layers, config.max_rank
+        self.buffers: dict[str, LoRABuffers] = {}
+        for module in config.target_modules:
+            d_in, d_out = self.arch.linear_shape(module)
+            self.buffers[module] = LoRABuffers(
+                torch.zeros(S, L, r, d_in, dtype=dtype, device=device),
+                torch.zeros(S, L, d_out, r, dtype=dtype, device=device),
+            )
+        for linear in model.lora_linears():
+            linear.lora = self.buffers.get(linear.name)
+        C, K, d = (
+            max(1, config.max_compositions),
+            config.max_composition_experts,
+            self.arch.hidden_size,
+        )
+        self.gates = GateTable(
+            weight=torch.zeros(C, L, K, d, dtype=torch.float32, device=device),
+            bias=torch.zeros(C, L, K, dtype=torch.float32, device=device),
+            expert_slots=torch.zeros(C, K, dtype=torch.long, device=device),
+            num_experts=torch.ones(C, dtype=torch.long, device=device),
+        )
+        self._slots = [_Slot() for _ in range(S)]  # index 0 unused (the zero slot)
+        self._comp_slots = [_CompSlot() for _ in range(config.max_compositions)]
+        self._by_name: dict[str, int] = {}
+        self._comp_by_name: dict[str, int] = {}
+        self._host_cache: OrderedDict[str, AdapterWeights] = OrderedDict()
+        self._host_bytes = 0
+        self._clock = 0
+        self.counters = HotSetCounters()
+        for name in config.pinned:
+            self.pin(name)
+
+    # ----- queries -------------------------------------------------------------------------
+    @property
+    def num_slots(self) -> int:
+        return len(self._slots) - 1
+
+    def loaded(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def pinned(self) -> list[str]:
+        return sorted(s.name for s in self._slots[1:] if s.pinned and s.name)
+
+    def compositions(self) -> list[str]:
+        return sorted(self._comp_by_name)
+
+    def free_slots(self) -> int:
+        return sum(1 for s in self._slots[1:] if s.name is None)
+
+    def slot_of(self, name: str) -> int:
+        return self._by_name[name]
+
+    def comp_slot_of(self, name: str) -> int:
+        return self._comp_by_name[name]
+
+    def composition_info(self, name: str) -> _CompSlot:
+        return self._comp_slots[self._comp_by_name[name]]
+
+    def can_hold(self, names: Iterable[str]) -> bool:
+        """Whether `names` could all be resident at once without evicting anything in use."""
+        names = set(names)
+        missing = [n for n in names if n not in self._by_name]
+        reusable = sum(
+            1
+            for s in self._slots[1:]
+            if s.name is None or (s.refs == 0 and not s.pinned and s.name not in names)
+        )
+        return len(missing) <= reusable
+
+    # ----- adapters --------------------------------------------------------------------------
+    def ensure(self, names: Iterable[str]) -> dict[str, int]:
+        """Make every adapter in `names` resident (loading/evicting as needed); return slots."""
+        names = list(dict.fromkeys(names))
+        if len(names) > self.num_slots:
+            raise HotSetFullError(
+                f"{len(names)} adapters are needed at once but the hot-set has {self.num_slots} "
+                "slots (raise hot_set.num_slots)"
+            )
+        keep = set(names)
+        out: dict[str, int] = {}
+        for name in names:
+            self._clock += 1
+            slot = self._by_name.get(name)
+            if slot is not None:
+                self.counters.hits += 1
+            else:
+                self.counters.misses += 1
+                slot = self._victim(keep)
+                self._load(slot, name)
+            self._slots[slot].last_used = self._clock
+            out[name] = slot
+        return out
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """Load adapters into empty slots only (never evicts); errors surface at admission."""
+        for name in names:
+            if name in self._by_name or self.free_slots() == 0:
+                continue
+            try:
+                self._load(self._victim(set()), name)
+            except (AdapterLoadError, LookupError):
+                continue
+
+    def acquire(self, names: Iterable[str]) -> None:
+        for name in names:
+            self._slots[self._by_name[name]].refs += 1
+
+    def release(self, names: Iterable[str]) -> None:
+        for name in names:
+            slot = self._by_name.get(name)
+            if slot is not None and self._slots[slot].refs > 0:
+                self._slots[slot].refs -= 1
+
+    def pin(self, name: str) -> int:
+        slot = self.ensure([name])[name]
+        self._slots[slot].pinned = True
+        return slot
+
+    def unpin(self, name: str) -> None:
+        if name in self._by_name:
+            self._slots[self._by_name[name]].pinned = False
+
+    def _victim(self, keep: set[str]) -> int:
+        free = [i for i, s in enumerate(self._slots) if i and s.name is None]
+        if free:
+            return free[0]
+        candidates = [
+            (s.last_used, i)
+            for i, s in enumerate(self._slots)
+            if i and s.refs == 0 and not s.pinned and s.name not in keep
+        ]
+        if not candidates:
+            raise HotSetFullError(
+                f"all {self.num_slots} hot-set slots hold adapters in use or pinned; "
+                "the request must wait"
+            )
+        _, slot = min(candidates)
+        evicted = self._slots[slot].name
+        assert evicted is not None
+        del self._by_name[evicted]
+        self._slots[slot] = _Slot()
+        self.counters.evictions += 1
+        return slot
+
+    def _read(self, name: str) -> AdapterWeights:
+        cached = self._host_cache.get(name)
+        if cached is not None:
+            self._host_cache.move_to_end(name)
+            return cached
+        folder = self.source.adapter_path(name)
+        weights = read_peft_adapter(
+            name, folder, self.arch, self.config.target_modules, self.config.max_rank
+        )
+        budget = self.config.host_cache_mb * 2**20
+        size = weights.nbytes()
+        if size <= budget:
+            self._host_cache[name] = weights
+            self._host_bytes += size
+            while self._host_bytes > budget:
+                _, old = self._host_cache.popitem(last=False)
+                self._host_bytes -= old.nbytes()
+        return weights
+
+    def _load(self, slot: int, name: str) -> None:
+        start = time.perf_counter()
+        weights = self._read(name)
+        with torch.no_grad():
+            for module, buf in self.buffers.items():
+                buf.A[slot].zero_()
+                buf.B[slot].zero_()
+                for layer, (a, b) in weights.modules.get(module, {}).items():
+                    r = a.shape[0]
+                    buf.A[slot, layer, :r].copy_(a)
+                    buf.B[slot, layer, :, :r].copy_(b)
+        self._slots[slot] = _Slot(name=name, last_used=self._clock)
+        self._by_name[name] = slot
+        self.counters.loads += 1
+        self.counters.load_seconds.append(time.perf_counter() - start)
+
+    # ----- compositions ----------------------------------------------------------------------
+    def ensure_composition(self, ref: str) -> tuple[int, list[str]]:
+        """Make a composition's gates resident; returns (gate slot, expert adapter names).
+
+        The caller ensures and acquires the experts; `bind_experts` then records their slots.
+        """
+        if not self._comp_slots:
+            raise HotSetFullError("hot_set.max_compositions is 0: learned routes are disabled")
+        self._clock += 1
+        slot = self._comp_by_name.get(ref)
+        if slot is None:
+            comp = self._read_composition(ref)
+            slot = self._comp_victim()
+            self._write_composition(slot, comp)
+        self._comp_slots[slot].last_used = self._clock
+        return slot, list(self._comp_slots[slot].experts)
+
+    def bind_experts(self, comp_slot: int) -> None:
+        """Point the gate table's expert columns at the experts' current adapter slots."""
+        experts = self._comp_slots[comp_slot].experts
+        slots = [self._by_name[e] for e in experts]
+        self.gates.expert_slots[comp_slot].zero_()
+        self.gates.expert_slots[comp_slot, : len(slots)] = torch.tensor(slots, dtype=torch.long)
+
+    def acquire_composition(self, ref: str) -> None:
+        self._comp_slots[self._comp_by_name[ref]].refs += 1
+
+    def release_composition(self, ref: str) -> None:
+        slot = self._comp_by_name.get(ref)
+        if slot is not None and self._comp_slots[slot].refs > 0:
+            self._comp_slots[slot].refs -= 1
+
+    def _read_composition(self, ref: str) -> Composition:
+        try:
+            comp = load_composition(ref, self.source.composition_path(ref))
+        except CompositionError as exc:
+            raise AdapterLoadError(str(exc)) from exc
+        cfg = comp.config
+        if cfg.num_layers != self.arch.num_layers or cfg.hidden_size != self.arch.hidden_size:
+            raise AdapterLoadError(
+                f"composition {ref!r} was trained for {cfg.num_layers} layers × "
+                f"{cfg.hidden_size} hidden, the base model has {self.arch.num_layers} × "
+                f"{self.arch.hidden_size} (base-model mismatch)"
+            )
+        if len(cfg.adapters) > self.config.max_composition_experts:
+            raise AdapterLoadError(
+                f"composition {ref!r} has {len(cfg.adapters)} experts, above "
+                f"hot_set.max_composition_experts={self.config.max_composition_experts}"
+            )
+        if len(cfg.adapters) > self.num_slots:
+            raise AdapterLoadError(
+                f"composition {ref!r} needs {len(cfg.adapters)} adapters at once but the hot-set "
+                f"has {self.num_slots} slots"
+            )
+        return comp
+
+    def _comp_victim(self) -> int:
+        for i, s in enumerate(self._comp_slots):
+            if s.name is None:
+                return i
+        candidates = [(s.last_used, i) for i, s in enumerate(self._comp_slots) if s.refs == 0]
+        if not candidates:
+            raise HotSetFullError("all composition slots are in use; the request must wait")
+        _, slot = min(candidates)
+        del self._comp_by_name[self._comp_slots[slot].name]  # type: ignore[arg-type]
+        self._comp_slots[slot] = _CompSlot()
+        return slot
+
+    def _write_composition(self, slot: int, comp: Composition) -> None:
+        K = len(comp.config.adapters)
+        with torch.no_grad():
+            self.gates.weight[slot].zero_()
+            self.gates.bias[slot].zero_()
+            self.gates.weight[slot, :, :K].copy_(comp.gate_weight)
+            if comp.gate_bias is not None:
+                self.gates.bias[slot, :, :K].copy_(comp.gate_bias)
+            self.gates.num_experts[slot] = K
+        self._comp_slots[slot] = _CompSlot(
+            name=comp.name,
+            experts=list(comp.config.adapters),
+            top_k=comp.config.top_k,
+            temperature=comp.config.temperature,
+            last_used=self._clock,
+        )
+        self._comp_by_name[comp.name] = slot
