@@ -2,8 +2,9 @@
 
 The cluster runs exactly the Serve application of the GPU config; only what a Kubernetes cluster
 needs is changed: Serve listens on 0.0.0.0:8000 on every node (KubeRay's Service and readiness
-probe expect that), and every GPU deployment without its own `autoscaling_config` gets one
-bounded by the GPU worker group, so Serve autoscaling and the Ray autoscaler agree.
+probe expect that), and Serve autoscaling and the Ray autoscaler are made to agree: the GPU
+worker group is sized from the GPU deployments' `autoscaling_config` (one is added where the
+config has none), or, for a cluster with fixed bounds (dev), those bounds clamp Serve's.
 
 `molora k8s render` writes the base manifest and the dev overlay's patch; a test re-renders them
 and compares with the committed files. Change this module or the GPU config, never the output.
@@ -12,6 +13,7 @@ and compares with the committed files. Change this module or the GPU config, nev
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +69,8 @@ class ClusterProfile(_Strict):
     image: str = Field("molora-serve:latest", description="overlays set the real one (`images:`)")
     head: PodResources = PodResources(cpu="2", memory="8Gi")
     worker: PodResources = PodResources(cpu="8", memory="32Gi", gpus=1)
-    min_workers: int = Field(1, ge=0)
-    max_workers: int = Field(4, ge=1)
+    min_workers: int | None = Field(None, ge=0, description="default: Serve's min replicas")
+    max_workers: int | None = Field(None, ge=1, description="default: Serve's max replicas")
     worker_idle_timeout_s: int = Field(300, ge=0, description="Ray autoscaler scale-down delay")
     serve_autoscaling: ServeAutoscaling = ServeAutoscaling()
     store_config_map: str = "molora-adapter-store"
@@ -76,7 +78,7 @@ class ClusterProfile(_Strict):
 
     @model_validator(mode="after")
     def _bounds(self) -> ClusterProfile:
-        if self.min_workers > self.max_workers:
+        if (self.min_workers or 0) > (self.max_workers or self.min_workers or 0):
             raise ValueError("min_workers must be <= max_workers")
         if self.worker.gpus < 1:
             raise ValueError("the worker group is the GPU group: worker.gpus must be >= 1")
@@ -86,7 +88,7 @@ class ClusterProfile(_Strict):
 BASE = ClusterProfile()
 DEV = ClusterProfile(
     head=PodResources(cpu="1", memory="4Gi"),
-    worker=PodResources(cpu="4", memory="16Gi", gpus=1),
+    worker=PodResources(cpu="6", memory="24Gi", gpus=1),
     min_workers=0,
     max_workers=1,
     worker_idle_timeout_s=120,
@@ -105,8 +107,21 @@ def _gpus(deployment: dict[str, Any]) -> float:
     return float((deployment.get("ray_actor_options") or {}).get("num_gpus") or 0)
 
 
-def cluster_serve_config(serve_config: dict[str, Any], profile: ClusterProfile) -> dict[str, Any]:
-    """The GPU Serve config adapted for the cluster (see the module doc for what changes)."""
+class Plan(BaseModel):
+    """The cluster's Serve config and the GPU worker group sized to hold it."""
+
+    serve_config: dict[str, Any]
+    min_workers: int
+    max_workers: int
+
+
+def plan(serve_config: dict[str, Any], profile: ClusterProfile) -> Plan:
+    """Adapt the GPU Serve config to the cluster (see the module doc) and size the GPU group.
+
+    Without explicit worker bounds the group is sized from the Serve autoscaling bounds, so
+    every replica Serve may ask for has a GPU; with bounds (a small dev cluster) the Serve
+    bounds are clamped to what the group can hold instead.
+    """
     config = copy.deepcopy(serve_config)
     config["proxy_location"] = "EveryNode"
     config["http_options"] = {
@@ -114,20 +129,38 @@ def cluster_serve_config(serve_config: dict[str, Any], profile: ClusterProfile) 
         "host": "0.0.0.0",
         "port": SERVE_PORT,
     }
+    gpu_min = gpu_max = 0.0
     for app in config["applications"]:
         for deployment in app.get("deployments") or []:
             gpus = _gpus(deployment)
-            if gpus <= 0 or "autoscaling_config" in deployment:
+            if gpus <= 0:
                 continue
             per_node = max(1, int(profile.worker.gpus // gpus))
-            deployment.pop("num_replicas", None)
-            deployment["autoscaling_config"] = {
-                "min_replicas": max(1, profile.min_workers * per_node),
-                "initial_replicas": max(1, profile.min_workers * per_node),
-                "max_replicas": profile.max_workers * per_node,
-                **profile.serve_autoscaling.model_dump(),
-            }
-    return config
+            scaling = dict(deployment.get("autoscaling_config") or {})
+            if not scaling:
+                fixed = deployment.pop("num_replicas", None)
+                start = fixed if isinstance(fixed, int) else 1
+                scaling = {
+                    "min_replicas": start,
+                    "max_replicas": max(start, (profile.max_workers or start) * per_node),
+                    **profile.serve_autoscaling.model_dump(),
+                }
+            if profile.max_workers is not None:
+                capacity = profile.max_workers * per_node
+                for key in ("min_replicas", "initial_replicas", "max_replicas"):
+                    if key in scaling:
+                        scaling[key] = min(scaling[key], capacity)
+            deployment["autoscaling_config"] = scaling
+            gpu_min += scaling.get("min_replicas", 1) * gpus
+            gpu_max += scaling["max_replicas"] * gpus
+    per_worker = profile.worker.gpus
+    min_workers = profile.min_workers
+    if min_workers is None:
+        min_workers = math.ceil(gpu_min / per_worker)
+    max_workers = profile.max_workers
+    if max_workers is None:
+        max_workers = max(1, math.ceil(gpu_max / per_worker))
+    return Plan(serve_config=config, min_workers=min_workers, max_workers=max_workers)
 
 
 def _env_from(profile: ClusterProfile) -> list[dict[str, Any]]:
@@ -140,15 +173,11 @@ def _env_from(profile: ClusterProfile) -> list[dict[str, Any]]:
 
 
 def _volumes() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},  # Ray's object store lives in shm
-        {"name": "molora-cache", "emptyDir": {}},  # prepared models and verified adapters
-    ]
-    mounts = [
-        {"name": "dshm", "mountPath": "/dev/shm"},
-        {"name": "molora-cache", "mountPath": "/home/ray/.cache/molora"},
-    ]
-    return volumes, mounts
+    # Ray's object store lives in /dev/shm; the container default (64 MiB) is far too small.
+    return (
+        [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        [{"name": "dshm", "mountPath": "/dev/shm"}],
+    )
 
 
 def _container(
@@ -161,7 +190,6 @@ def _container(
         "imagePullPolicy": "IfNotPresent",
         "ports": ports,
         "envFrom": _env_from(profile),
-        "env": [{"name": "MOLORA_HOME", "value": "/home/ray/.cache/molora"}],
         "resources": resources.to_k8s(),
         "volumeMounts": volumes_mounts,
         "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}},
@@ -197,7 +225,7 @@ def _head_group(profile: ClusterProfile) -> dict[str, Any]:
     }
 
 
-def _worker_group(profile: ClusterProfile) -> dict[str, Any]:
+def _worker_group(profile: ClusterProfile, sized: Plan) -> dict[str, Any]:
     ports = [
         {"name": "serve", "containerPort": SERVE_PORT},
         {"name": "metrics", "containerPort": METRICS_PORT},
@@ -213,9 +241,9 @@ def _worker_group(profile: ClusterProfile) -> dict[str, Any]:
     }
     return {
         "groupName": "gpu",
-        "replicas": profile.min_workers,
-        "minReplicas": profile.min_workers,
-        "maxReplicas": profile.max_workers,
+        "replicas": sized.min_workers,
+        "minReplicas": sized.min_workers,
+        "maxReplicas": sized.max_workers,
         "idleTimeoutSeconds": profile.worker_idle_timeout_s,
         "rayStartParams": {"metrics-export-port": str(METRICS_PORT)},
         "template": {
@@ -231,18 +259,19 @@ def _worker_group(profile: ClusterProfile) -> dict[str, Any]:
     }
 
 
-def serve_config_text(serve_config: dict[str, Any], profile: ClusterProfile) -> str:
-    return yaml.safe_dump(cluster_serve_config(serve_config, profile), sort_keys=False)
+def _text(sized: Plan) -> str:
+    return yaml.safe_dump(sized.serve_config, sort_keys=False)
 
 
 def rayservice(serve_config: dict[str, Any], profile: ClusterProfile = BASE) -> dict[str, Any]:
     """The whole `RayService` object for `profile`."""
+    sized = plan(serve_config, profile)
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
         "metadata": {"name": profile.name, "labels": {"app.kubernetes.io/name": APP_LABEL}},
         "spec": {
-            "serveConfigV2": serve_config_text(serve_config, profile),
+            "serveConfigV2": _text(sized),
             # KubeRay keeps this Service pointed at the healthy cluster across upgrades.
             "serveService": {
                 "metadata": {
@@ -270,7 +299,7 @@ def rayservice(serve_config: dict[str, Any], profile: ClusterProfile = BASE) -> 
                     "resources": PodResources(cpu="500m", memory="512Mi").to_k8s(),
                 },
                 "headGroupSpec": _head_group(profile),
-                "workerGroupSpecs": [_worker_group(profile)],
+                "workerGroupSpecs": [_worker_group(profile, sized)],
             },
         },
     }
@@ -278,15 +307,16 @@ def rayservice(serve_config: dict[str, Any], profile: ClusterProfile = BASE) -> 
 
 def dev_patch(serve_config: dict[str, Any], profile: ClusterProfile = DEV) -> list[dict[str, Any]]:
     """JSON 6902 operations that turn the base RayService into `profile` (the dev overlay)."""
+    sized = plan(serve_config, profile)
     cluster = "/spec/rayClusterConfig"
     worker = f"{cluster}/workerGroupSpecs/0"
     return [
-        {"op": "replace", "path": "/spec/serveConfigV2", "value": serve_config_text(serve_config, profile)},
+        {"op": "replace", "path": "/spec/serveConfigV2", "value": _text(sized)},
         {"op": "replace", "path": f"{cluster}/autoscalerOptions/idleTimeoutSeconds", "value": profile.worker_idle_timeout_s},
         {"op": "replace", "path": f"{cluster}/headGroupSpec/template/spec/containers/0/resources", "value": profile.head.to_k8s()},
-        {"op": "replace", "path": f"{worker}/replicas", "value": profile.min_workers},
-        {"op": "replace", "path": f"{worker}/minReplicas", "value": profile.min_workers},
-        {"op": "replace", "path": f"{worker}/maxReplicas", "value": profile.max_workers},
+        {"op": "replace", "path": f"{worker}/replicas", "value": sized.min_workers},
+        {"op": "replace", "path": f"{worker}/minReplicas", "value": sized.min_workers},
+        {"op": "replace", "path": f"{worker}/maxReplicas", "value": sized.max_workers},
         {"op": "replace", "path": f"{worker}/idleTimeoutSeconds", "value": profile.worker_idle_timeout_s},
         {"op": "replace", "path": f"{worker}/template/spec/containers/0/resources", "value": profile.worker.to_k8s()},
     ]  # fmt: skip

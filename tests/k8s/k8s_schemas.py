@@ -9,6 +9,7 @@ lost field is a typo).
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +43,20 @@ def openapi_to_jsonschema(node: Any) -> Any:
     return out
 
 
-def rayservice_schema() -> dict[str, Any]:
-    """JSON Schema of `RayService` `ray.io/v1` from the KubeRay CRD (metadata left to the API)."""
-    crd = yaml.safe_load(RAYSERVICE_CRD.read_text())
+@functools.cache
+def _rayservice_schema() -> dict[str, Any]:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRD is 1 MB of YAML
+    crd = yaml.load(RAYSERVICE_CRD.read_text(), Loader=loader)
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema = openapi_to_jsonschema(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
     schema["properties"].pop("status", None)
     schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
     return schema
+
+
+def rayservice_schema() -> dict[str, Any]:
+    """JSON Schema of `RayService` `ray.io/v1` from the KubeRay CRD (metadata left to the API)."""
+    return copy.deepcopy(_rayservice_schema())
 
 
 def model_roundtrip(obj: dict[str, Any], model: str) -> Any:

@@ -162,6 +162,14 @@ def test_serve_autoscaling_fits_the_worker_group(built: list[dict]) -> None:
         per_replica = deployment["ray_actor_options"]["num_gpus"]
         capacity = worker["maxReplicas"] * gpus_per_node / per_replica
         assert 1 <= scaling["min_replicas"] <= scaling["max_replicas"] <= capacity
+    # Every deployment's minimum fits on the CPUs of the workers (the head runs no replicas).
+    cpus_needed = sum(
+        d["autoscaling_config"]["min_replicas"] * (d.get("ray_actor_options") or {})["num_cpus"]
+        for app in serve["applications"]
+        for d in app["deployments"]
+    )
+    worker_cpus = int(worker["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+    assert cpus_needed <= max(1, worker["maxReplicas"]) * worker_cpus
     assert serve["http_options"]["host"] == "0.0.0.0"
     assert serve["http_options"]["port"] == kube.SERVE_PORT
 
