@@ -117,6 +117,7 @@ class LLMEngine:
             from molora_runtime.engine.cuda_graph import CudaGraphRunner
 
             self.graph_runner = CudaGraphRunner(self)
+            self.graph_runner.capture_all()
 
     # ----- requests -------------------------------------------------------------------------
     def encode_prompt(self, req: GenerationRequest) -> list[int]:

@@ -1,0 +1,140 @@
+"""Captured decode steps: one CUDA graph per batch-size bucket over static buffers.
+
+Every tensor the decode step reads lives in a static buffer here (token ids, positions, KV rows,
+context lengths, per-token slot ids and weights, learned-route composition ids, top-k and
+temperature); the hot-set's slot buffers and gate table are static too, so loading an adapter into
+a slot between steps needs no re-capture. Padded rows point at the KV cache's scratch row and
+route to slot 0. On a CPU (`capture=False`) the same static-shape step runs eagerly, which is how
+the tests prove it equals the dynamic path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from molora_runtime.lora.context import LoRAContext
+from molora_runtime.model.attention_meta import CacheAttention
+
+if TYPE_CHECKING:
+    from molora_runtime.engine.engine import LLMEngine, _Batch
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 8 up to 64 and of 16 beyond, capped at `max_batch`."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch]
+    b = 16
+    while b < max_batch:
+        sizes.append(b)
+        b += 8 if b < 64 else 16
+    sizes.append(max_batch)
+    return sorted(set(sizes))
+
+
+class CudaGraphRunner:
+    def __init__(self, engine: LLMEngine, capture: bool | None = None) -> None:
+        self.engine = engine
+        self.device = engine.device
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        self.max_batch = min(engine.config.cuda_graph_max_batch, engine.config.max_num_seqs)
+        self.buckets = batch_buckets(self.max_batch)
+        B, W, dev = self.max_batch, engine.width, self.device
+        self.input_ids = torch.zeros(B, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(B, dtype=torch.long, device=dev)
+        self.kv_rows = torch.full((B,), engine.scratch_row, dtype=torch.long, device=dev)
+        self.context_lens = torch.ones(B, dtype=torch.long, device=dev)
+        self.slot_ids = torch.zeros(B, W, dtype=torch.long, device=dev)
+        self.weights = torch.zeros(B, W, dtype=torch.float32, device=dev)
+        self.comp_idx = torch.full((B,), -1, dtype=torch.long, device=dev)
+        self.top_k = torch.ones(B, dtype=torch.long, device=dev)
+        self.temperature = torch.ones(B, dtype=torch.float32, device=dev)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._contexts: dict[int, LoRAContext] = {}
+        self._pool = None
+
+    def can_run(self, num_tokens: int, ctx: LoRAContext | None) -> bool:
+        return 0 < num_tokens <= self.max_batch
+
+    def _bucket(self, n: int) -> int:
+        return next(b for b in self.buckets if b >= n)
+
+    def _static_forward(self, bucket: int) -> tuple[torch.Tensor, LoRAContext]:
+        eng = self.engine
+        ctx = LoRAContext(
+            slot_ids=self.slot_ids[:bucket],
+            weights=self.weights[:bucket],
+            comp_idx=self.comp_idx[:bucket],
+            gates=eng.hot_set.gates,
+            top_k=self.top_k[:bucket],
+            temperature=self.temperature[:bucket],
+            record_layers=True,
+        )
+        meta = CacheAttention(
+            kv_rows=self.kv_rows[:bucket],
+            positions=self.positions[:bucket],
+            num_decode=bucket,
+            decode_context_lens=self.context_lens[:bucket],
+            static_kv_len=eng.kv.max_len,
+        )
+        logits = eng.model(self.input_ids[:bucket], meta, eng.kv, ctx)
+        return logits, ctx
+
+    def _ensure_graph(self, bucket: int) -> None:
+        if bucket in self._graphs:
+            return
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):  # warm-up: allocator, Triton autotune, cuBLAS handles
+                self._static_forward(bucket)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
+            logits, ctx = self._static_forward(bucket)
+        self._pool = graph.pool()
+        self._graphs[bucket], self._outputs[bucket], self._contexts[bucket] = graph, logits, ctx
+
+    def capture_all(self) -> None:
+        """Capture every bucket up front (startup), so no request pays for a capture."""
+        if self.capture:
+            for bucket in self.buckets:
+                self._ensure_graph(bucket)
+
+    def run(self, batch: _Batch, ids: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
+        """Run a decode-only batch through the static step; returns logits [n, V]."""
+        n = batch.num_decode
+        bucket = self._bucket(n)
+        dev = self.device
+        self.input_ids.zero_()
+        self.input_ids[:n].copy_(ids[:n])
+        self.positions.zero_()
+        self.positions[:n].copy_(torch.tensor(batch.positions[:n], device=dev))
+        self.kv_rows.fill_(self.engine.scratch_row)
+        self.kv_rows[:n].copy_(torch.tensor(batch.rows[:n], device=dev))
+        self.context_lens.fill_(1)
+        self.context_lens[:n].copy_(self.positions[:n] + 1)
+        self.slot_ids.zero_()
+        self.weights.zero_()
+        self.comp_idx.fill_(-1)
+        self.top_k.fill_(1)
+        self.temperature.fill_(1.0)
+        if ctx is not None:
+            self.slot_ids[:n].copy_(ctx.slot_ids[:n])
+            self.weights[:n].copy_(ctx.weights[:n])
+            if ctx.has_learned:
+                assert ctx.top_k is not None and ctx.temperature is not None
+                self.comp_idx[:n].copy_(ctx.comp_idx[:n])  # type: ignore[index]
+                self.top_k[:n].copy_(ctx.top_k[:n])
+                self.temperature[:n].copy_(ctx.temperature[:n])
+        if self.capture:
+            self._ensure_graph(bucket)
+            self._graphs[bucket].replay()
+            logits, static_ctx = self._outputs[bucket], self._contexts[bucket]
+        else:
+            with torch.inference_mode():
+                logits, static_ctx = self._static_forward(bucket)
+        if ctx is not None:
+            ctx.layer_tables = [(s[:n], w[:n]) for s, w in static_ctx.layer_tables]
+        return logits[:n]
