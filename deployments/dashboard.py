@@ -25,6 +25,7 @@ from deployments import metric_names as m
 
 DASHBOARD_UID = "molora-serve"
 DASHBOARD_TITLE = "MoLoRA Serve"
+REPO_ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_PATH = Path("k8s") / "grafana" / "molora-dashboard.json"
 
 # Ray Serve's own controller gauges (Ray 2.60, `ray/serve/_private/deployment_state.py`,

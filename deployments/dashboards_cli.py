@@ -62,7 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = parser.add_subparsers(dest="dashboards_command", required=True)
 
     build = commands.add_parser("build", help="write the dashboard JSON (committed under k8s/)")
-    build.add_argument("--out", default=str(dashboard.DASHBOARD_PATH), help="output file")
+    build.add_argument(
+        "--out", default=str(dashboard.REPO_ROOT / dashboard.DASHBOARD_PATH), help="output file"
+    )
     build.set_defaults(func=_build)
 
     push = commands.add_parser(
