@@ -15,13 +15,15 @@ import torch
 
 from kernels.reference import REFERENCE_VARIANTS
 
-# CPU choice by token count, from `benchmarks/kernels.py --quick` on the 2-core dev box
-# (benchmarks/results/kernels_cpu_quick.json): the masked per-slot variant is fastest for
-# small T (no gathers, plain GEMMs), the segmented (sorted, per-slot GEMM) variant for large T,
-# where masked wastes S× flops on tokens that do not use the slot.
-CPU_SMALL_T_VARIANT = "masked"
-CPU_LARGE_T_VARIANT = "segmented"
-CPU_SMALL_T_MAX = 64
+# CPU choice by token count T and buffer slots S (incl. the zero slot), from
+# `python benchmarks/kernels.py --quick` on the shared 2-core dev box, 1 thread, d=1024, r=16
+# (benchmarks/results/kernels_cpu_quick.json, "best_reference_by_T"): masked wins at T=1 for
+# every S (plain GEMVs, no index ops); one-hot (two GEMMs of width S·r) wins for T <= 32 when
+# S is small, but its S× flops lose to segmented beyond that; segmented (sorted, one GEMM pair
+# per used slot) wins from T=64 on and for large S. Ties within ~10% are noise on that box.
+CPU_MASKED_MAX_T = 4
+CPU_ONEHOT_MAX_T = 32
+CPU_ONEHOT_MAX_SLOTS = 8
 # Differentiable path on CUDA: two GEMMs and no host syncs.
 CUDA_GRAD_VARIANT = "onehot"
 
@@ -33,22 +35,27 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def select_backend(x: torch.Tensor, tensors: tuple[torch.Tensor, ...], backend: str | None) -> str:
+def select_backend(
+    x: torch.Tensor, num_slots: int, tensors: tuple[torch.Tensor, ...], backend: str | None
+) -> str:
     """Name of the implementation to run: 'triton' or a key of REFERENCE_VARIANTS."""
     backend = backend or os.environ.get(BACKEND_ENV, "auto")
     if backend not in BACKENDS:
         raise ValueError(f"unknown routed-LoRA backend {backend!r}; expected one of {BACKENDS}")
     if backend != "auto":
         return backend
-    if _needs_grad(x, *tensors):
-        return CUDA_GRAD_VARIANT if x.is_cuda else _cpu_variant(x.shape[0])
     if x.is_cuda:
-        return "triton"
-    return _cpu_variant(x.shape[0])
+        return CUDA_GRAD_VARIANT if _needs_grad(x, *tensors) else "triton"
+    return cpu_variant(x.shape[0], num_slots)
 
 
-def _cpu_variant(T: int) -> str:
-    return CPU_SMALL_T_VARIANT if T <= CPU_SMALL_T_MAX else CPU_LARGE_T_VARIANT
+def cpu_variant(T: int, num_slots: int) -> str:
+    """Fastest reference variant on CPU for T tokens over `num_slots` buffer slots."""
+    if T <= CPU_MASKED_MAX_T:
+        return "masked"
+    if T <= CPU_ONEHOT_MAX_T and num_slots <= CPU_ONEHOT_MAX_SLOTS:
+        return "onehot"
+    return "segmented"
 
 
 def routed_lora(
@@ -61,7 +68,7 @@ def routed_lora(
     backend: str | None = None,
 ) -> torch.Tensor:
     """Return the routed LoRA delta [T, d_out] for x [T, d_in]; see the package docstring."""
-    name = select_backend(x, (A, B, weights), backend)
+    name = select_backend(x, A.shape[0], (A, B, weights), backend)
     if name == "triton":
         from kernels.triton_ops import routed_lora_triton
 
@@ -83,7 +90,7 @@ def routed_lora_multi(
     reference path simply loops.
     """
     flat = tuple(t for pair in pairs for t in pair)
-    name = select_backend(x, (*flat, weights), backend)
+    name = select_backend(x, pairs[0][0].shape[0], (*flat, weights), backend)
     if name == "triton":
         from kernels.triton_ops import routed_lora_multi_triton
 

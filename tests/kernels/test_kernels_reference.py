@@ -53,7 +53,7 @@ def test_all_empty_and_zero_tokens(name: str) -> None:
     assert fn(c0.x, c0.A, c0.B, c0.slot_ids, c0.weights).shape == (0, 6)
 
 
-@pytest.mark.parametrize("T", [3, dispatch.CPU_SMALL_T_MAX + 5])
+@pytest.mark.parametrize("T", [3, dispatch.CPU_ONEHOT_MAX_T, dispatch.CPU_ONEHOT_MAX_T + 5])
 @pytest.mark.parametrize("name", ["auto", *VARIANTS])
 def test_gradients_match_dense(T: int, name: str) -> None:
     """Learned-router training backpropagates through the op into the gate weights (and x)."""
@@ -75,20 +75,26 @@ def test_gradients_match_dense(T: int, name: str) -> None:
     assert torch.all(wg[c.slot_ids <= 0] == 0)
 
 
-def test_cpu_dispatch_choice_by_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_dispatch_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(dispatch.BACKEND_ENV, raising=False)
-    x_small = torch.zeros(dispatch.CPU_SMALL_T_MAX, 4)
-    x_large = torch.zeros(dispatch.CPU_SMALL_T_MAX + 1, 4)
-    assert dispatch.select_backend(x_small, (), None) == dispatch.CPU_SMALL_T_VARIANT
-    assert dispatch.select_backend(x_large, (), None) == dispatch.CPU_LARGE_T_VARIANT
-    assert dispatch.select_backend(x_small, (), "gather") == "gather"
+    few, many = 5, dispatch.CPU_ONEHOT_MAX_SLOTS + 1
+
+    def pick(T: int, slots: int, backend: str | None = None) -> str:
+        return dispatch.select_backend(torch.zeros(T, 4), slots, (), backend)
+
+    assert pick(1, many) == pick(dispatch.CPU_MASKED_MAX_T, few) == "masked"
+    assert pick(dispatch.CPU_MASKED_MAX_T + 1, few) == "onehot"
+    assert pick(dispatch.CPU_ONEHOT_MAX_T, few) == "onehot"
+    assert pick(dispatch.CPU_MASKED_MAX_T + 1, many) == "segmented"
+    assert pick(dispatch.CPU_ONEHOT_MAX_T + 1, few) == "segmented"
+    assert pick(3, few, "gather") == "gather"
     monkeypatch.setenv(dispatch.BACKEND_ENV, "onehot")
-    assert dispatch.select_backend(x_large, (), None) == "onehot"
+    assert pick(300, many) == "onehot"
     with pytest.raises(ValueError, match="unknown routed-LoRA backend"):
-        dispatch.select_backend(x_small, (), "nope")
+        pick(3, few, "nope")
 
 
-@pytest.mark.parametrize("T", [4, dispatch.CPU_SMALL_T_MAX + 3])
+@pytest.mark.parametrize("T", [4, dispatch.CPU_ONEHOT_MAX_T + 3])
 def test_multi_output_equals_single_calls(T: int) -> None:
     c = make_case(3, T=T, k=2, S=4, r=4, d_in=16, d_out=12)
     c2 = make_case(4, T=T, k=2, S=4, r=4, d_in=16, d_out=5)
