@@ -87,7 +87,12 @@ class S3Backend:
         where = f"{self.url} (endpoint {self.endpoint})"
         try:
             return fn()
-        except (bex.HTTPClientError, RetriesExceededError, bex.IncompleteReadError) as exc:
+        except (
+            bex.HTTPClientError,
+            bex.ConnectionError,
+            RetriesExceededError,
+            bex.IncompleteReadError,
+        ) as exc:
             raise StoreUnavailableError(f"store {where} is unreachable: {exc}") from exc
         except (bex.NoCredentialsError, bex.PartialCredentialsError) as exc:
             raise StoreAccessError(
