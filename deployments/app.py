@@ -50,9 +50,20 @@ def check_environment(cfg: ServeConfig) -> None:
         )
 
 
-def build_app(args: dict[str, Any] | None = None) -> Application:
-    cfg = ServeConfig.from_args(args)
+def build(
+    cfg: ServeConfig,
+    replica_options: dict[str, Any] | None = None,
+    router_options: dict[str, Any] | None = None,
+) -> Application:
+    """The app from a validated config; options override deployment settings (tests, bench)."""
     check_environment(cfg)
     config = cfg.model_dump(mode="json")
-    model = ModelReplica.options(request_router_config=router_config(cfg)).bind(config)
-    return Router.bind(model, config)
+    model = ModelReplica.options(
+        request_router_config=router_config(cfg), **(replica_options or {})
+    ).bind(config)
+    return Router.options(**(router_options or {})).bind(model, config)
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    """Serve's application builder: `import_path: deployments.app:build_app`."""
+    return build(ServeConfig.from_args(args))

@@ -1,11 +1,12 @@
 """The router (ingress) deployment: the OpenAI-compatible HTTP API.
 
+(No `from __future__ import annotations`: FastAPI must see the real `Request` type through
+Serve's ingress wrapper, or it takes `request` for a query parameter.)
+
 It validates the body, resolves `model` into a route against the registry, and streams the
 request through the model handle, whose `AdapterAffinityRouter` picks the replica. It holds no
 tokenizer and no tensors; prompt-length checks happen in the replica and come back as 400s.
 """
-
-from __future__ import annotations
 
 import asyncio
 import contextlib
@@ -148,6 +149,97 @@ class _Tracker:
                 metrics.tokens().inc(self.prompt_tokens, tags={**tags, "kind": "prompt"})
             if self.completion_tokens:
                 metrics.tokens().inc(self.completion_tokens, tags={**tags, "kind": "completion"})
+
+
+class _Shaper:
+    """Turns replica items into OpenAI responses and chunks."""
+
+    def __init__(self, body: Any, resolved: Resolved, chat: bool, request_id: str) -> None:
+        self.body, self.resolved, self.chat, self.id = body, resolved, chat, request_id
+        self.model = body.model
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.usage = Usage()
+        self.sent_role = False
+
+    def _usage(self, item: dict[str, Any]) -> None:
+        p = item.get("prompt_tokens") or self.usage.prompt_tokens
+        c = item.get("completion_tokens") or self.usage.completion_tokens
+        self.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+    def _info(
+        self, item: dict[str, Any] | None, attribution: list[dict[str, Any]] | None
+    ) -> MoloraInfo:
+        item = item or {}
+        return MoloraInfo(
+            route_kind=self.resolved.kind,
+            replica=item.get("replica"),
+            hot_set_hit=item.get("hot_set_hit"),
+            attribution=[TokenAttributionOut(**a) for a in attribution]
+            if attribution is not None
+            else None,
+        )
+
+    def full(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        text = "".join(i.get("text", "") for i in items)
+        for item in items:
+            self._usage(item)
+        finish = next((i["finish_reason"] for i in reversed(items) if i.get("finish_reason")), None)
+        attribution = None
+        if self.body.molora.return_attribution:
+            attribution = [a for i in items for a in i.get("attribution") or []]
+        info = self._info(items[0] if items else None, attribution)
+        if self.chat:
+            return ChatCompletionResponse(
+                id=self.id,
+                model=self.model,
+                choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)],
+                usage=self.usage,
+                molora=info,
+            ).model_dump(exclude_none=True)
+        return CompletionResponse(
+            id=self.id,
+            model=self.model,
+            choices=[CompletionChoice(text=text, finish_reason=finish)],
+            usage=self.usage,
+            molora=info,
+        ).model_dump(exclude_none=True)
+
+    def chunks(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        self._usage(item)
+        text = item.get("text", "")
+        finish = item.get("finish_reason") if item.get("finished") else None
+        first = "replica" in item
+        if not text and finish is None and not first:
+            return []
+        info = None
+        attribution = item.get("attribution")
+        if first or attribution:
+            info = self._info(item if first else None, attribution)
+        if self.chat:
+            delta = DeltaMessage(content=text)
+            if not self.sent_role:
+                delta.role = "assistant"
+                self.sent_role = True
+            chunk: Any = ChatCompletionChunk(
+                id=self.id,
+                model=self.model,
+                choices=[ChatChunkChoice(delta=delta, finish_reason=finish)],
+                molora=info,
+            )
+        else:
+            chunk = CompletionChunk(
+                id=self.id,
+                model=self.model,
+                choices=[CompletionChoice(text=text, finish_reason=finish)],
+                molora=info,
+            )
+        return [chunk.model_dump(exclude_none=True)]
+
+    def usage_chunk(self) -> dict[str, Any]:
+        cls = ChatCompletionChunk if self.chat else CompletionChunk
+        return cls(id=self.id, model=self.model, choices=[], usage=self.usage).model_dump(
+            exclude_none=True
+        )
 
 
 @serve.deployment(name="Router", max_ongoing_requests=512)
@@ -430,94 +522,3 @@ class Router:
         finally:
             tracker.done(status)
         yield sse("[DONE]")
-
-
-class _Shaper:
-    """Turns replica items into OpenAI responses and chunks."""
-
-    def __init__(self, body: Any, resolved: Resolved, chat: bool, request_id: str) -> None:
-        self.body, self.resolved, self.chat, self.id = body, resolved, chat, request_id
-        self.model = body.model
-        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        self.usage = Usage()
-        self.sent_role = False
-
-    def _usage(self, item: dict[str, Any]) -> None:
-        p = item.get("prompt_tokens") or self.usage.prompt_tokens
-        c = item.get("completion_tokens") or self.usage.completion_tokens
-        self.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
-
-    def _info(
-        self, item: dict[str, Any] | None, attribution: list[dict[str, Any]] | None
-    ) -> MoloraInfo:
-        item = item or {}
-        return MoloraInfo(
-            route_kind=self.resolved.kind,
-            replica=item.get("replica"),
-            hot_set_hit=item.get("hot_set_hit"),
-            attribution=[TokenAttributionOut(**a) for a in attribution]
-            if attribution is not None
-            else None,
-        )
-
-    def full(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        text = "".join(i.get("text", "") for i in items)
-        for item in items:
-            self._usage(item)
-        finish = next((i["finish_reason"] for i in reversed(items) if i.get("finish_reason")), None)
-        attribution = None
-        if self.body.molora.return_attribution:
-            attribution = [a for i in items for a in i.get("attribution") or []]
-        info = self._info(items[0] if items else None, attribution)
-        if self.chat:
-            return ChatCompletionResponse(
-                id=self.id,
-                model=self.model,
-                choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)],
-                usage=self.usage,
-                molora=info,
-            ).model_dump(exclude_none=True)
-        return CompletionResponse(
-            id=self.id,
-            model=self.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish)],
-            usage=self.usage,
-            molora=info,
-        ).model_dump(exclude_none=True)
-
-    def chunks(self, item: dict[str, Any]) -> list[dict[str, Any]]:
-        self._usage(item)
-        text = item.get("text", "")
-        finish = item.get("finish_reason") if item.get("finished") else None
-        first = "replica" in item
-        if not text and finish is None and not first:
-            return []
-        info = None
-        attribution = item.get("attribution")
-        if first or attribution:
-            info = self._info(item if first else None, attribution)
-        if self.chat:
-            delta = DeltaMessage(content=text)
-            if not self.sent_role:
-                delta.role = "assistant"
-                self.sent_role = True
-            chunk: Any = ChatCompletionChunk(
-                id=self.id,
-                model=self.model,
-                choices=[ChatChunkChoice(delta=delta, finish_reason=finish)],
-                molora=info,
-            )
-        else:
-            chunk = CompletionChunk(
-                id=self.id,
-                model=self.model,
-                choices=[CompletionChoice(text=text, finish_reason=finish)],
-                molora=info,
-            )
-        return [chunk.model_dump(exclude_none=True)]
-
-    def usage_chunk(self) -> dict[str, Any]:
-        cls = ChatCompletionChunk if self.chat else CompletionChunk
-        return cls(id=self.id, model=self.model, choices=[], usage=self.usage).model_dump(
-            exclude_none=True
-        )

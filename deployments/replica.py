@@ -65,7 +65,8 @@ class ModelReplica:
         from molora_runtime.engine.async_engine import AsyncEngine
 
         self._config = ServeConfig.model_validate(config)
-        self._engine = AsyncEngine(self._config.engine, open_source(self._config.store))
+        self._source = open_source(self._config.store)
+        self._engine = AsyncEngine(self._config.engine, self._source)
         await self._engine.start()
         try:
             self._replica_id = serve.get_replica_context().replica_id.unique_id
@@ -73,6 +74,7 @@ class ModelReplica:
             self._replica_id = "local"
         self._stopped: str | None = None
         self._last_counters: dict[str, int] = {}
+        self._experts: dict[str, list[str]] = {}
         self._metrics_task = asyncio.get_running_loop().create_task(self._export_metrics())
 
     # -- serving ----------------------------------------------------------------------------
@@ -88,8 +90,7 @@ class ModelReplica:
             yield error_item(exc)
             return
         wanted = {base_name(a) for a in (placement or {}).get("adapters", [])}
-        hot = {base_name(a) for a in self._engine.stats().hot_set}
-        meta = {"replica": self._replica_id, "hot_set_hit": wanted <= hot}
+        meta = {"replica": self._replica_id, "hot_set_hit": wanted <= self._hot_names()}
         stream = self._engine.generate(req)
         first = True
         try:
@@ -112,6 +113,13 @@ class ModelReplica:
             with contextlib.suppress(Exception):
                 await self._engine.abort(req.request_id)
 
+    def _hot_names(self) -> set[str]:
+        """Hot adapters and gate slots, named as placement names them."""
+        stats = self._engine.stats()
+        return {base_name(a) for a in stats.hot_set} | {
+            f"composition:{base_name(c)}" for c in stats.compositions
+        }
+
     async def stats(self) -> dict[str, Any]:
         return {"replica": self._replica_id, **stats_dict(self._engine.stats())}
 
@@ -128,16 +136,15 @@ class ModelReplica:
         """Polled by the controller and handed to the router as `routing_stats`."""
         stats = self._engine.stats()
         return {
-            "hot_set": list(stats.hot_set),
+            "hot_set": sorted(self._hot_names()),
             "load": stats.running + stats.waiting,
             "free_slots": stats.free_slots,
             "num_slots": stats.num_slots,
         }
 
     async def check_health(self) -> None:
-        if self._stopped is not None:
-            raise RuntimeError(f"engine stopped: {self._stopped}")
-        self._engine.stats()  # raises if the engine is gone
+        if self._stopped is not None or not self._engine.healthy:
+            raise RuntimeError(f"engine stopped: {self._stopped or 'step loop died'}")
 
     async def __del__(self) -> None:
         """Graceful shutdown: Serve drains requests first, then stops the step loop."""
@@ -175,27 +182,39 @@ class ModelReplica:
         ):
             if delta := self._delta(name, value):
                 metrics.hotset_counter(name).inc(delta)
-        load_seconds = getattr(stats, "hot_set_load_seconds", None)
-        if load_seconds is not None:
-            loads = stats.hot_set_loads - self._last_counters.get("loads_for_latency", 0)
-            spent = load_seconds - self._last_counters.get("load_seconds", 0)
-            self._last_counters["loads_for_latency"] = stats.hot_set_loads
-            self._last_counters["load_seconds"] = load_seconds
-            if loads > 0:
-                for _ in range(loads):
-                    metrics.hotset_load_latency().observe(spent / loads)
-        pop = getattr(self._engine, "pop_gate_stats", None)
-        if pop is not None:
-            self._export_gates(pop())
+        for seconds in self._drain_load_latencies():
+            metrics.hotset_load_latency().observe(seconds)
+        self._export_gates(self._engine.pop_gate_stats())
+
+    def _drain_load_latencies(self) -> list[float]:
+        """Adapter load times the hot-set recorded since the last export.
+
+        The engine keeps them on its hot-set counters (no public accessor yet); slicing then
+        deleting the prefix keeps appends from the step thread that land meanwhile.
+        """
+        counters = self._engine.engine.hot_set.counters
+        pending = counters.load_seconds
+        n = len(pending)
+        taken = pending[:n]
+        del pending[:n]
+        return taken
+
+    def _expert_names(self, composition: str) -> list[str]:
+        """Gate order of a composition's experts (read once from its composition.json)."""
+        if composition not in self._experts:
+            from molora_runtime.lora.composition import load_composition
+
+            folder = self._source.composition_path(composition)
+            self._experts[composition] = list(load_composition(composition, folder).config.adapters)
+        return self._experts[composition]
 
     def _export_gates(self, gate_stats: dict[str, list[list[int]]]) -> None:
-        experts = getattr(self._engine, "composition_experts", None)
         for composition, layers in gate_stats.items():
-            names = experts(composition) if callable(experts) else None
+            names = self._expert_names(composition)
             for layer, counts in enumerate(layers):
                 for k, count in enumerate(counts):
                     if count:
-                        adapter = names[k] if names and k < len(names) else str(k)
+                        adapter = base_name(names[k]) if k < len(names) else str(k)
                         metrics.gate_tokens().inc(
                             count,
                             tags={

@@ -44,12 +44,12 @@ def load_catalog(cfg: StoreConfig) -> Catalog:
 
 
 def open_source(cfg: StoreConfig) -> AdapterSource:
-    """An `AdapterSource` over the store with its verified local cache."""
-    from adapter_store import StoreSource  # type: ignore[attr-defined]
+    """An `AdapterSource` over the store with its verified local cache (one per replica)."""
+    from adapter_store import open_store
 
-    return StoreSource(
+    return open_store(
         cfg.resolved_url(),
-        endpoint_url=cfg.endpoint_url,
+        cfg.endpoint_url,
         cache_dir=cfg.cache_dir,
         cache_bytes=cfg.cache_bytes,
     )

@@ -1,0 +1,73 @@
+"""Tiny real assets for serving tests: a 2-layer Llama with SmolLM2's tokenizer, and a store
+holding four trained-shape PEFT adapters (random weights) and one learned composition."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from molora_runtime.lora.composition import CompositionConfig, save_composition
+from molora_runtime.model.registry import resolve_model_path
+
+ADAPTERS = ("math", "code", "poem", "chat")
+COMPOSITION = "mathcode"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_tiny_model(folder: Path) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=49152,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder, safe_serialization=True)
+    source = resolve_model_path("smollm2-135m-instruct")
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy(source / name, folder / name)
+    return folder
+
+
+def make_adapter(model_dir: Path, folder: Path, seed: int) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    base = LlamaForCausalLM.from_pretrained(model_dir)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False)
+    peft_model = get_peft_model(base, lora)
+    peft_model.save_pretrained(folder)
+    return folder
+
+
+def make_store(model_dir: Path, store_dir: Path, work: Path) -> Path:
+    from adapter_store import open_registry
+
+    registry = open_registry(str(store_dir), create=True)
+    base_model = None
+    for i, name in enumerate(ADAPTERS):
+        manifest = registry.publish_adapter(
+            make_adapter(model_dir, work / name, seed=i + 1), name, "v1"
+        )
+        base_model = manifest.base_model
+    comp = CompositionConfig(
+        base_model=base_model, adapters=["math", "code"], top_k=1, num_layers=2, hidden_size=64
+    )
+    torch.manual_seed(99)
+    folder = save_composition(work / COMPOSITION, comp, torch.randn(2, 2, 64))
+    registry.publish_composition(folder, COMPOSITION, "v1")
+    return store_dir
