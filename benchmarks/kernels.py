@@ -89,19 +89,23 @@ def timer(device: str, budget_s: float) -> Callable[[Callable[[], object]], floa
 def problem(shape: dict, dtype: torch.dtype, device: str, seed: int = 0) -> dict:
     """Hot-set views (layer 1 of a 2-layer buffer, as the engine passes them) and routing."""
     T, d, r, S, k = shape["T"], shape["d"], shape["r"], shape["S"], shape["k"]
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    a_buf = (torch.randn(S + 1, 2, r, d, generator=g) / d**0.5).to(device, dtype)
-    b_buf = (torch.randn(S + 1, 2, d, r, generator=g) / r**0.5).to(device, dtype)
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=g, device=device)
+
+    a_buf = (randn(S + 1, 2, r, d) / d**0.5).to(dtype)
+    b_buf = (randn(S + 1, 2, d, r) / r**0.5).to(dtype)
     a_buf[0].zero_()
     b_buf[0].zero_()
-    ids = torch.stack([torch.randperm(S, generator=g)[:k] + 1 for _ in range(T)]).to(device)
+    ids = torch.rand(T, S, generator=g, device=device).argsort(dim=1)[:, :k] + 1
     return {
-        "x": torch.randn(T, d, generator=g).to(device, dtype),
-        "W": (torch.randn(d, d, generator=g) / d**0.5).to(device, dtype),
+        "x": randn(T, d).to(dtype),
+        "W": (randn(d, d) / d**0.5).to(dtype),
         "A": a_buf[:, 1],
         "B": b_buf[:, 1],
         "ids": ids,
-        "w": torch.softmax(torch.randn(T, k, generator=g), -1).to(device),
+        "w": torch.softmax(randn(T, k), -1),
         "qkv": [(a_buf[:, i], b_buf[:, i]) for i in (0, 1, 1)],
     }
 
@@ -147,13 +151,18 @@ def single_adapter_fn(device: str, p: dict) -> Callable[[], object]:
     return lambda: (x @ A[1].t()) @ B[1].t()
 
 
-def run(device: str, dtype: torch.dtype, quick: bool, budget_s: float) -> dict:
+def run(device: str, dtype: torch.dtype, quick: bool, budget_s: float, max_seconds: float) -> dict:
     measure = timer(device, budget_s)
+    started = time.perf_counter()
+    truncated = False
     elem = torch.finfo(dtype).bits // 8
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
     peak_bw, peak_flops = next((v for key, v in PEAKS.items() if key in name), (None, None))
     rows = []
     for shape in grid(device, quick):
+        if time.perf_counter() - started > max_seconds:
+            truncated = True
+            break
         p = problem(shape, dtype, device)
         nbytes, flops = traffic(shape, p, elem)
         base = measure(lambda p=p: p["x"] @ p["W"].t())
@@ -187,6 +196,7 @@ def run(device: str, dtype: torch.dtype, quick: bool, budget_s: float) -> dict:
         "device_name": name,
         "dtype": str(dtype).removeprefix("torch."),
         "quick": quick,
+        "truncated_at_max_seconds": truncated,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "peak_bytes_per_s": peak_bw,
@@ -251,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default=None)
     ap.add_argument("--quick", action="store_true", help="reduced shape grid")
     ap.add_argument("--budget", type=float, default=None, help="seconds of repeats per timing")
+    ap.add_argument("--max-seconds", type=float, default=1e9, help="stop the grid after this")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default: results dir)")
     args = ap.parse_args(argv)
@@ -261,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
-    budget = args.budget if args.budget is not None else (0.05 if device == "cuda" else 0.2)
-    result = run(device, dtype, args.quick, budget)
+    budget = args.budget if args.budget is not None else (0.02 if device == "cuda" else 0.2)
+    result = run(device, dtype, args.quick, budget, args.max_seconds)
     print_table(result)
     out = args.out or RESULTS / f"kernels_{device}{'_quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

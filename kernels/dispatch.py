@@ -58,6 +58,14 @@ def cpu_variant(T: int, num_slots: int) -> str:
     return "segmented"
 
 
+def _check_triton_device(x: torch.Tensor) -> None:
+    """Triton runs CUDA tensors, or CPU tensors only under the interpreter."""
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "backend 'triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before triton import"
+        )
+
+
 def routed_lora(
     x: torch.Tensor,
     A: torch.Tensor,
@@ -70,6 +78,7 @@ def routed_lora(
     """Return the routed LoRA delta [T, d_out] for x [T, d_in]; see the package docstring."""
     name = select_backend(x, A.shape[0], (A, B, weights), backend)
     if name == "triton":
+        _check_triton_device(x)
         from kernels.triton_ops import routed_lora_triton
 
         return routed_lora_triton(x, A, B, slot_ids, weights)
@@ -92,6 +101,7 @@ def routed_lora_multi(
     flat = tuple(t for pair in pairs for t in pair)
     name = select_backend(x, pairs[0][0].shape[0], (*flat, weights), backend)
     if name == "triton":
+        _check_triton_device(x)
         from kernels.triton_ops import routed_lora_multi_triton
 
         return routed_lora_multi_triton(x, pairs, slot_ids, weights)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# GPU checks for the routed-LoRA kernels (and any other @gpu check in tests/gpu/), then the
+# kernel benchmark. Needs one NVIDIA GPU, torch and triton; no network, no pytest.
+#   scripts/gpu_check.sh [OUT_DIR]     (default benchmarks/results)
+#   QUICK=1 scripts/gpu_check.sh       reduced benchmark grid
+# Writes OUT_DIR/gpu_checks.json, OUT_DIR/kernels_cuda.json and OUT_DIR/gpu_check_summary.json.
+# Time: checks capped at 180 s, benchmark at 300 s (it stops its grid early and keeps what it
+# measured), so the whole script ends within 8 minutes.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${1:-benchmarks/results}"
+mkdir -p "$OUT"
+if [[ -x .venv/bin/python ]]; then PY="${PYTHON:-.venv/bin/python}"; else PY="${PYTHON:-python3}"; fi
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET MOLORA_KERNEL_BACKEND
+
+"$PY" -c 'import torch, triton; assert torch.cuda.is_available(), "no CUDA device"; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)' || exit 2
+
+start=$(date +%s)
+timeout 180 "$PY" -m tests.gpu.run_checks --out "$OUT/gpu_checks.json"
+checks_rc=$?
+
+bench_args=(--device cuda --max-seconds 270 --out "$OUT/kernels_cuda.json")
+if [[ "${QUICK:-0}" == "1" ]]; then bench_args+=(--quick); fi
+timeout 300 "$PY" benchmarks/kernels.py "${bench_args[@]}"
+bench_rc=$?
+
+elapsed=$(( $(date +%s) - start ))
+"$PY" - "$OUT" "$checks_rc" "$bench_rc" "$elapsed" <<'PYEOF'
+import json, sys
+from pathlib import Path
+out, checks_rc, bench_rc, elapsed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+bench = out / "kernels_cuda.json"
+summary = {
+    "checks_rc": checks_rc,
+    "bench_rc": bench_rc,
+    "seconds": elapsed,
+    "checks": json.loads((out / "gpu_checks.json").read_text())["counts"] if (out / "gpu_checks.json").exists() else None,
+    "targets": json.loads(bench.read_text()).get("targets") if bench.exists() else None,
+}
+(out / "gpu_check_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+print(json.dumps(summary, indent=1))
+PYEOF
+[[ $checks_rc -eq 0 && $bench_rc -eq 0 ]]
