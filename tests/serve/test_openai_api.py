@@ -274,15 +274,17 @@ async def test_client_disconnect_frees_the_request(app_url):
         "ignore_eos": True,
         "stream": True,
     }
-    async with httpx.AsyncClient(base_url=app_url, timeout=60) as http:
-        async with http.stream("POST", "/v1/chat/completions", json=body) as resp:
-            assert resp.status_code == 200
-            got = 0
-            async for line in resp.aiter_lines():
-                got += line.startswith("data: ")
-                if got >= 3:
-                    break
-        # Connection closed mid-stream.
+    async with (
+        httpx.AsyncClient(base_url=app_url, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        got = 0
+        async for line in resp.aiter_lines():
+            got += line.startswith("data: ")
+            if got >= 3:
+                break
+    # Connection closed mid-stream.
     stats = await model_handle().stats.remote()
     assert stats["running"] + stats["waiting"] <= 1
     await _engine_idle(timeout=10)  # freed long before 200 tokens would have finished
