@@ -1,0 +1,188 @@
+"""Helpers of the runtime proof suite (imported by conftest and the test modules)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from molora_runtime.config import LORA_TARGET_MODULES, EngineConfig, HotSetConfig
+from molora_runtime.engine.engine import LLMEngine
+from molora_runtime.engine.types import GenerationOutput, GenerationRequest, SamplingParams
+from molora_runtime.lora.composition import CompositionConfig, save_composition
+from molora_runtime.lora.source import DirectorySource
+from molora_runtime.model.arch import load_arch
+
+ALL_TARGETS = list(LORA_TARGET_MODULES)
+
+
+def make_peft_adapter(
+    base: Path,
+    out: Path,
+    *,
+    r: int,
+    alpha: float,
+    seed: int,
+    use_rslora: bool = False,
+    rank_pattern: dict[str, int] | None = None,
+    alpha_pattern: dict[str, float] | None = None,
+    target_modules: list[str] | None = None,
+    std: float | None = None,
+    **lora_kwargs: Any,
+) -> Path:
+    """A random (non-zero B) PEFT LoRA adapter saved with `save_pretrained` (safetensors)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        target_modules=target_modules or ALL_TARGETS,
+        init_lora_weights=False,
+        use_rslora=use_rslora,
+        rank_pattern=rank_pattern or {},
+        alpha_pattern=alpha_pattern or {},
+        **lora_kwargs,
+    )
+    peft_model = get_peft_model(model, config)
+    if std is not None:  # keep big models' deltas in a sane range
+        with torch.no_grad():
+            for name, p in peft_model.named_parameters():
+                if "lora_" in name:
+                    p.normal_(0.0, std)
+    peft_model.save_pretrained(str(out))
+    return out
+
+
+def make_composition(
+    base: Path,
+    out: Path,
+    adapters: list[str],
+    *,
+    top_k: int = 2,
+    temperature: float = 1.0,
+    seed: int = 0,
+    gate_scale: float = 1.0,
+    with_bias: bool = True,
+) -> Path:
+    """A random learned composition (per-layer gate d → K) for the model in `base`."""
+    arch = load_arch(base)
+    gen = torch.Generator().manual_seed(seed)
+    L, K, d = arch.num_layers, len(adapters), arch.hidden_size
+    weight = torch.randn(L, K, d, generator=gen) * gate_scale
+    bias = torch.randn(L, K, generator=gen) if with_bias else None
+    config = CompositionConfig(
+        base_model=str(base),
+        adapters=adapters,
+        top_k=top_k,
+        temperature=temperature,
+        num_layers=L,
+        hidden_size=d,
+    )
+    return save_composition(out, config, weight, bias)
+
+
+def engine_config(model: Path | str, **kwargs: Any) -> EngineConfig:
+    hot = kwargs.pop("hot_set", None)
+    hs = hot if isinstance(hot, HotSetConfig) else HotSetConfig(**(hot or {}))
+    base = dict(
+        model=str(model),
+        dtype="float32",
+        device="cpu",
+        enable_cuda_graph=False,
+        max_model_len=256,
+        max_num_seqs=16,
+        max_num_batched_tokens=512,
+    )
+    base.update(kwargs)
+    return EngineConfig(hot_set=hs, **base)
+
+
+def build_engine(
+    model: Path | str,
+    adapters: dict[str, Path] | None = None,
+    compositions: dict[str, Path] | None = None,
+    **kwargs: Any,
+) -> LLMEngine:
+    return LLMEngine(engine_config(model, **kwargs), DirectorySource(adapters, compositions))
+
+
+def run_to_completion(
+    engine: LLMEngine,
+    requests: Iterable[GenerationRequest] = (),
+    *,
+    schedule: dict[int, list[GenerationRequest]] | None = None,
+    max_steps: int = 10_000,
+) -> dict[str, dict[str, Any]]:
+    """Add `requests` now (and `schedule[step]` before that step), step until idle; returns per
+    request id: tokens, text, finish_reason, error, attribution, outputs."""
+    results: dict[str, dict[str, Any]] = {}
+
+    def add(req: GenerationRequest) -> None:
+        results[req.request_id] = {
+            "tokens": [],
+            "text": "",
+            "finish_reason": None,
+            "error": None,
+            "attribution": [],
+            "outputs": [],
+        }
+        engine.add_request(req)
+
+    for req in requests:
+        add(req)
+    schedule = dict(schedule or {})
+    step = 0
+    while engine.has_work() or schedule:
+        for req in schedule.pop(step, []):
+            add(req)
+        for out in engine.step():
+            _collect(results[out.request_id], out)
+        step += 1
+        assert step < max_steps, "the engine did not finish"
+    return results
+
+
+def _collect(res: dict[str, Any], out: GenerationOutput) -> None:
+    assert res["finish_reason"] is None, f"{out.request_id} produced output after finishing"
+    res["outputs"].append(out)
+    res["tokens"].extend(out.new_token_ids)
+    res["text"] += out.text_delta
+    if out.attribution:
+        res["attribution"].extend(out.attribution)
+    if out.finished:
+        res["finish_reason"] = out.finish_reason
+        res["error"] = out.error
+
+
+def request(
+    rid: str,
+    prompt: list[int] | None = None,
+    route: Any = None,
+    max_tokens: int = 8,
+    **kwargs: Any,
+) -> GenerationRequest:
+    from molora_runtime.engine.llm import as_route
+
+    sampling = kwargs.pop("sampling", None) or SamplingParams(max_tokens=max_tokens)
+    if prompt is not None:
+        kwargs["prompt_token_ids"] = prompt
+    return GenerationRequest(request_id=rid, route=as_route(route), sampling=sampling, **kwargs)
+
+
+def random_prompts(n: int, vocab: int, lengths: Iterable[int], seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = list(lengths)
+    return [
+        torch.randint(0, vocab, (lengths[i % len(lengths)],), generator=gen).tolist()
+        for i in range(n)
+    ]
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2))

@@ -1,0 +1,135 @@
+"""The decoder's logits equal transformers' `AutoModelForCausalLM` within 1e-4 (fp32): prefill in
+one chunk, in two chunks, single-token decode steps, and a mixed decode + prefill batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+from molora_runtime.model.arch import load_arch
+from molora_runtime.model.attention_meta import CacheAttention, KVCache, PrefillSegment
+from molora_runtime.model.loader import load_model
+
+TOL = 1e-4
+COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=512,
+)
+CONFIGS = {
+    "llama-untied": lambda: LlamaConfig(**COMMON, tie_word_embeddings=False),
+    "llama-tied": lambda: LlamaConfig(**COMMON, tie_word_embeddings=True),
+    "llama3-rope-scaling": lambda: LlamaConfig(
+        **COMMON,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=False),
+    "qwen3-tied": lambda: Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True),
+}
+
+
+def prefill(model, kv, ids: torch.Tensor, row: int, start: int) -> torch.Tensor:
+    n = ids.shape[0]
+    meta = CacheAttention(
+        kv_rows=torch.full((n,), row, dtype=torch.long),
+        positions=torch.arange(start, start + n),
+        num_decode=0,
+        decode_context_lens=torch.zeros(0, dtype=torch.long),
+        prefill_segments=[PrefillSegment(0, n, row, start)],
+    )
+    with torch.inference_mode():
+        return model(ids, meta, kv, None)
+
+
+def decode(model, kv, token: int, row: int, pos: int) -> torch.Tensor:
+    meta = CacheAttention(
+        kv_rows=torch.tensor([row]),
+        positions=torch.tensor([pos]),
+        num_decode=1,
+        decode_context_lens=torch.tensor([pos + 1]),
+        max_decode_context=pos + 1,
+    )
+    with torch.inference_mode():
+        return model(torch.tensor([token]), meta, kv, None)[0]
+
+
+def check_model(model, ref, seq_len: int = 40, split: int = 27, decodes: int = 5) -> None:
+    arch = model.arch
+    gen = torch.Generator().manual_seed(1)
+    full = torch.randint(0, arch.vocab_size, (seq_len + decodes,), generator=gen)
+    with torch.no_grad():
+        expected = ref(full[None]).logits[0].float()
+
+    def kv_cache() -> KVCache:
+        return KVCache(
+            arch.num_layers, 3, seq_len + decodes + 1, arch.num_kv_heads, arch.head_dim,
+            torch.float32, torch.device("cpu"),
+        )  # fmt: skip
+
+    # prefill in one chunk
+    kv = kv_cache()
+    one = prefill(model, kv, full[:seq_len], row=1, start=0)
+    torch.testing.assert_close(one, expected[:seq_len], atol=TOL, rtol=0)
+    # then decode steps, one token at a time
+    for pos in range(seq_len, seq_len + decodes):
+        got = decode(model, kv, int(full[pos]), row=1, pos=pos)
+        torch.testing.assert_close(got, expected[pos], atol=TOL, rtol=0)
+
+    # prefill in two chunks (the second attends to the cached first one)
+    kv = kv_cache()
+    first = prefill(model, kv, full[:split], row=0, start=0)
+    second = prefill(model, kv, full[split:seq_len], row=0, start=split)
+    torch.testing.assert_close(torch.cat([first, second]), expected[:seq_len], atol=TOL, rtol=0)
+
+    # one flat batch: a decode of row 0 followed by a prefill chunk of another sequence (row 2)
+    other = torch.randint(0, arch.vocab_size, (11,), generator=gen)
+    with torch.no_grad():
+        other_expected = ref(other[None]).logits[0].float()
+    prefill(model, kv, other[:4], row=2, start=0)
+    ids = torch.cat([full[seq_len : seq_len + 1], other[4:]])
+    meta = CacheAttention(
+        kv_rows=torch.tensor([0] + [2] * 7),
+        positions=torch.tensor([seq_len, *range(4, 11)]),
+        num_decode=1,
+        decode_context_lens=torch.tensor([seq_len + 1]),
+        prefill_segments=[PrefillSegment(1, 7, 2, 4)],
+        max_decode_context=seq_len + 1,
+    )
+    with torch.inference_mode():
+        mixed = model(ids, meta, kv, None, torch.tensor([0, 7]))
+    torch.testing.assert_close(mixed[0], expected[seq_len], atol=TOL, rtol=0)
+    torch.testing.assert_close(mixed[1], other_expected[-1], atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_tiny_logits_equal_transformers(name: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    ref = AutoModelForCausalLM.from_config(CONFIGS[name]()).eval()
+    ref.save_pretrained(tmp_path)
+    arch = load_arch(tmp_path)
+    assert arch.tie_word_embeddings == ("tied" in name and "untied" not in name)
+    if name == "llama3-rope-scaling":
+        # the scaling must really be read (positions run past original_max_position_embeddings)
+        assert arch.rope.kind == "llama3" and arch.rope.factor == 8.0
+    check_model(load_model(tmp_path, torch.float32, "cpu"), ref)
+
+
+def test_smollm2_logits_equal_transformers(smollm2) -> None:
+    assert smollm2.engine.arch.tie_word_embeddings
+    # the engine's model (hot-set buffers attached, no LoRA context) vs plain transformers
+    with smollm2.peft.disable_adapter():
+        check_model(smollm2.engine.model, smollm2.peft, seq_len=24, split=15, decodes=3)

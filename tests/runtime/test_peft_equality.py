@@ -1,0 +1,120 @@
+"""Greedy fp32 tokens of a batch mixing three adapters and the base model equal
+`PeftModel.generate(..., adapter_names=[...])` token for token (tiny random Llama and SmolLM2).
+
+The adapters are made by `peft` itself with random A and B (`init_lora_weights=False`), different
+ranks, all 7 target modules; one uses rsLoRA and one `rank_pattern`/`alpha_pattern`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.runtime.rt_util import random_prompts, request, run_to_completion
+
+BASE = "__base__"
+
+
+def peft_tokens(pm, prompts: list[list[int]], names: list[str], max_new: int, eos: int | None):
+    """PEFT greedy generation of equal-length prompts in ONE mixed-adapter batch."""
+    assert len({len(p) for p in prompts}) == 1
+    with torch.no_grad():
+        out = pm.generate(
+            torch.tensor(prompts),
+            attention_mask=torch.ones(len(prompts), len(prompts[0]), dtype=torch.long),
+            max_new_tokens=max_new,
+            do_sample=False,
+            adapter_names=names,
+            pad_token_id=eos if eos is not None else 0,
+        )
+    result = []
+    for row in out[:, len(prompts[0]) :].tolist():
+        if eos is not None and eos in row:
+            row = row[: row.index(eos) + 1]
+        result.append(row)
+    return result
+
+
+@pytest.fixture(scope="module")
+def tiny_peft(tiny_llama: Path, tiny_adapters: dict[str, Path]):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    pm = PeftModel.from_pretrained(base, str(tiny_adapters["a"]), adapter_name="a")
+    pm.load_adapter(str(tiny_adapters["b"]), adapter_name="b")
+    pm.load_adapter(str(tiny_adapters["c"]), adapter_name="c")
+    return pm.eval()
+
+
+def test_tiny_adapters_cover_the_required_options(tiny_adapters: dict[str, Path]) -> None:
+    configs = {
+        n: json.loads((p / "adapter_config.json").read_text()) for n, p in tiny_adapters.items()
+    }
+    assert len({c["r"] for c in configs.values()}) == 3
+    for c in configs.values():
+        assert sorted(c["target_modules"]) == sorted(
+            ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        )
+    assert configs["b"]["use_rslora"]
+    assert configs["c"]["rank_pattern"] and configs["c"]["alpha_pattern"]
+
+
+def test_tiny_mixed_batch_equals_peft(tiny_engine_factory, tiny_peft) -> None:
+    engine = tiny_engine_factory()
+    routes = ["a", "b", "c", None, "c", "a", None, "b"]
+    prompts = random_prompts(len(routes), 256, [9], seed=11)
+    names = [r or BASE for r in routes]
+    expected = peft_tokens(tiny_peft, prompts, names, 12, None)
+    got = run_to_completion(
+        engine,
+        [request(f"r{i}", p, r, 12) for i, (p, r) in enumerate(zip(prompts, routes, strict=True))],
+    )
+    for i in range(len(routes)):
+        assert got[f"r{i}"]["tokens"] == expected[i], f"route {routes[i]}"
+        assert got[f"r{i}"]["finish_reason"] == "length"
+    # the adapters really change the output (otherwise the test would prove nothing)
+    assert len({tuple(t) for t in expected[:4]}) == 4
+
+
+def test_tiny_ragged_chunked_batch_equals_peft(tiny_engine_factory, tiny_peft) -> None:
+    """Different prompt lengths, prefill split over several steps (16-token budget) and decodes
+    of earlier requests sharing steps with prefill chunks of later ones."""
+    engine = tiny_engine_factory(max_num_batched_tokens=16, max_num_seqs=4)
+    routes = ["a", None, "b", "c", "b", "a"]
+    prompts = random_prompts(len(routes), 256, [5, 23, 13, 31, 7, 40], seed=12)
+    got = run_to_completion(
+        engine,
+        [request(f"r{i}", p, r, 9) for i, (p, r) in enumerate(zip(prompts, routes, strict=True))],
+    )
+    for i, (p, r) in enumerate(zip(prompts, routes, strict=True)):
+        assert got[f"r{i}"]["tokens"] == peft_tokens(tiny_peft, [p], [r or BASE], 9, None)[0]
+
+
+@pytest.mark.slow
+def test_smollm2_mixed_batch_equals_peft(smollm2) -> None:
+    tok = smollm2.engine.tokenizer
+    texts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time, a small robot",
+        "The three primary colors are",
+    ]
+    ids = [tok.encode(t, add_special_tokens=False) for t in texts]
+    n = min(len(i) for i in ids)
+    prompts = [i[:n] for i in ids]
+    routes = ["s1", "s2", "s3", None]
+    eos = 2
+    expected = peft_tokens(smollm2.peft, prompts, [r or BASE for r in routes], 8, eos)
+    got = run_to_completion(
+        smollm2.engine,
+        [
+            request(f"smol{i}", p, r, 8)
+            for i, (p, r) in enumerate(zip(prompts, routes, strict=True))
+        ],
+    )
+    for i in range(4):
+        assert got[f"smol{i}"]["tokens"] == expected[i], f"route {routes[i]}"
+    assert len({tuple(t) for t in expected}) == 4
