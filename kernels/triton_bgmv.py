@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import pad3, rank_block, select_out, sm_count
+from kernels.triton_common import pad3, rank_block, select_int, select_ptr, sm_count
 
 
 @triton.jit
@@ -31,10 +31,10 @@ def _bgmv_shrink_kernel(
     o = tl.program_id(2)
     s = tl.load(slot_ptr + pair).to(tl.int64)
     if s > 0:
-        a_ptr = select_out(o, a0, a1, a2, NUM_OUT)
-        sa_s = select_out(o, sa0_s, sa1_s, sa2_s, NUM_OUT)
-        sa_r = select_out(o, sa0_r, sa1_r, sa2_r, NUM_OUT)
-        sa_d = select_out(o, sa0_d, sa1_d, sa2_d, NUM_OUT)
+        a_ptr = select_ptr(o, a0, a1, a2, NUM_OUT)
+        sa_s = select_int(o, sa0_s, sa1_s, sa2_s, NUM_OUT)
+        sa_r = select_int(o, sa0_r, sa1_r, sa2_r, NUM_OUT)
+        sa_d = select_int(o, sa0_d, sa1_d, sa2_d, NUM_OUT)
         t = (pair // K).to(tl.int64)
         offs_r = tl.arange(0, BLOCK_R)
         r_mask = offs_r < r
@@ -66,15 +66,15 @@ def _bgmv_expand_kernel(
     t = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     o = tl.program_id(2)
-    d_out = select_out(o, n0, n1, n2, NUM_OUT)
+    d_out = select_int(o, n0, n1, n2, NUM_OUT)
     if pid_n * BLOCK_N < d_out:
-        b_ptr = select_out(o, b0, b1, b2, NUM_OUT)
-        sb_s = select_out(o, sb0_s, sb1_s, sb2_s, NUM_OUT)
-        sb_n = select_out(o, sb0_n, sb1_n, sb2_n, NUM_OUT)
-        sb_r = select_out(o, sb0_r, sb1_r, sb2_r, NUM_OUT)
-        y_ptr = select_out(o, y0, y1, y2, NUM_OUT)
-        sy_t = select_out(o, sy0_t, sy1_t, sy2_t, NUM_OUT)
-        sy_n = select_out(o, sy0_n, sy1_n, sy2_n, NUM_OUT)
+        b_ptr = select_ptr(o, b0, b1, b2, NUM_OUT)
+        sb_s = select_int(o, sb0_s, sb1_s, sb2_s, NUM_OUT)
+        sb_n = select_int(o, sb0_n, sb1_n, sb2_n, NUM_OUT)
+        sb_r = select_int(o, sb0_r, sb1_r, sb2_r, NUM_OUT)
+        y_ptr = select_ptr(o, y0, y1, y2, NUM_OUT)
+        sy_t = select_int(o, sy0_t, sy1_t, sy2_t, NUM_OUT)
+        sy_n = select_int(o, sy0_n, sy1_n, sy2_n, NUM_OUT)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < d_out
         offs_r = tl.arange(0, BLOCK_R)

@@ -15,22 +15,36 @@ MAX_RANK = 128
 
 
 @triton.jit
-def select_out(o, v0, v1, v2, NUM_OUT: tl.constexpr):
-    """Pick output `o`'s operand (pointer or scalar); compile-time trivial when NUM_OUT == 1."""
+def select_ptr(o, p0, p1, p2, NUM_OUT: tl.constexpr):
+    """Output `o`'s pointer; compile-time trivial when NUM_OUT == 1."""
+    if NUM_OUT == 1:
+        p = p0
+    elif NUM_OUT == 2:
+        if o == 0:  # noqa: SIM108 (Triton needs statement form for runtime branches)
+            p = p0
+        else:
+            p = p1
+    else:
+        if o == 0:
+            p = p0
+        elif o == 1:
+            p = p1
+        else:
+            p = p2
+    return p
+
+
+@triton.jit
+def select_int(o, v0, v1, v2, NUM_OUT: tl.constexpr):
+    """Output `o`'s stride or size, by `tl.where`: Triton specialises integer arguments equal
+    to 1 into constants, and a runtime if/else may not yield a constant on one side and a
+    tensor on the other."""
     if NUM_OUT == 1:
         v = v0
     elif NUM_OUT == 2:
-        if o == 0:  # noqa: SIM108 (Triton needs statement form for runtime branches)
-            v = v0
-        else:
-            v = v1
+        v = tl.where(o == 0, v0, v1)
     else:
-        if o == 0:
-            v = v0
-        elif o == 1:
-            v = v1
-        else:
-            v = v2
+        v = tl.where(o == 0, v0, tl.where(o == 1, v1, v2))
     return v
 
 

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import is_interpreted, pad3, rank_block, select_out
+from kernels.triton_common import is_interpreted, pad3, rank_block, select_int, select_ptr
 
 
 @triton.jit
@@ -38,10 +38,10 @@ def _sgmv_shrink_kernel(
     s = (seg % S).to(tl.int64)
     count = tl.load(count_ptr + seg)
     if (s > 0) & (pid_m * BLOCK_M < count):
-        a_ptr = select_out(o, a0, a1, a2, NUM_OUT)
-        sa_s = select_out(o, sa0_s, sa1_s, sa2_s, NUM_OUT)
-        sa_r = select_out(o, sa0_r, sa1_r, sa2_r, NUM_OUT)
-        sa_d = select_out(o, sa0_d, sa1_d, sa2_d, NUM_OUT)
+        a_ptr = select_ptr(o, a0, a1, a2, NUM_OUT)
+        sa_s = select_int(o, sa0_s, sa1_s, sa2_s, NUM_OUT)
+        sa_r = select_int(o, sa0_r, sa1_r, sa2_r, NUM_OUT)
+        sa_d = select_int(o, sa0_d, sa1_d, sa2_d, NUM_OUT)
         start = tl.load(start_ptr + seg)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < count
@@ -87,15 +87,15 @@ def _sgmv_expand_kernel(
     pid_n = tl.program_id(2) % n_tiles
     seg = j * S + s
     count = tl.load(count_ptr + seg)
-    d_out = select_out(o, n0, n1, n2, NUM_OUT)
+    d_out = select_int(o, n0, n1, n2, NUM_OUT)
     if (s > 0) & (pid_m * BLOCK_M < count) & (pid_n * BLOCK_N < d_out):
-        b_ptr = select_out(o, b0, b1, b2, NUM_OUT)
-        sb_s = select_out(o, sb0_s, sb1_s, sb2_s, NUM_OUT)
-        sb_n = select_out(o, sb0_n, sb1_n, sb2_n, NUM_OUT)
-        sb_r = select_out(o, sb0_r, sb1_r, sb2_r, NUM_OUT)
-        y_ptr = select_out(o, y0, y1, y2, NUM_OUT)
-        sy_t = select_out(o, sy0_t, sy1_t, sy2_t, NUM_OUT)
-        sy_n = select_out(o, sy0_n, sy1_n, sy2_n, NUM_OUT)
+        b_ptr = select_ptr(o, b0, b1, b2, NUM_OUT)
+        sb_s = select_int(o, sb0_s, sb1_s, sb2_s, NUM_OUT)
+        sb_n = select_int(o, sb0_n, sb1_n, sb2_n, NUM_OUT)
+        sb_r = select_int(o, sb0_r, sb1_r, sb2_r, NUM_OUT)
+        y_ptr = select_ptr(o, y0, y1, y2, NUM_OUT)
+        sy_t = select_int(o, sy0_t, sy1_t, sy2_t, NUM_OUT)
+        sy_n = select_int(o, sy0_n, sy1_n, sy2_n, NUM_OUT)
         start = tl.load(start_ptr + seg)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < count
