@@ -186,3 +186,36 @@ def random_prompts(n: int, vocab: int, lengths: Iterable[int], seed: int = 0) ->
 
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2))
+
+
+def engine_prefill_logits(engine: LLMEngine, route: Any, prompt: list[int]) -> torch.Tensor:
+    """Logits [T, V] of every prompt position through the engine's model, hot-set and routing
+    (one prefill chunk in KV row 0 of an idle engine)."""
+    from molora_runtime.engine.llm import as_route
+    from molora_runtime.lora.routing import RouteSegment, build_lora_context
+    from molora_runtime.model.attention_meta import CacheAttention, PrefillSegment
+    from molora_runtime.routes import LearnedRoute
+
+    assert not engine.running, "the engine must be idle"
+    route = as_route(route)
+    hot = engine.hot_set
+    needs = route.adapters()
+    cslot = None
+    if isinstance(route, LearnedRoute):
+        cslot, experts = hot.ensure_composition(route.composition)
+        needs = list(dict.fromkeys(needs + experts))
+    hot.ensure(needs)
+    if cslot is not None:
+        hot.bind_experts(cslot)
+    ids = torch.tensor(prompt, dtype=torch.long)
+    n = len(prompt)
+    ctx = build_lora_context([RouteSegment(route, ids)], hot, engine.width, engine.device)
+    meta = CacheAttention(
+        kv_rows=torch.zeros(n, dtype=torch.long),
+        positions=torch.arange(n),
+        num_decode=0,
+        decode_context_lens=torch.zeros(0, dtype=torch.long),
+        prefill_segments=[PrefillSegment(0, n, 0, 0)],
+    )
+    with torch.inference_mode():
+        return engine.model(ids, meta, engine.kv, ctx)
