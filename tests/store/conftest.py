@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,12 +33,18 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
                 os.environ[key] = value
 
 
+@pytest.fixture(scope="session")
+def s3_bucket(seaweed: SeaweedFS) -> str:
+    """One bucket per session (creating one is slow); each test gets its own prefix in it."""
+    return seaweed.create_bucket()
+
+
 @pytest.fixture(params=["local", "s3"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "local":
         return str(tmp_path / "store")
-    server: SeaweedFS = request.getfixturevalue("seaweed")
-    return f"s3://{server.create_bucket()}/team/adapters"
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"s3://{bucket}/{uuid.uuid4().hex[:12]}/adapters"
 
 
 @pytest.fixture
