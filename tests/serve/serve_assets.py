@@ -42,28 +42,37 @@ def make_tiny_model(folder: Path) -> Path:
     return folder
 
 
-def make_adapter(model_dir: Path, folder: Path, seed: int) -> Path:
+def make_adapter(model_dir: Path, folder: Path, seed: int, rank: int = 4) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
     base = LlamaForCausalLM.from_pretrained(model_dir)
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False)
+    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, init_lora_weights=False)
     peft_model = get_peft_model(base, lora)
     peft_model.save_pretrained(folder)
     return folder
 
 
-def make_store(model_dir: Path, store_dir: Path, work: Path) -> Path:
+def make_store(
+    model_dir: Path,
+    store_dir: Path,
+    work: Path,
+    adapters: tuple[str, ...] = ADAPTERS,
+    rank: int = 4,
+) -> Path:
+    """Publish `adapters` (and the `mathcode` composition when math and code are among them)."""
     from adapter_store import open_registry
 
     registry = open_registry(str(store_dir), create=True)
     base_model = None
-    for i, name in enumerate(ADAPTERS):
+    for i, name in enumerate(adapters):
         manifest = registry.publish_adapter(
-            make_adapter(model_dir, work / name, seed=i + 1), name, "v1"
+            make_adapter(model_dir, work / name, seed=i + 1, rank=rank), name, "v1"
         )
         base_model = manifest.base_model
+    if not {"math", "code"} <= set(adapters):
+        return store_dir
     comp = CompositionConfig(
         base_model=base_model, adapters=["math", "code"], top_k=1, num_layers=2, hidden_size=64
     )
