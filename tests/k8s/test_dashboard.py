@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import re
 
 import jsonschema
+from dashboard_queries import exported_names, metric_names, targets
 from grafana_foundation_sdk.models.dashboard import Dashboard
 from k8s_schemas import REPO
 
 from deployments import dashboard
-from deployments import metric_names as m
 
 COMMITTED = REPO / dashboard.DASHBOARD_PATH
-HISTOGRAMS = {m.TTFT, m.INTER_TOKEN, m.HOTSET_LOAD_LATENCY}
 
 _REF = {"$ref": "#/definitions/datasource"}
 _GRID = {
@@ -133,24 +131,6 @@ DASHBOARD_SCHEMA = {
 }
 
 
-def _targets(board: dict) -> list[dict]:
-    return [t for p in board["panels"] if p["type"] != "row" for t in p["targets"]]
-
-
-def _metric_names(expr: str) -> set[str]:
-    """Identifiers followed by `{` in a PromQL expression (every selector here has matchers)."""
-    return set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\{", expr))
-
-
-def exported_names() -> set[str]:
-    """What Prometheus can see: the project's metrics and Ray Serve's, histograms as _bucket."""
-    names = set()
-    for metric in (*m.ALL, *dashboard.SERVE_METRICS):
-        suffix = "_bucket" if metric in HISTOGRAMS else ""
-        names.add(m.scraped(metric) + suffix)
-    return names
-
-
 def test_committed_json_is_fresh() -> None:
     assert COMMITTED.read_text() == dashboard.render(dashboard.dashboard_json()), (
         "run `molora dashboards build` and commit k8s/grafana/molora-dashboard.json"
@@ -190,15 +170,15 @@ def test_panels_do_not_overlap() -> None:
 
 def test_every_query_names_an_exported_metric() -> None:
     exported = exported_names()
-    for target in _targets(dashboard.dashboard_json()):
-        used = _metric_names(target["expr"])
+    for target in targets(dashboard.dashboard_json()):
+        used = metric_names(target["expr"])
         assert used, f"no metric in {target['expr']}"
         assert used <= exported, f"unknown metric(s) {used - exported} in {target['expr']}"
 
 
 def test_every_project_metric_has_a_panel() -> None:
     """The issue's list: requests, tokens, TTFT, ITL, queue, hot-set, gate, replicas/autoscaling."""
-    used = set().union(*(_metric_names(t["expr"]) for t in _targets(dashboard.dashboard_json())))
+    used = set().union(*(metric_names(t["expr"]) for t in targets(dashboard.dashboard_json())))
     assert used == exported_names()
 
 
@@ -206,6 +186,6 @@ def test_variables_feed_every_query() -> None:
     board = dashboard.dashboard_json()
     names = {v["name"] for v in board["templating"]["list"]}
     assert names == {"datasource", "application", "adapter"}
-    for target in _targets(board):
+    for target in targets(board):
         assert target["datasource"]["uid"] == "${datasource}"
         assert '$application"' in target["expr"]

@@ -1,0 +1,28 @@
+"""What the dashboard queries: its targets and the metric names their expressions select."""
+
+from __future__ import annotations
+
+import re
+
+from deployments import dashboard
+from deployments import metric_names as m
+
+HISTOGRAMS = {m.TTFT, m.INTER_TOKEN, m.HOTSET_LOAD_LATENCY}
+
+
+def targets(board: dict) -> list[dict]:
+    return [t for p in board["panels"] if p["type"] != "row" for t in p["targets"]]
+
+
+def metric_names(expr: str) -> set[str]:
+    """Identifiers followed by `{` in a PromQL expression (every selector here has matchers)."""
+    return set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\{", expr))
+
+
+def exported_names() -> set[str]:
+    """What Prometheus can see: the project's metrics and Ray Serve's, histograms as _bucket."""
+    names = set()
+    for metric in (*m.ALL, *dashboard.SERVE_METRICS):
+        suffix = "_bucket" if metric in HISTOGRAMS else ""
+        names.add(m.scraped(metric) + suffix)
+    return names

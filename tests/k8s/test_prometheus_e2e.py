@@ -1,0 +1,269 @@
+"""End to end: the app on a local Ray cluster, a real Prometheus scraping Ray's metrics port, and
+every metric the dashboard queries found there with values.
+
+The Serve app runs the tiny random model with three adapters and one learned composition, with
+two hot-set slots so that adapter loads and evictions really happen. Prometheus (the Debian
+package, installed by scripts/test_services.sh) scrapes 127.0.0.1:<Ray metrics port>; then each
+panel expression of the dashboard is evaluated by Prometheus itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from dashboard_queries import exported_names, metric_names, targets
+
+from deployments import dashboard
+from deployments import metric_names as m
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None, reason="prometheus not installed (run scripts/test_services.sh)"
+)
+
+ADAPTERS = ("alpha", "beta", "gamma")
+COMPOSITION = "duo"
+APP = "molora"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(what: str, check: Any, timeout: float, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except (httpx.HTTPError, OSError) as exc:
+            last = exc
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not reached in {timeout}s (last: {last!r})")
+
+
+def _make_store(root: Path) -> tuple[Path, Path]:
+    """Tiny model + store: three PEFT adapters (random weights) and a 2-expert composition."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from adapter_store import open_registry
+    from molora_runtime.lora.composition import CompositionConfig, save_composition
+    from molora_runtime.model.tiny import make_tiny_model
+
+    model_dir = make_tiny_model(root / "model", with_tokenizer=True)
+    registry = open_registry(str(root / "store"), create=True)
+    base_model = None
+    for seed, name in enumerate(ADAPTERS, start=1):
+        torch.manual_seed(seed)
+        base = AutoModelForCausalLM.from_pretrained(model_dir)
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+        lora.init_lora_weights = False
+        get_peft_model(base, lora).save_pretrained(root / "work" / name)
+        base_model = registry.publish_adapter(root / "work" / name, name, "v1").base_model
+    assert base_model is not None
+    config = CompositionConfig(
+        base_model=base_model, adapters=list(ADAPTERS[:2]), top_k=1, num_layers=2, hidden_size=64
+    )
+    torch.manual_seed(7)
+    folder = save_composition(root / "work" / COMPOSITION, config, torch.randn(2, 2, 64))
+    registry.publish_composition(folder, COMPOSITION, "v1")
+    return model_dir, root / "store"
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        pytest.skip("a Ray cluster is already running in this process")
+    root = tmp_path_factory.mktemp("e2e")
+    model_dir, store = _make_store(root)
+    metrics_port = _free_port()
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        _metrics_export_port=metrics_port,
+        _system_config={"metrics_report_interval_ms": 1000},
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    try:
+        from deployments.app import build
+        from deployments.config import ServeConfig
+
+        http_port = _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+        cfg = ServeConfig.from_args(
+            {
+                "engine": {
+                    "model": str(model_dir),
+                    "device": "cpu",
+                    "dtype": "float32",
+                    "max_num_seqs": 4,
+                    "max_model_len": 256,
+                    "max_num_batched_tokens": 256,
+                    "enable_cuda_graph": False,
+                    "hot_set": {"num_slots": 2, "max_rank": 8},
+                },
+                "store": {"url": str(store), "cache_dir": str(root / "cache"), "refresh_s": 1},
+                "served_model_name": "tiny-base",
+            }
+        )
+        # min == max keeps one replica on two CPUs while Serve's autoscaler still reports.
+        scaling = {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 4}
+        app = build(cfg, replica_options={"autoscaling_config": scaling})
+        serve.run(app, name=APP, route_prefix="/", blocking=False)
+        url = f"http://127.0.0.1:{http_port}"
+        _wait("app healthy", lambda: httpx.get(f"{url}/v1/models", timeout=10).is_success, 240)
+        yield {"url": url, "metrics_port": metrics_port}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prometheus(serving: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("prometheus")
+    config = root / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: ray\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{serving['metrics_port']}']\n"
+    )
+    port = _free_port()
+    assert PROMETHEUS is not None
+    log = (root / "prometheus.log").open("w")
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={root / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "HOME": str(root)},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait("prometheus ready", lambda: httpx.get(f"{url}/-/ready", timeout=5).is_success, 60)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _chat(url: str, model: str, *, stream: bool = False) -> httpx.Response:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": 6,
+        "temperature": 0.0,
+        "stream": stream,
+        "ignore_eos": True,  # the random model may stop at once; we need tokens and gaps
+    }
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+
+
+def _query(prom: str, expr: str) -> dict[str, Any]:
+    answer = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10)
+    payload = answer.json()
+    assert payload.get("status") == "success", f"{expr}: {payload}"
+    return payload["data"]
+
+
+def _sent_traffic(serving: dict[str, Any]) -> int:
+    url = serving["url"]
+    sent = 0
+    # Base, each adapter twice (2 slots for 3 adapters: loads and LRU evictions), a static mix,
+    # the learned composition, streaming (inter-token gaps) and one unknown name (a 4xx status).
+    models = ["tiny-base", *ADAPTERS, *ADAPTERS, "alpha:0.5+beta:0.5", COMPOSITION]
+    for model in models:
+        answer = _chat(url, model)
+        assert answer.status_code == 200, (model, answer.text)
+        sent += 1
+    assert _chat(url, COMPOSITION, stream=True).status_code == 200
+    assert _chat(url, "gamma", stream=True).status_code == 200
+    assert _chat(url, "no-such-adapter").status_code == 404
+    return sent + 2  # answered requests (whether a 404 is counted is the router's business)
+
+
+@pytest.fixture(scope="module")
+def scraped(serving: dict[str, Any], prometheus: str) -> dict[str, Any]:
+    requests = _sent_traffic(serving)
+    names = sorted(exported_names())
+
+    def all_present() -> list[str] | None:
+        missing = [n for n in names if not _query(prometheus, n)["result"]]
+        return None if missing else names
+
+    try:
+        _wait("every dashboard metric in Prometheus", all_present, 120, interval=2)
+    except TimeoutError:
+        missing = [n for n in names if not _query(prometheus, n)["result"]]
+        pytest.fail(f"metrics the dashboard queries never appeared in Prometheus: {missing}")
+    return {"prometheus": prometheus, "requests": requests}
+
+
+def _value(prom: str, expr: str) -> float:
+    result = _query(prom, expr)["result"]
+    return sum(float(sample["value"][1]) for sample in result)
+
+
+def test_project_metrics_have_values(scraped: dict[str, Any]) -> None:
+    prom = scraped["prometheus"]
+    total = f"sum({m.scraped(m.REQUESTS)})"
+    try:  # the last requests may still be on their way through Ray's metrics agent
+        _wait("all requests counted", lambda: _value(prom, total) >= scraped["requests"], 30)
+    except TimeoutError:
+        pytest.fail(f"{_value(prom, total)} requests counted, {scraped['requests']} answered")
+    adapters = {s["metric"].get("adapter") for s in _query(prom, m.scraped(m.REQUESTS))["result"]}
+    assert set(ADAPTERS) <= adapters
+    assert _value(prom, f'sum({m.scraped(m.TOKENS)}{{kind="completion"}})') > 0
+    assert _value(prom, f"sum({m.scraped(m.TTFT)}_count)") >= scraped["requests"] - 1
+    assert _value(prom, f"sum({m.scraped(m.INTER_TOKEN)}_count)") > 0
+    assert _value(prom, f"sum({m.scraped(m.HOTSET_EVICTIONS)})") >= 1
+    assert _value(prom, f"sum({m.scraped(m.HOTSET_LOADS)})") >= len(ADAPTERS)
+    assert _value(prom, f"sum({m.scraped(m.GATE_TOKENS)})") > 0
+    assert _value(prom, f"sum({m.scraped(dashboard.SERVE_REPLICAS_HEALTHY)})") >= 2
+
+
+def test_every_panel_expression_evaluates(scraped: dict[str, Any]) -> None:
+    """Prometheus parses every panel query (variables as Grafana would fill them)."""
+    prom = scraped["prometheus"]
+    board = dashboard.dashboard_json()
+    for target in targets(board):
+        expr = (
+            target["expr"]
+            .replace("$__rate_interval", "1m")
+            .replace("$application", APP)
+            .replace("$adapter", ".*")
+        )
+        assert metric_names(expr), expr
+        _query(prom, expr)
+    hit_rate = _value(
+        prom, dashboard._hit_rate().replace("$__rate_interval", "5m").replace("$application", APP)
+    )
+    assert 0 <= hit_rate <= 1
