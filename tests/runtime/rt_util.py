@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,7 @@ def run_to_completion(
     requests: Iterable[GenerationRequest] = (),
     *,
     schedule: dict[int, list[GenerationRequest]] | None = None,
+    after_step: Callable[[int, LLMEngine], None] | None = None,
     max_steps: int = 10_000,
 ) -> dict[str, dict[str, Any]]:
     """Add `requests` now (and `schedule[step]` before that step), step until idle; returns per
@@ -143,6 +144,8 @@ def run_to_completion(
             add(req)
         for out in engine.step():
             _collect(results[out.request_id], out)
+        if after_step is not None:
+            after_step(step, engine)
         step += 1
         assert step < max_steps, "the engine did not finish"
     return results
