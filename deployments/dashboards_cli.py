@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 TOKEN_ENV = "GRAFANA_TOKEN"
+# The Prometheus Operator's governing Service (kube-prometheus-stack in `monitoring`).
+DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -42,7 +44,7 @@ def _push(args: argparse.Namespace) -> int:
         result = grafana_push.push(
             api,
             _load(args.dashboard),
-            prometheus_url=args.prometheus_url,
+            prometheus_url=None if args.no_datasource else args.prometheus_url,
             folder_uid=args.folder_uid,
         )
     except GrafanaException as exc:
@@ -79,7 +81,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     push.add_argument(
         "--prometheus-url",
-        help="also create/update the 'MoLoRA Prometheus' datasource pointing here",
+        default=DEFAULT_PROMETHEUS,
+        help="URL Grafana reaches Prometheus at, for the 'MoLoRA Prometheus' datasource "
+        f"(default {DEFAULT_PROMETHEUS})",
+    )
+    push.add_argument(
+        "--no-datasource",
+        action="store_true",
+        help="upload only the dashboard; pick an existing Prometheus datasource in Grafana",
     )
     push.add_argument("--folder-uid", help="Grafana folder to save the dashboard in")
     push.add_argument("--dashboard", help="JSON file to upload (default: build it now)")

@@ -182,7 +182,15 @@ def test_cli_push_without_datasource_uploads_committed_file(
     url, state = grafana
     monkeypatch.setenv("MY_TOKEN", TOKEN)
     path = dashboard.REPO_ROOT / dashboard.DASHBOARD_PATH
-    args = ["dashboards", "push", "--grafana-url", url, "--token-env", "MY_TOKEN"]
+    args = [
+        "dashboards",
+        "push",
+        "--grafana-url",
+        url,
+        "--token-env",
+        "MY_TOKEN",
+        "--no-datasource",
+    ]
     assert cli.main([*args, "--dashboard", str(path)]) == 0
     assert [(r.method, r.path) for r in state.requests] == [("POST", "/api/dashboards/db")]
     assert state.requests[0].body["dashboard"]["panels"] == json.loads(path.read_text())["panels"]
