@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "adapter_store.cli",
     "molora_runtime.training.cli",
     "deployments.dashboards_cli",
+    "deployments.k8s_cli",
 )
 
 

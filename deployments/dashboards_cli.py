@@ -1,4 +1,4 @@
-"""`molora dashboards build|push` (and `molora k8s render`): the observability commands.
+"""`molora dashboards build|push`: the observability commands.
 
 Only `deployments.cli` imports this, lazily; Grafana libraries load when a command runs, so a
 missing `ops` extra never breaks the other sub-commands.
@@ -58,7 +58,7 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from deployments import dashboard, k8s_cli
+    from deployments import dashboard
 
     parser = subparsers.add_parser("dashboards", help="build or upload the Grafana dashboard")
     commands = parser.add_subparsers(dest="dashboards_command", required=True)
@@ -94,6 +94,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     push.add_argument("--dashboard", help="JSON file to upload (default: build it now)")
     push.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout, seconds")
     push.set_defaults(func=_push)
-
-    # The k8s commands share this module's slot in `deployments.cli.COMMAND_MODULES`.
-    k8s_cli.register(subparsers)
