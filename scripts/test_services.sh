@@ -7,8 +7,7 @@ if ! command -v prometheus >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
       || echo "warning: could not install prometheus; its end-to-end test will be skipped" >&2
-    # The Debian package starts a system service; the tests run their own on loopback.
-    (command -v systemctl >/dev/null && systemctl stop prometheus 2>/dev/null) || true
-    pkill -x prometheus 2>/dev/null || true
+    # The tests run their own Prometheus on a free loopback port; a packaged service, if the
+    # package started one, is left alone.
   fi
 fi
