@@ -156,15 +156,18 @@ class LLMEngine:
         for name in route.adapters():
             self.hot_set.source.adapter_path(name)  # raises AdapterNotFoundError
         comp_top_k = None
+        needed = list(route.adapters())
         if isinstance(route, LearnedRoute):
             folder = self.hot_set.source.composition_path(route.composition)
             from molora_runtime.lora.composition import load_composition
 
-            comp_top_k = load_composition(route.composition, folder).config.top_k
+            comp_config = load_composition(route.composition, folder).config
+            comp_top_k = comp_config.top_k
+            needed = list(dict.fromkeys(needed + comp_config.adapters))
         check_route_width(route, self.width, comp_top_k)
-        if len(route.adapters()) > self.hot_set.num_slots:
+        if len(needed) > self.hot_set.num_slots:
             raise InvalidRequestError(
-                f"the route needs {len(route.adapters())} adapters at once but the hot-set has "
+                f"the route needs {len(needed)} adapters at once but the hot-set has "
                 f"{self.hot_set.num_slots} slots"
             )
         return ids
@@ -278,6 +281,8 @@ class LLMEngine:
     def _bind_adapters(self, seq: Sequence) -> bool:
         comp = seq.composition
         needs = self._needs(seq)
+        if comp is not None and not self.hot_set.can_hold_composition(comp):
+            return False  # every gate slot is held by running requests: wait, do not fail
         if comp is not None:
             cslot, experts = self.hot_set.ensure_composition(comp)
             needs = list(dict.fromkeys(needs + experts))

@@ -138,6 +138,13 @@ class HotSet:
         )
         return len(missing) <= reusable
 
+    def can_hold_composition(self, ref: str) -> bool:
+        """Whether `ref`'s gates are resident or could take a slot no running request holds
+        (True with no gate slots at all, so `ensure_composition` reports that error)."""
+        if not self._comp_slots or ref in self._comp_by_name:
+            return True
+        return any(s.name is None or s.refs == 0 for s in self._comp_slots)
+
     # ----- adapters --------------------------------------------------------------------------
     def ensure(self, names: Iterable[str]) -> dict[str, int]:
         """Make every adapter in `names` resident (loading/evicting as needed); return slots."""
