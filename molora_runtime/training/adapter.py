@@ -37,6 +37,9 @@ class AdapterTrainConfig(BaseModel):
     rank: int = Field(8, ge=1, le=256)
     alpha: float = Field(16.0, gt=0)
     target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGET_MODULES))
+    first_layer: int = Field(
+        0, ge=0, description="adapt layers from this one up; later start = cheaper backward"
+    )
     steps: int = Field(150, ge=1)
     batch_size: int = Field(8, ge=1)
     lr: float = Field(2e-3, gt=0)
@@ -96,7 +99,11 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
     seed_everything(cfg.seed)
     device = pick_device(cfg.device)
     base, tokenizer = load_base(cfg.model, device)
+    num_layers = base.config.num_hidden_layers
+    if cfg.first_layer >= num_layers:
+        raise ValueError(f"first_layer={cfg.first_layer} but the model has {num_layers} layers")
     lora = LoraConfig(
+        layers_to_transform=list(range(cfg.first_layer, num_layers)) if cfg.first_layer else None,
         r=cfg.rank,
         lora_alpha=cfg.alpha,
         lora_dropout=0.0,
@@ -149,6 +156,7 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
 def save_peft_folder(model, out: Path, cfg: AdapterTrainConfig) -> None:
     """Write a standard PEFT folder, weights cast to `save_dtype`, base named by alias not path."""
     model.save_pretrained(str(out))
+    (out / "README.md").unlink(missing_ok=True)  # PEFT's model card embeds local paths
     weights = out / ADAPTER_WEIGHTS
     dtype = getattr(torch, cfg.save_dtype)
     tensors = {k: v.to(dtype).contiguous() for k, v in load_file(str(weights)).items()}

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SYSTEM_PROMPT = "Answer each task on its own line as 'N. answer', with nothing else."
+SYSTEM_PROMPT = "Answer each task as 'N. answer', one per line."
 
 # Seeds of the generators: training below EVAL_SEED_BASE, evaluation at or above it.
 EVAL_SEED_BASE = 1_000_000

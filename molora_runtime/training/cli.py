@@ -1,0 +1,120 @@
+"""`molora train adapter` and `molora train router`: argument parsing only, the work is elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from molora_runtime.config import DEFAULT_MODEL
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser("train", help="train LoRA adapters and composition routers")
+    sub = train.add_subparsers(dest="train_command", required=True)
+
+    ad = sub.add_parser("adapter", help="LoRA-train one adapter on a domain (PEFT folder out)")
+    ad.add_argument(
+        "--domain", required=True, help="task domain (see molora_runtime.training.data)"
+    )
+    ad.add_argument("--output", required=True, help="PEFT folder to write (resumes if present)")
+    _common(ad)
+    ad.add_argument("--rank", type=int, default=8)
+    ad.add_argument("--alpha", type=float, default=16.0)
+    ad.add_argument("--target-modules", default=None, help="comma list (default: all linears)")
+    ad.add_argument("--first-layer", type=int, default=0, help="adapt layers >= this one")
+    ad.add_argument("--steps", type=int, default=150)
+    ad.add_argument("--batch-size", type=int, default=8)
+    ad.add_argument("--lr", type=float, default=2e-3)
+    ad.set_defaults(func=_adapter)
+
+    ro = sub.add_parser("router", help="train only the per-layer gates of a composition")
+    ro.add_argument(
+        "--adapter",
+        action="append",
+        required=True,
+        metavar="NAME=PEFT_FOLDER",
+        help="an expert adapter (repeat; gate order = argument order)",
+    )
+    ro.add_argument("--output", required=True, help="composition folder to write")
+    _common(ro)
+    ro.add_argument("--top-k", type=int, default=2)
+    ro.add_argument("--steps", type=int, default=100)
+    ro.add_argument("--batch-size", type=int, default=8)
+    ro.add_argument("--lr", type=float, default=5e-3)
+    ro.add_argument("--balance-weight", type=float, default=0.01)
+    ro.add_argument(
+        "--single-fraction",
+        type=float,
+        default=0.5,
+        help="share of single-domain examples in the mixed training data",
+    )
+    ro.set_defaults(func=_router)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="base model alias or HF folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--checkpoint-every", type=int, default=50)
+
+
+def _command_line() -> str:
+    return "molora " + shlex.join(sys.argv[1:])
+
+
+def _adapter(args: argparse.Namespace) -> int:
+    from molora_runtime.training.adapter import AdapterTrainConfig, train_adapter
+
+    extra = {"target_modules": args.target_modules.split(",")} if args.target_modules else {}
+    cfg = AdapterTrainConfig(
+        model=args.model,
+        domain=args.domain,
+        output=args.output,
+        rank=args.rank,
+        alpha=args.alpha,
+        first_layer=args.first_layer,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        device=args.device,
+        threads=args.threads,
+        checkpoint_every=args.checkpoint_every,
+        **extra,
+    )
+    out = train_adapter(cfg)
+    (out / "command.txt").write_text(_command_line() + "\n")
+    print(f"adapter written to {out}")
+    return 0
+
+
+def _router(args: argparse.Namespace) -> int:
+    from molora_runtime.training.router import RouterTrainConfig, train_router
+
+    adapters: dict[str, str] = {}
+    for item in args.adapter:
+        name, sep, folder = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--adapter {item!r} must be NAME=PEFT_FOLDER")
+        adapters[name] = folder
+    cfg = RouterTrainConfig(
+        model=args.model,
+        adapters=adapters,
+        output=args.output,
+        top_k=args.top_k,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        balance_weight=args.balance_weight,
+        single_fraction=args.single_fraction,
+        seed=args.seed,
+        device=args.device,
+        threads=args.threads,
+        checkpoint_every=args.checkpoint_every,
+    )
+    out = train_router(cfg)
+    (out / "command.txt").write_text(_command_line() + "\n")
+    print(f"composition written to {out}")
+    return 0
