@@ -75,10 +75,7 @@ class LocalCache:
             tmp.mkdir()
             try:
                 for f in manifest.files:
-                    with (tmp / f.path).open("wb") as out:
-                        registry.fetch(manifest, f, out, progress)
-                        out.flush()
-                        os.fsync(out.fileno())
+                    registry.fetch_to(manifest, f, tmp / f.path, progress)
                 (tmp / MANIFEST).write_bytes(manifest.model_dump_json(indent=2).encode())
                 (tmp / LAST_USED).touch()
                 entry.parent.mkdir(parents=True, exist_ok=True)

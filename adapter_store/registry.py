@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import secrets
 import tempfile
 import threading
@@ -230,13 +231,32 @@ class Registry:
         """Stream one file into `out` (or nowhere) and verify its size and sha256."""
         writer = HashingWriter(out)
         try:
-            self.backend.download(blob_key(manifest, entry.path), writer, progress)  # type: ignore[arg-type]
+            self.backend.download(blob_key(manifest, entry.path), writer, progress, entry.size)  # type: ignore[arg-type]
         except ObjectMissingError:
             self.forget(manifest.kind, manifest.name, manifest.version)
             raise NotFoundError(
                 f"{manifest.kind} {manifest.ref}: file {entry.path} is missing from store {self.url} "
                 "(deleted while reading?)"
             ) from None
+        writer.check(entry, f"{manifest.kind} {manifest.ref}")
+
+    def fetch_to(
+        self, manifest: AnyManifest, entry: FileEntry, path: Path, progress: Progress | None = None
+    ) -> None:
+        """Download one file to `path`, then verify size and sha256 (and flush it to disk)."""
+        try:
+            self.backend.download_to(blob_key(manifest, entry.path), path, progress, entry.size)
+        except ObjectMissingError:
+            self.forget(manifest.kind, manifest.name, manifest.version)
+            raise NotFoundError(
+                f"{manifest.kind} {manifest.ref}: file {entry.path} is missing from store {self.url} "
+                "(deleted while reading?)"
+            ) from None
+        writer = HashingWriter()
+        with path.open("rb") as fh:
+            while block := fh.read(4 * 1024 * 1024):
+                writer.write(block)
+            os.fsync(fh.fileno())
         writer.check(entry, f"{manifest.kind} {manifest.ref}")
 
     def verify(self, manifest: AnyManifest, progress: Progress | None = None) -> list[str]:

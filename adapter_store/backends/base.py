@@ -29,8 +29,16 @@ class Backend(Protocol):
 
     def upload_file(self, key: str, path: Path, progress: Progress | None = None) -> None: ...
 
-    def download(self, key: str, out: BinaryIO, progress: Progress | None = None) -> None:
-        """Stream the object, in order, into `out.write`."""
+    def download(
+        self, key: str, out: BinaryIO, progress: Progress | None = None, size: int | None = None
+    ) -> None:
+        """Stream the object, in order, into `out.write` (`size`, if known, saves a HEAD)."""
+        ...
+
+    def download_to(
+        self, key: str, path: Path, progress: Progress | None = None, size: int | None = None
+    ) -> None:
+        """Write the object to `path` (which the caller owns and removes on failure)."""
         ...
 
     def list_keys(self, prefix: str) -> list[str]:

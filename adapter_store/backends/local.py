@@ -85,7 +85,9 @@ class LocalBackend:
         tmp = self._write_tmp(dest, copy)
         os.replace(tmp, dest)
 
-    def download(self, key: str, out: BinaryIO, progress: Progress | None = None) -> None:
+    def download(
+        self, key: str, out: BinaryIO, progress: Progress | None = None, size: int | None = None
+    ) -> None:
         self._check_root()
         try:
             src = self._path(key).open("rb")
@@ -96,6 +98,12 @@ class LocalBackend:
                 out.write(block)
                 if progress:
                     progress(len(block))
+
+    def download_to(
+        self, key: str, path: Path, progress: Progress | None = None, size: int | None = None
+    ) -> None:
+        with path.open("wb") as out:
+            self.download(key, out, progress, size)
 
     def list_keys(self, prefix: str) -> list[str]:
         self._check_root()

@@ -141,7 +141,13 @@ class S3Backend:
             key,
         )
 
-    def download(self, key: str, out: BinaryIO, progress: Progress | None = None) -> None:
+    def download(
+        self, key: str, out: BinaryIO, progress: Progress | None = None, size: int | None = None
+    ) -> None:
+        if size is not None and size < self.transfer.multipart_threshold:
+            # Size known from the manifest: one GET, no HEAD round trip as s3transfer would do.
+            self._guard(lambda: self._get_stream(key, out, progress), key)
+            return
         self._guard(
             lambda: self.client.download_fileobj(
                 self.bucket,
@@ -152,6 +158,28 @@ class S3Backend:
             ),
             key,
         )
+
+    def download_to(
+        self, key: str, path: Path, progress: Progress | None = None, size: int | None = None
+    ) -> None:
+        if size is not None and size < self.transfer.multipart_threshold:
+            with path.open("wb") as out:
+                self._guard(lambda: self._get_stream(key, out, progress), key)
+            return
+        # Big objects: s3transfer's parallel ranged GETs written at their offsets.
+        self._guard(
+            lambda: self.client.download_file(
+                self.bucket, self._key(key), str(path), Callback=progress, Config=self.transfer
+            ),
+            key,
+        )
+
+    def _get_stream(self, key: str, out: BinaryIO, progress: Progress | None) -> None:
+        body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        for chunk in body.iter_chunks(1024 * 1024):
+            out.write(chunk)
+            if progress:
+                progress(len(chunk))
 
     def _pages(self, **kwargs: Any) -> list[dict[str, Any]]:
         paginator = self.client.get_paginator("list_objects_v2")
