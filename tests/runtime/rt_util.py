@@ -165,7 +165,7 @@ def _collect(res: dict[str, Any], out: GenerationOutput) -> None:
 
 def request(
     rid: str,
-    prompt: list[int] | None = None,
+    prompt_ids: list[int] | None = None,
     route: Any = None,
     max_tokens: int = 8,
     **kwargs: Any,
@@ -173,8 +173,8 @@ def request(
     from molora_runtime.engine.llm import as_route
 
     sampling = kwargs.pop("sampling", None) or SamplingParams(max_tokens=max_tokens)
-    if prompt is not None:
-        kwargs["prompt_token_ids"] = prompt
+    if prompt_ids is not None:
+        kwargs["prompt_token_ids"] = prompt_ids
     return GenerationRequest(request_id=rid, route=as_route(route), sampling=sampling, **kwargs)
 
 
