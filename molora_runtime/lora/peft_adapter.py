@@ -49,7 +49,7 @@ class AdapterWeights:
 
 def _pattern_value(patterns: dict[str, float], key: str, default: float) -> float:
     for pattern, value in patterns.items():
-        if re.match(rf"(.*\.)?{pattern}$", key):
+        if re.match(rf"(.*\.)?({pattern})$", key):  # as peft.utils.other.get_pattern_key
             return value
     return default
 

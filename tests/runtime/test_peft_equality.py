@@ -118,3 +118,29 @@ def test_smollm2_mixed_batch_equals_peft(smollm2) -> None:
     for i in range(4):
         assert got[f"smol{i}"]["tokens"] == expected[i], f"route {routes[i]}"
     assert len({tuple(t) for t in expected}) == 4
+
+
+def test_regex_rank_and_alpha_patterns_equal_peft(tiny_llama: Path, tmp_path: Path) -> None:
+    """PEFT matches pattern keys as whole regexes (`(.*\\.)?(key)$`), alternations included."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.runtime.rt_util import build_engine, make_peft_adapter
+
+    folder = make_peft_adapter(
+        tiny_llama,
+        tmp_path / "rx",
+        r=8,
+        alpha=8,
+        seed=9,
+        rank_pattern={"q_proj|v_proj": 2, r"layers\.1\.mlp\.(up|down)_proj": 5},
+        alpha_pattern={"k_proj|o_proj": 30},
+    )
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    pm = PeftModel.from_pretrained(base, str(folder), adapter_name="rx").eval()
+    prompt = random_prompts(1, 256, [10], seed=3)[0]
+    got = run_to_completion(
+        build_engine(tiny_llama, {"rx": folder}), [request("x", prompt, "rx", 8)]
+    )
+    assert got["x"]["error"] is None
+    assert got["x"]["tokens"] == peft_tokens(pm, [prompt], ["rx"], 8, None)[0]
