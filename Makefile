@@ -24,7 +24,8 @@ models: install
 	$(VENV)/bin/molora models prepare
 
 serve: models
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 $(VENV)/bin/serve run serve_config.yaml
+	# A local single-machine server: Ray on loopback, no cluster auth token.
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled $(VENV)/bin/serve run serve_config.yaml
 
 test: models
 	bash scripts/test_services.sh

@@ -182,22 +182,9 @@ class ModelReplica:
         ):
             if delta := self._delta(name, value):
                 metrics.hotset_counter(name).inc(delta)
-        for seconds in self._drain_load_latencies():
+        for seconds in self._engine.pop_load_latencies():
             metrics.hotset_load_latency().observe(seconds)
         self._export_gates(self._engine.pop_gate_stats())
-
-    def _drain_load_latencies(self) -> list[float]:
-        """Adapter load times the hot-set recorded since the last export.
-
-        The engine keeps them on its hot-set counters (no public accessor yet); slicing then
-        deleting the prefix keeps appends from the step thread that land meanwhile.
-        """
-        counters = self._engine.engine.hot_set.counters
-        pending = counters.load_seconds
-        n = len(pending)
-        taken = pending[:n]
-        del pending[:n]
-        return taken
 
     def _expert_names(self, composition: str) -> list[str]:
         """Gate order of a composition's experts (read once from its composition.json)."""

@@ -4,8 +4,8 @@
 #   scripts/gpu_check.sh [OUT_DIR]     (default benchmarks/results)
 #   QUICK=1 scripts/gpu_check.sh       reduced benchmark grid
 # Writes OUT_DIR/gpu_checks.json, OUT_DIR/kernels_cuda.json and OUT_DIR/gpu_check_summary.json.
-# Time: checks capped at 180 s, benchmark at 300 s (it stops its grid early and keeps what it
-# measured), so the whole script ends within 8 minutes.
+# Time: checks capped at 180 s, kernel benchmark at 300 s (it stops its grid early and keeps what
+# it measured), engine decode-step benchmark at 120 s: under 10 minutes in the worst case.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +26,11 @@ bench_args=(--device cuda --max-seconds 270 --out "$OUT/kernels_cuda.json")
 if [[ "${QUICK:-0}" == "1" ]]; then bench_args+=(--quick); fi
 timeout 300 "$PY" benchmarks/kernels.py "${bench_args[@]}"
 bench_rc=$?
+
+# Engine level: decode-step p50/p99 with CUDA graphs vs eager, steady vs adapter churn.
+timeout 120 "$PY" -m benchmarks.decode_step --device cuda --batch 32 --out "$OUT/decode_step_cuda.json"
+step_rc=$?
+[[ $bench_rc -eq 0 ]] && bench_rc=$step_rc
 
 elapsed=$(( $(date +%s) - start ))
 "$PY" - "$OUT" "$checks_rc" "$bench_rc" "$elapsed" <<'PYEOF'

@@ -48,6 +48,9 @@ class AsyncEngine:
     def pop_gate_stats(self) -> dict[str, list[list[int]]]:
         return self.engine.pop_gate_stats()
 
+    def pop_load_latencies(self) -> list[float]:
+        return self.engine.pop_load_latencies()
+
     def validate_request(self, req: GenerationRequest) -> None:
         self.engine.validate_request(req)
 

@@ -212,6 +212,17 @@ class LLMEngine:
             compositions=self.hot_set.compositions(),
         )
 
+    def pop_load_latencies(self) -> list[float]:
+        """Adapter load times (seconds) recorded since the last call (for the metrics exporter).
+
+        Slicing then deleting the prefix keeps appends that land meanwhile from the step thread.
+        """
+        pending = self.hot_set.counters.load_seconds
+        n = len(pending)
+        taken = pending[:n]
+        del pending[:n]
+        return taken
+
     def pop_gate_stats(self) -> dict[str, list[list[int]]]:
         """Per composition, [layer][expert] token counts since the last call."""
         out = {k: v.long().tolist() for k, v in self._gate_stats.items()}
