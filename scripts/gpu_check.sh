@@ -4,8 +4,8 @@
 #   scripts/gpu_check.sh [OUT_DIR]     (default benchmarks/results)
 #   QUICK=1 scripts/gpu_check.sh       reduced benchmark grid
 # Writes OUT_DIR/gpu_checks.json, OUT_DIR/kernels_cuda.json and OUT_DIR/gpu_check_summary.json.
-# Time: checks capped at 180 s, kernel benchmark at 300 s (it stops its grid early and keeps what
-# it measured), engine decode-step benchmark at 120 s: under 10 minutes in the worst case.
+# Time: checks capped at 150 s, kernel benchmark at 230 s (it stops its grid early and keeps what
+# it measured), engine decode-step benchmark at 90 s: under 8 minutes in the worst case.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,16 +19,16 @@ unset TRITON_INTERPRET MOLORA_KERNEL_BACKEND
 "$PY" -c 'import torch, triton; assert torch.cuda.is_available(), "no CUDA device"; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)' || exit 2
 
 start=$(date +%s)
-timeout 180 "$PY" -m tests.gpu.run_checks --out "$OUT/gpu_checks.json"
+timeout 150 "$PY" -m tests.gpu.run_checks --out "$OUT/gpu_checks.json"
 checks_rc=$?
 
-bench_args=(--device cuda --max-seconds 270 --out "$OUT/kernels_cuda.json")
+bench_args=(--device cuda --max-seconds 200 --out "$OUT/kernels_cuda.json")
 if [[ "${QUICK:-0}" == "1" ]]; then bench_args+=(--quick); fi
-timeout 300 "$PY" benchmarks/kernels.py "${bench_args[@]}"
+timeout 230 "$PY" benchmarks/kernels.py "${bench_args[@]}"
 bench_rc=$?
 
 # Engine level: decode-step p50/p99 with CUDA graphs vs eager, steady vs adapter churn.
-timeout 120 "$PY" -m benchmarks.decode_step --device cuda --batch 32 --out "$OUT/decode_step_cuda.json"
+timeout 90 "$PY" -m benchmarks.decode_step --device cuda --batch 32 --steps 30 --out "$OUT/decode_step_cuda.json"
 step_rc=$?
 [[ $bench_rc -eq 0 ]] && bench_rc=$step_rc
 
