@@ -61,7 +61,7 @@ class Gates:
         return {"gate.weight": self.weight, "gate.bias": self.bias}
 
     def table(self) -> GateTable:
-        L, K, _ = self.weight.shape
+        K = self.weight.shape[1]
         device = self.weight.device
         return GateTable(
             weight=self.weight.unsqueeze(0),

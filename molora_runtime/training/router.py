@@ -35,7 +35,9 @@ class RouterTrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = DEFAULT_MODEL
-    adapters: dict[str, str] = Field(description="expert name -> PEFT folder, in gate order")
+    adapters: dict[str, str] = Field(
+        description="expert ref (`domain` or `domain@version`) -> PEFT folder, in gate order"
+    )
     output: str
     top_k: int = Field(2, ge=1, description="the composition's serving top-k")
     temperature: float = Field(1.0, gt=0)
@@ -53,7 +55,7 @@ class RouterTrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RouterTrainConfig:
-        unknown = sorted(set(self.adapters) - set(DOMAINS))
+        unknown = sorted(set(self.domains()) - set(DOMAINS))
         if unknown:
             raise ValueError(
                 f"adapters {unknown} name no training domain; experts must be named after "
@@ -62,6 +64,10 @@ class RouterTrainConfig(BaseModel):
         if self.top_k > len(self.adapters):
             raise ValueError(f"top_k={self.top_k} exceeds the {len(self.adapters)} adapters")
         return self
+
+    def domains(self) -> list[str]:
+        """The training domain of each expert: its ref without the version."""
+        return [ref.split("@", 1)[0] for ref in self.adapters]
 
     def resume_key(self) -> dict:
         return self.model_dump(exclude={"output", "checkpoint_every", "device", "threads"})
@@ -132,15 +138,16 @@ def train_gates(
     entropy_weight: float = 0.01,
     temperature: float = 1.0,
     start: int = 0,
+    stop: int | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     on_step=None,
     label: str = "router",
 ) -> torch.optim.Optimizer:
-    """Optimise only the gate tensors over `batches` (one step each), from step `start`."""
+    """Optimise only the gate tensors over `batches` (one step each), steps [start, stop)."""
     params = list(gates.params().values())
     optimizer = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     progress = Progress(len(batches), start=start, label=label)
-    for step in range(start, len(batches)):
+    for step in range(start, len(batches) if stop is None else stop):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, len(batches), warmup, lr)
         loss, parts = routed_loss(
@@ -206,7 +213,7 @@ def train_router(cfg: RouterTrainConfig) -> Path:
     gates = Gates.init(arch.num_layers, len(cfg.adapters), arch.hidden_size, cfg.seed, device)
 
     examples = router_examples(
-        list(cfg.adapters), cfg.steps * cfg.batch_size, cfg.seed, cfg.single_fraction
+        cfg.domains(), cfg.steps * cfg.batch_size, cfg.seed, cfg.single_fraction
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = [

@@ -117,3 +117,27 @@ def test_gate_training_is_deterministic() -> None:
         train_gates(lm, gates, synthetic_batches(lm, steps=3, batch=4, seed=5), lr=0.01)
         results.append(gates.weight.detach().clone())
     assert torch.equal(results[0], results[1])
+
+
+def test_resume_from_checkpoint_matches_straight_run(tmp_path) -> None:
+    from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
+
+    def setup():
+        lm = tiny_model()
+        attach_experts(lm, [random_expert(lm, "low", 1), random_expert(lm, "high", 2)])
+        gates = Gates.init(lm.arch.num_layers, K, lm.arch.hidden_size, seed=3)
+        return lm, gates, synthetic_batches(lm, steps=6, batch=4, seed=5)
+
+    lm, gates, batches = setup()
+    train_gates(lm, gates, batches, lr=0.01)
+    straight = gates.weight.detach().clone()
+
+    lm, gates, batches = setup()
+    opt = train_gates(lm, gates, batches, lr=0.01, stop=3)  # interrupted after step 3
+    save_checkpoint(tmp_path, 3, gates.params(), opt, {"run": 1})
+    lm, gates, batches = setup()
+    opt = torch.optim.AdamW(gates.params().values(), lr=0.01, weight_decay=0.0)
+    meta = load_checkpoint(tmp_path, gates.params(), opt, {"run": 1})
+    assert meta is not None and meta["step"] == 3
+    train_gates(lm, gates, batches, lr=0.01, start=3, optimizer=opt)
+    assert torch.allclose(gates.weight, straight, atol=1e-6)

@@ -1,0 +1,102 @@
+"""Where a trained composition sends tokens: per-domain, per-layer top-1 adapter shares.
+
+Runs gold (teacher-forced) answers through the serving model with the composition's learned
+route and records each layer's per-token table; answer tokens are labelled with the domain of
+the line they belong to, so mixed prompts show whether each segment reaches its own adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from molora_runtime.lora.composition import Composition
+from molora_runtime.model.attention_meta import DenseAttention
+from molora_runtime.model.decoder import CausalLM
+from molora_runtime.training.batching import end_of_turn, render_prompt
+from molora_runtime.training.data import Example
+from molora_runtime.training.experts import Gates, learned_context
+
+
+def labelled_tokens(tokenizer, example: Example) -> tuple[list[int], list[str | None]]:
+    """Prompt + gold answer ids, each answer token tagged with its line's domain."""
+    ids = tokenizer(render_prompt(tokenizer, example), add_special_tokens=False)["input_ids"]
+    tags: list[str | None] = [None] * len(ids)
+    lines = example.answer_lines()
+    for i, (task, line) in enumerate(zip(example.tasks, lines, strict=True)):
+        text = ("\n" if i else "") + line + (end_of_turn(tokenizer) if i == len(lines) - 1 else "")
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        tags += [task.domain] * len(piece)
+    return ids, tags
+
+
+@torch.no_grad()
+def gate_shares(
+    lm: CausalLM,
+    composition: Composition,
+    tokenizer,
+    examples: Sequence[Example],
+    top_k: int | None = None,
+) -> tuple[dict[str, list[list[float]]], float]:
+    """{domain: [layer][expert] share of answer tokens whose top-1 is that expert}, and the
+    fraction of (answer token, layer) pairs whose top-1 is the token's own-domain expert."""
+    experts = [ref.split("@", 1)[0] for ref in composition.config.adapters]  # domains
+    gates = Gates(
+        weight=torch.nn.Parameter(composition.gate_weight, requires_grad=False),
+        bias=torch.nn.Parameter(
+            composition.gate_bias
+            if composition.gate_bias is not None
+            else torch.zeros(composition.gate_weight.shape[:2]),
+            requires_grad=False,
+        ),
+    )
+    k = top_k or composition.config.top_k
+    L, K = composition.gate_weight.shape[:2]
+    counts = {d: torch.zeros(L, K) for d in experts}
+    own_hits = own_total = 0
+    for example in examples:
+        ids, tags = labelled_tokens(tokenizer, example)
+        ctx = learned_context(
+            gates,
+            len(ids),
+            top_k=k,
+            temperature=composition.config.temperature,
+            record_layers=True,
+        )
+        meta = DenseAttention(batch=1, seq_len=len(ids), positions=torch.arange(len(ids)))
+        lm.hidden_states(torch.tensor(ids), meta, None, ctx)
+        top1 = torch.stack([slots[:, 0] for slots, _ in ctx.layer_tables]) - 1  # [L, T]
+        for t, tag in enumerate(tags):
+            if tag is None or tag not in counts:
+                continue
+            counts[tag][torch.arange(L), top1[:, t]] += 1
+            own = experts.index(tag)
+            own_hits += int((top1[:, t] == own).sum())
+            own_total += L
+    shares = {d: (c / c.sum(1, keepdim=True).clamp(min=1)).tolist() for d, c in counts.items()}
+    return shares, own_hits / max(own_total, 1)
+
+
+def plot_gate_shares(shares: dict[str, list[list[float]]], experts: list[str], path: Path) -> None:
+    """One heat map per domain: layers on x, experts on y, colour = share of top-1 picks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(shares), 1, figsize=(10, 1.3 * len(shares) + 1), sharex=True)
+    for ax, (domain, grid) in zip(axes, shares.items(), strict=True):
+        im = ax.imshow(
+            torch.tensor(grid).t().numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis"
+        )
+        ax.set_yticks(range(len(experts)), experts, fontsize=7)
+        ax.set_ylabel(domain, fontsize=8)
+    axes[-1].set_xlabel("decoder layer")
+    fig.suptitle("learned gate: share of answer tokens routed (top-1) to each adapter")
+    fig.colorbar(im, ax=axes, shrink=0.8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
