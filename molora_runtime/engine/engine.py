@@ -178,7 +178,9 @@ class LLMEngine:
         if prompt_ids is None:
             prompt_ids = self.validate_request(req)
         with self._lock:
-            if len(self.waiting) + len(self._incoming) >= self.config.max_queue_len:
+            # Requests that will start at the next step (free KV rows) do not count as queued.
+            capacity = self.config.max_queue_len + len(self._free_rows)
+            if len(self.waiting) + len(self._incoming) >= capacity:
                 raise EngineOverloadedError(
                     f"{self.config.max_queue_len} requests are already waiting; retry later"
                 )
