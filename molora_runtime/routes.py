@@ -17,16 +17,16 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-ADAPTER_REF_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}(@[A-Za-z0-9][A-Za-z0-9._-]{0,63})?$")
+from adapter_store.errors import InvalidInputError
+from adapter_store.names import parse_ref
 
 
 def check_ref(ref: str) -> str:
-    """Validate an adapter/composition reference `name` or `name@version`."""
-    if not isinstance(ref, str) or not ADAPTER_REF_PATTERN.match(ref):
-        raise ValueError(
-            f"invalid adapter reference {ref!r}: expected 'name' or 'name@version' with a name "
-            "of lowercase letters, digits, '.', '_' or '-' (at most 64 characters)"
-        )
+    """Validate an adapter/composition reference `name` or `name@version` (the store's rules)."""
+    try:
+        parse_ref(ref)
+    except InvalidInputError as exc:
+        raise ValueError(str(exc)) from None
     return ref
 
 
