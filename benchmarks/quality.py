@@ -38,8 +38,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--store", default=str(DEFAULT_STORE), help="adapter store (local dir)")
     p.add_argument("--adapter", action="append", default=[], metavar="NAME=FOLDER")
     p.add_argument("--composition", default=None, help="composition folder (else from store)")
-    p.add_argument("--per-domain", type=int, default=24, help="single-domain eval prompts each")
-    p.add_argument("--mixed-per-pair", type=int, default=3, help="mixed prompts per domain pair")
+    p.add_argument("--per-domain", type=int, default=16, help="single-domain eval prompts each")
+    p.add_argument("--mixed-per-pair", type=int, default=2, help="mixed prompts per domain pair")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="auto")
@@ -159,8 +159,9 @@ def main() -> None:
         compositions={COMPOSITION: composition},
         dtype="float32",
         device=args.device,
-        max_num_seqs=48,
-        max_num_batched_tokens=2048,
+        max_num_seqs=96,
+        max_num_batched_tokens=8192,
+        max_model_len=512,
         hot_set={"num_slots": max(8, len(names) + 1)},
     )
     tokenizer = llm.tokenizer

@@ -22,6 +22,7 @@ from molora_runtime.training.batching import answer_loss, collate, encode_exampl
 from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
 from molora_runtime.training.data import DOMAINS, domain_examples
 from molora_runtime.training.progress import Progress
+from molora_runtime.training.record import write_card
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -153,10 +154,15 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
     return out
 
 
+def public_config(cfg: AdapterTrainConfig) -> AdapterTrainConfig:
+    """The config as recorded: output folder shown by name only (no machine paths)."""
+    return cfg.model_copy(update={"output": Path(cfg.output).name})
+
+
 def save_peft_folder(model, out: Path, cfg: AdapterTrainConfig) -> None:
     """Write a standard PEFT folder, weights cast to `save_dtype`, base named by alias not path."""
     model.save_pretrained(str(out))
-    (out / "README.md").unlink(missing_ok=True)  # PEFT's model card embeds local paths
+    # PEFT's own model card embeds local paths; ours (README.md) replaces it below.
     weights = out / ADAPTER_WEIGHTS
     dtype = getattr(torch, cfg.save_dtype)
     tensors = {k: v.to(dtype).contiguous() for k, v in load_file(str(weights)).items()}
@@ -165,4 +171,4 @@ def save_peft_folder(model, out: Path, cfg: AdapterTrainConfig) -> None:
     conf = json.loads(conf_path.read_text())
     conf["base_model_name_or_path"] = cfg.model
     conf_path.write_text(json.dumps(conf, indent=2) + "\n")
-    (out / "training_config.json").write_text(cfg.model_dump_json(indent=2) + "\n")
+    write_card(out, f"LoRA adapter `{cfg.domain}`", public_config(cfg))

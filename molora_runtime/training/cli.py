@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
 from molora_runtime.config import DEFAULT_MODEL
 
@@ -61,11 +62,14 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _command_line() -> str:
-    return "molora " + shlex.join(sys.argv[1:])
+    """The command as typed, with the home directory shown as `~` (no machine paths recorded)."""
+    home = str(Path.home())
+    return "molora " + shlex.join(a.replace(home, "~") for a in sys.argv[1:])
 
 
 def _adapter(args: argparse.Namespace) -> int:
-    from molora_runtime.training.adapter import AdapterTrainConfig, train_adapter
+    from molora_runtime.training.adapter import AdapterTrainConfig, public_config, train_adapter
+    from molora_runtime.training.record import write_card
 
     extra = {"target_modules": args.target_modules.split(",")} if args.target_modules else {}
     cfg = AdapterTrainConfig(
@@ -85,13 +89,14 @@ def _adapter(args: argparse.Namespace) -> int:
         **extra,
     )
     out = train_adapter(cfg)
-    (out / "command.txt").write_text(_command_line() + "\n")
+    write_card(out, f"LoRA adapter `{cfg.domain}`", public_config(cfg), _command_line())
     print(f"adapter written to {out}")
     return 0
 
 
 def _router(args: argparse.Namespace) -> int:
-    from molora_runtime.training.router import RouterTrainConfig, train_router
+    from molora_runtime.training.record import write_card
+    from molora_runtime.training.router import RouterTrainConfig, public_config, train_router
 
     adapters: dict[str, str] = {}
     for item in args.adapter:
@@ -115,6 +120,6 @@ def _router(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
     )
     out = train_router(cfg)
-    (out / "command.txt").write_text(_command_line() + "\n")
+    write_card(out, "MoLoRA composition (learned gates)", public_config(cfg), _command_line())
     print(f"composition written to {out}")
     return 0

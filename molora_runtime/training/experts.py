@@ -36,8 +36,12 @@ def attach_experts(lm: CausalLM, experts: list[AdapterWeights]) -> None:
                 A[slot, layer, : a.shape[0]] = a.to(device, dtype)
                 B[slot, layer, :, : b.shape[1]] = b.to(device, dtype)
         buffers[module] = LoRABuffers(A, B)
+    used = {(m, layer) for e in experts for m, layers in e.modules.items() for layer in layers}
     for linear in lm.lora_linears():
-        linear.lora = buffers.get(linear.name)
+        # A projection no expert adapts keeps no buffers: its output is exact without the op,
+        # and backward then never runs through layers below the lowest adapted one.
+        adapted = (linear.name, linear.layer) in used
+        linear.lora = buffers.get(linear.name) if adapted else None
 
 
 @dataclass

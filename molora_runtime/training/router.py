@@ -27,6 +27,7 @@ from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
 from molora_runtime.training.data import DOMAINS, domain_examples, mixed_examples
 from molora_runtime.training.experts import Gates, attach_experts, learned_context
 from molora_runtime.training.progress import Progress
+from molora_runtime.training.record import write_card
 
 
 class RouterTrainConfig(BaseModel):
@@ -194,6 +195,16 @@ def iter_chunks(items: list, size: int) -> Iterator[list]:
         yield items[i : i + size]
 
 
+def public_config(cfg: RouterTrainConfig) -> RouterTrainConfig:
+    """The config as recorded: folders shown by name only (no machine paths)."""
+    return cfg.model_copy(
+        update={
+            "adapters": {ref: Path(f).name for ref, f in cfg.adapters.items()},
+            "output": Path(cfg.output).name,
+        }
+    )
+
+
 def train_router(cfg: RouterTrainConfig) -> Path:
     """Train the gates of a composition over `cfg.adapters` and save the composition folder."""
     from transformers import AutoTokenizer
@@ -257,8 +268,7 @@ def train_router(cfg: RouterTrainConfig) -> Path:
         hidden_size=arch.hidden_size,
     )
     save_composition(out, config, gates.weight, gates.bias)
-    recorded = cfg.model_copy(update={"adapters": dict.fromkeys(cfg.adapters, "<local>")})
-    (out / "training_config.json").write_text(recorded.model_dump_json(indent=2) + "\n")
+    write_card(out, "MoLoRA composition (learned gates)", public_config(cfg))
     if ckpt.exists():
         for f in ckpt.iterdir():
             f.unlink()
