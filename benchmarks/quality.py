@@ -223,12 +223,14 @@ def main() -> None:
 
     comp = load_composition(COMPOSITION, composition)
     lm = load_model(resolve_model_path(args.model))
-    attach_experts(lm, load_experts(lm, {r: adapters[r] for r in comp.config.adapters}))
+    experts = load_experts(lm, {r: adapters[r] for r in comp.config.adapters})
+    attach_experts(lm, experts)
+    layers = sorted({layer for e in experts for m in e.modules.values() for layer in m})
     stat_examples = [e for e in examples if e.kind == "single"][:: max(1, args.per_domain // 8)]
     mixed_stat = [e for e in examples if e.kind == "mixed"]
-    shares, _ = gate_shares(lm, comp, tokenizer, stat_examples, top_k=1)
-    _, own_mixed = gate_shares(lm, comp, tokenizer, mixed_stat, top_k=1)
-    plot_gate_shares(shares, [domain_of(r) for r in comp.config.adapters], Path(args.plot))
+    shares, _ = gate_shares(lm, comp, tokenizer, stat_examples, top_k=1, layers=layers)
+    _, own_mixed = gate_shares(lm, comp, tokenizer, mixed_stat, top_k=1, layers=layers)
+    plot_gate_shares(shares, [domain_of(r) for r in comp.config.adapters], Path(args.plot), layers)
 
     result = {
         "model": args.model,
@@ -243,6 +245,7 @@ def main() -> None:
         "table": table,
         "targets": targets,
         "mixed_answer_tokens_routed_to_own_domain_top1": round(own_mixed, 3),
+        "gate_layers": layers,
         "gate_shares_top1": shares,
         "seconds": round(time.monotonic() - t_start, 1),
         "device": str(llm.engine.device) if hasattr(llm.engine, "device") else args.device,
@@ -251,7 +254,9 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"mixed answer tokens routed to their own domain (top-1, all layers): {own_mixed:.1%}")
+    print(
+        f"mixed answer tokens routed to their own domain (top-1, adapted layers): {own_mixed:.1%}"
+    )
     print(f"wrote {args.out} and {args.plot} in {result['seconds']:.0f}s")
 
 

@@ -25,5 +25,27 @@ def load_arrow_model(
         task_specific_adapter_paths=list(adapter_folders),
         arrow_config=ArrowConfig(top_k=top_k, router_temperature=temperature, rng_seed=0),
     )
+    _skip_unadapted_layers(arrow)
     arrow.eval()
     return arrow, tokenizer
+
+
+def _skip_unadapted_layers(model) -> int:
+    """Switch off Arrow where no task adapter exists (adapters trained on a subset of layers).
+
+    `create_arrow_model` adds its router to every targeted projection; where the task adapters
+    have no weights (their `layers_to_transform` leaves the layer out) it would route over an
+    empty set and fail, while the correct output there is simply the base projection.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    skipped = 0
+    for module in model.modules():
+        if (
+            isinstance(module, LoraLayer)
+            and "arrow_router" in module.lora_A
+            and not any(name.startswith("task_") for name in module.lora_A)
+        ):
+            module._disable_adapters = True
+            skipped += 1
+    return skipped

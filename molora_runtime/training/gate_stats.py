@@ -40,9 +40,12 @@ def gate_shares(
     tokenizer,
     examples: Sequence[Example],
     top_k: int | None = None,
+    layers: Sequence[int] | None = None,
 ) -> tuple[dict[str, list[list[float]]], float]:
     """{domain: [layer][expert] share of answer tokens whose top-1 is that expert}, and the
-    fraction of (answer token, layer) pairs whose top-1 is the token's own-domain expert."""
+    fraction of (answer token, layer) pairs whose top-1 is the token's own-domain expert.
+
+    `layers` limits both to the layers the experts adapt (elsewhere the gate has no effect)."""
     experts = [ref.split("@", 1)[0] for ref in composition.config.adapters]  # domains
     gates = Gates(
         weight=torch.nn.Parameter(composition.gate_weight, requires_grad=False),
@@ -57,6 +60,7 @@ def gate_shares(
     L, K = composition.gate_weight.shape[:2]
     counts = {d: torch.zeros(L, K) for d in experts}
     own_hits = own_total = 0
+    layer_ids = torch.tensor(list(layers) if layers is not None else range(L), dtype=torch.long)
     for example in examples:
         ids, tags = labelled_tokens(tokenizer, example)
         ctx = learned_context(
@@ -74,13 +78,16 @@ def gate_shares(
                 continue
             counts[tag][torch.arange(L), top1[:, t]] += 1
             own = experts.index(tag)
-            own_hits += int((top1[:, t] == own).sum())
-            own_total += L
+            picks = top1[layer_ids, t]
+            own_hits += int((picks == own).sum())
+            own_total += len(layer_ids)
     shares = {d: (c / c.sum(1, keepdim=True).clamp(min=1)).tolist() for d, c in counts.items()}
     return shares, own_hits / max(own_total, 1)
 
 
-def plot_gate_shares(shares: dict[str, list[list[float]]], experts: list[str], path: Path) -> None:
+def plot_gate_shares(
+    shares: dict[str, list[list[float]]], experts: list[str], path: Path, layers: list[int]
+) -> None:
     """One heat map per domain: layers on x, experts on y, colour = share of top-1 picks."""
     import matplotlib
 
@@ -89,12 +96,18 @@ def plot_gate_shares(shares: dict[str, list[list[float]]], experts: list[str], p
 
     fig, axes = plt.subplots(len(shares), 1, figsize=(10, 1.3 * len(shares) + 1), sharex=True)
     for ax, (domain, grid) in zip(axes, shares.items(), strict=True):
+        extent = (layers[0] - 0.5, layers[-1] + 0.5, len(experts) - 0.5, -0.5)
         im = ax.imshow(
-            torch.tensor(grid).t().numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis"
+            torch.tensor(grid).t().numpy(),
+            aspect="auto",
+            vmin=0,
+            vmax=1,
+            cmap="viridis",
+            extent=extent,
         )
         ax.set_yticks(range(len(experts)), experts, fontsize=7)
         ax.set_ylabel(domain, fontsize=8)
-    axes[-1].set_xlabel("decoder layer")
+    axes[-1].set_xlabel("decoder layer (layers the adapters adapt)")
     fig.suptitle("learned gate: share of answer tokens routed (top-1) to each adapter")
     fig.colorbar(im, ax=axes, shrink=0.8)
     path.parent.mkdir(parents=True, exist_ok=True)
