@@ -90,9 +90,10 @@ def route_cases(vocab_size: int) -> dict[str, Any]:
     }
 
 
-def decode_tok_s(
+def decode_step_times(
     engine: LLMEngine, route_fn: Any, batch: int, steps: int, prompt_len: int
-) -> float:
+) -> list[float]:
+    """Per-step seconds of `steps` decode steps of `batch` requests on one route kind."""
     gen = torch.Generator().manual_seed(0)
     for i in range(batch):
         ids = torch.randint(100, 20000, (prompt_len,), generator=gen).tolist()
@@ -107,15 +108,16 @@ def decode_tok_s(
     while any(s.in_prefill for s in engine.running) or engine.waiting or engine._incoming:
         engine.step()
     engine.step()  # first decode step (warm-up)
-    start = time.perf_counter()
+    times = []
     for _ in range(steps):
+        start = time.perf_counter()
         engine.step()
-    elapsed = time.perf_counter() - start
+        times.append(time.perf_counter() - start)
     for s in list(engine.running):
         engine.abort(s.request_id)
     while engine.has_work():
         engine.step()
-    return batch * steps / elapsed
+    return times
 
 
 def per_token_vs_per_sequence(engine: LLMEngine, tokens: int, repeats: int) -> dict[str, float]:
@@ -155,11 +157,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and batch sizes")
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per case")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model_dir = resolve_model_path("smollm2-135m-instruct")
     batches = [1, 8] if args.quick else [1, 8, 32]
-    steps = 8 if args.quick else 24
+    steps = 4 if args.quick else 8
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         adapters = make_adapters(model_dir, work, args.rank)
@@ -179,11 +182,21 @@ def main() -> None:
             for k in (1, 2)
         }
         engine.hot_set.source = DirectorySource(adapters, comps)
+        # Cases are interleaved round by round and each keeps the median step time, so a
+        # neighbour's load on this shared machine spreads over all cases instead of one.
+        cases = route_cases(engine.arch.vocab_size)
+        times: dict[tuple[str, int], list[float]] = {(c, b): [] for c in cases for b in batches}
+        for _ in range(args.rounds):
+            for b in batches:
+                for label, fn in cases.items():
+                    times[(label, b)] += decode_step_times(engine, fn, b, steps, prompt_len=32)
         rows = []
-        for label, fn in route_cases(engine.arch.vocab_size).items():
+        for label in cases:
             row: dict[str, Any] = {"route": label}
             for b in batches:
-                row[f"batch{b}_tok_s"] = decode_tok_s(engine, fn, b, steps, prompt_len=32)
+                median = statistics.median(times[(label, b)])
+                row[f"batch{b}_step_ms"] = median * 1e3
+                row[f"batch{b}_tok_s"] = b / median
             rows.append(row)
         base = rows[0]
         for row in rows:
@@ -191,7 +204,7 @@ def main() -> None:
                 row[f"batch{b}_vs_base"] = row[f"batch{b}_tok_s"] / base[f"batch{b}_tok_s"]
         # The 4-domain prefill needs a cache row as long as the sequence.
         seq_len = 256 if args.quick else 512
-        ratio = per_token_vs_per_sequence(engine, seq_len, repeats=3)
+        ratio = per_token_vs_per_sequence(engine, seq_len, repeats=5)
 
     header = "route".ljust(30) + "".join(
         f"{'b=' + str(b) + ' tok/s':>14}{'×base':>8}" for b in batches
@@ -216,6 +229,9 @@ def main() -> None:
                 "dtype": "float32",
                 "rank": args.rank,
                 "threads": torch.get_num_threads(),
+                "rounds": args.rounds,
+                "steps_per_round": steps,
+                "statistic": "median decode-step time over interleaved rounds",
                 "machine": platform.machine(),
                 "decode": rows,
                 "per_token_vs_per_sequence": ratio,
