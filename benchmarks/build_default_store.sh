@@ -17,9 +17,10 @@ DOMAINS=(arithmetic sorting counting reversal)
 mkdir -p "$WORK/adapters"
 
 # 1. One LoRA per domain, trained independently (in parallel: each uses THREADS threads).
+declare -A STEPS=([arithmetic]=80 [sorting]=200 [counting]=80 [reversal]=200)
 for d in "${DOMAINS[@]}"; do
   $MOLORA train adapter --domain "$d" --output "$WORK/adapters/$d" --rank 8 --first-layer 14 \
-    --steps 80 --batch-size 4 --lr 3e-3 --seed $SEED --device "$DEVICE" \
+    --steps "${STEPS[$d]}" --batch-size 4 --lr 3e-3 --seed $SEED --device "$DEVICE" \
     ${THREADS:+--threads $THREADS} --checkpoint-every 20 > "$WORK/adapters/$d.log" 2>&1 &
 done
 wait
@@ -28,7 +29,7 @@ wait
 ARGS=()
 for d in "${DOMAINS[@]}"; do ARGS+=(--adapter "$d@$VERSION=$WORK/adapters/$d"); done
 $MOLORA train router "${ARGS[@]}" --output "$WORK/molora" --top-k 2 --steps 40 --batch-size 8 \
-  --lr 2e-2 --balance-weight 0.01 --seed $SEED --device "$DEVICE" ${THREADS:+--threads 2} \
+  --lr 2e-2 --balance-weight 0.01 --seed $SEED --device "$DEVICE" ${THREADS:+--threads $THREADS} \
   --checkpoint-every 10
 
 # 3. Publish (bf16 safetensors, checksummed manifests).

@@ -64,7 +64,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _command_line() -> str:
     """The command as typed, with the home directory shown as `~` (no machine paths recorded)."""
     home = str(Path.home())
-    return "molora " + shlex.join(a.replace(home, "~") for a in sys.argv[1:])
+    return ("molora " + shlex.join(sys.argv[1:])).replace(home, "~")
 
 
 def _adapter(args: argparse.Namespace) -> int:
