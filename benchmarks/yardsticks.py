@@ -138,7 +138,8 @@ def run_vllm(
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     proc = subprocess.run(
-        [str(python), str(ROOT / "benchmarks" / "vllm_worker.py"), f.name],
+        # -P: the script folder must not shadow packages (benchmarks/kernels.py vs `kernels`).
+        [str(python), "-P", str(ROOT / "benchmarks" / "vllm_worker.py"), f.name],
         capture_output=True,
         text=True,
         timeout=3600,
