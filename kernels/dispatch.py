@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from kernels.plan import SegmentPlan, routed_lora_planned
 from kernels.reference import REFERENCE_VARIANTS
 
 # CPU choice by token count T and buffer slots S (incl. the zero slot), from
@@ -74,8 +75,15 @@ def routed_lora(
     weights: torch.Tensor,
     *,
     backend: str | None = None,
+    plan: SegmentPlan | None = None,
 ) -> torch.Tensor:
-    """Return the routed LoRA delta [T, d_out] for x [T, d_in]; see the package docstring."""
+    """Return the routed LoRA delta [T, d_out] for x [T, d_in]; see the package docstring.
+
+    `plan` (from `kernels.plan.build_segment_plan(slot_ids, weights)`, built once per routing
+    table) lets the CPU path skip re-sorting tokens by slot in every projection.
+    """
+    if plan is not None and not x.is_cuda and backend is None:
+        return routed_lora_planned(x, A, B, plan)
     name = select_backend(x, A.shape[0], (A, B, weights), backend)
     if name == "triton":
         _check_triton_device(x)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.plan import SegmentPlan, build_segment_plan
+
 
 @dataclass
 class GateTable:
@@ -44,6 +46,17 @@ class LoRAContext:
     layer_tables: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     gate_logits: list[torch.Tensor] = field(default_factory=list)
     _static: tuple[torch.Tensor, torch.Tensor] | None = None
+    _plan: tuple[torch.Tensor, torch.Tensor, SegmentPlan] | None = None
+
+    def segment_plan(self) -> SegmentPlan | None:
+        """The current table grouped by slot (CPU path), built once per table, not per linear."""
+        if self.slot_ids.is_cuda:
+            return None
+        cached = self._plan
+        if cached is None or cached[0] is not self.slot_ids or cached[1] is not self.weights:
+            cached = (self.slot_ids, self.weights, build_segment_plan(self.slot_ids, self.weights))
+            self._plan = cached
+        return cached[2]
 
     @property
     def has_learned(self) -> bool:

@@ -97,4 +97,5 @@ class LoRALinear(nn.Module):
             return y
         A = self.lora.A[:, self.layer]
         B = self.lora.B[:, self.layer]
-        return y + routed_lora(x, A, B, ctx.slot_ids, ctx.weights).to(y.dtype)
+        delta = routed_lora(x, A, B, ctx.slot_ids, ctx.weights, plan=ctx.segment_plan())
+        return y + delta.to(y.dtype)
