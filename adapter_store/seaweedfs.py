@@ -45,12 +45,22 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _ephemeral_low() -> int:
+    """First port the kernel hands out for outgoing connections (those can take ours)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(n: int) -> list[int]:
-    """Ports p with p and p+10000 free (some SeaweedFS parts derive gRPC ports as +10000)."""
+    """Ports p with p and p+10000 free (some SeaweedFS parts derive gRPC ports as +10000),
+    below the ephemeral range so no outgoing connection grabs one before weed binds it."""
     chosen: list[int] = []
     rng = secrets.SystemRandom()
+    high = max(10100, _ephemeral_low() - 10000)
     while len(chosen) < n:
-        port = rng.randrange(20000, 55000)
+        port = rng.randrange(10000, high)
         if port in chosen or port + 10000 in chosen:
             continue
         if _bindable(port) and _bindable(port + 10000):
@@ -80,7 +90,18 @@ class SeaweedFS:
             "AWS_ENDPOINT_URL_S3": self.endpoint_url,
         }
 
-    def start(self, timeout_s: float = 90.0) -> SeaweedFS:
+    def start(self, timeout_s: float = 90.0, attempts: int = 3) -> SeaweedFS:
+        """Start and wait until S3 answers; a port lost to a race is retried on fresh ports."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError:
+                lost_port = "address already in use" in self.log_path.read_text(errors="replace")
+                if not lost_port or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> SeaweedFS:
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
         identity = {
