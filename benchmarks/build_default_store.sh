@@ -6,7 +6,8 @@
 # Usage: bash benchmarks/build_default_store.sh [WORK_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WORK=${1:-${MOLORA_HOME:-$HOME/.cache/molora}/work}
+# Cards record commands with the home folder as `~`, so the default keeps them machine-free.
+WORK=${1:-${MOLORA_HOME:-$HOME/.cache/molora}/train}
 STORE=deployments/default_store
 VERSION=v1
 SEED=0

@@ -189,10 +189,10 @@ class ModelReplica:
     def _expert_names(self, composition: str) -> list[str]:
         """Gate order of a composition's experts (read once from its composition.json)."""
         if composition not in self._experts:
-            from molora_runtime.lora.composition import load_composition
+            from molora_runtime.lora.composition import read_composition_config
 
             folder = self._source.composition_path(composition)
-            self._experts[composition] = list(load_composition(composition, folder).config.adapters)
+            self._experts[composition] = list(read_composition_config(composition, folder).adapters)
         return self._experts[composition]
 
     def _export_gates(self, gate_stats: dict[str, list[list[int]]]) -> None:

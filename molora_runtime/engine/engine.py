@@ -34,6 +34,7 @@ from molora_runtime.errors import (
     HotSetFullError,
     InvalidRequestError,
 )
+from molora_runtime.lora.composition import CompositionError, read_composition_config
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.routing import RouteSegment, build_lora_context, check_route_width
@@ -159,9 +160,10 @@ class LLMEngine:
         needed = list(route.adapters())
         if isinstance(route, LearnedRoute):
             folder = self.hot_set.source.composition_path(route.composition)
-            from molora_runtime.lora.composition import load_composition
-
-            comp_config = load_composition(route.composition, folder).config
+            try:
+                comp_config = read_composition_config(route.composition, folder)
+            except CompositionError as exc:
+                raise AdapterLoadError(str(exc)) from exc
             comp_top_k = comp_config.top_k
             needed = list(dict.fromkeys(needed + comp_config.adapters))
         check_route_width(route, self.width, comp_top_k)
@@ -378,12 +380,17 @@ class LLMEngine:
             logits, [s.request.sampling for s in sampled_seqs], [s.generator for s in sampled_seqs]
         )
         now = time.monotonic()
+        slot_names = (
+            self._slot_names() if any(s.request.return_attribution for s in sampled_seqs) else {}
+        )
         for i, (seq, token) in enumerate(zip(sampled_seqs, tokens, strict=True)):
             seq.output_ids.append(token)
             if seq.first_token_at is None:
                 seq.first_token_at = now
             if seq.request.return_attribution:
-                seq.attribution.append(self._attribution(ctx, batch.logits_index[i], token))
+                seq.attribution.append(
+                    self._attribution(ctx, batch.logits_index[i], token, slot_names)
+                )
             reason = self._check_stop(seq, token)
             if reason is not None:
                 self._finish(seq, reason, outputs)
@@ -480,16 +487,18 @@ class LLMEngine:
     def _slot_names(self) -> dict[int, str]:
         return {self.hot_set.slot_of(n): n for n in self.hot_set.loaded()}
 
-    def _attribution(self, ctx: LoRAContext | None, index: int, token: int) -> TokenAttribution:
+    def _attribution(
+        self, ctx: LoRAContext | None, index: int, token: int, names: dict[int, str]
+    ) -> TokenAttribution:
         if ctx is None or not ctx.layer_tables:
             return TokenAttribution(token_id=token, adapters={})
-        names = self._slot_names()
         slots = torch.stack([t[0][index] for t in ctx.layer_tables]).cpu()
         weights = torch.stack([t[1][index] for t in ctx.layer_tables]).float().cpu()
         totals: dict[str, float] = {}
         for s, w in zip(slots.flatten().tolist(), weights.flatten().tolist(), strict=True):
             if s > 0 and w != 0.0:
-                totals[names.get(s, f"slot{s}")] = totals.get(names.get(s, f"slot{s}"), 0.0) + w
+                name = names.get(s, f"slot{s}")
+                totals[name] = totals.get(name, 0.0) + w
         n_layers = len(ctx.layer_tables)
         return TokenAttribution(
             token_id=token, adapters={k: round(v / n_layers, 4) for k, v in totals.items()}

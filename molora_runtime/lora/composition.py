@@ -9,7 +9,6 @@ A composition folder holds:
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,19 +62,26 @@ class Composition:
     gate_bias: torch.Tensor | None  # [L, K]
 
 
-def load_composition(name: str, folder: str | Path) -> Composition:
-    """Load and validate a composition folder; errors name the composition and the problem."""
-    folder = Path(folder)
-    cfg_path, gates_path = folder / COMPOSITION_CONFIG, folder / GATES_FILE
-    for path in (cfg_path, gates_path):
-        if not path.is_file():
-            raise CompositionError(f"composition {name!r}: missing file {path.name} in {folder}")
+def read_composition_config(name: str, folder: str | Path) -> CompositionConfig:
+    """Parse only `composition.json` (experts, top-k): what request validation needs."""
+    cfg_path = Path(folder) / COMPOSITION_CONFIG
+    if not cfg_path.is_file():
+        raise CompositionError(f"composition {name!r}: missing file {cfg_path.name} in {folder}")
     try:
-        config = CompositionConfig.model_validate(json.loads(cfg_path.read_text()))
+        return CompositionConfig.model_validate(json.loads(cfg_path.read_text()))
     except (ValidationError, json.JSONDecodeError) as exc:
         raise CompositionError(
             f"composition {name!r}: invalid {COMPOSITION_CONFIG}: {exc}"
         ) from exc
+
+
+def load_composition(name: str, folder: str | Path) -> Composition:
+    """Load and validate a composition folder; errors name the composition and the problem."""
+    folder = Path(folder)
+    config = read_composition_config(name, folder)
+    gates_path = folder / GATES_FILE
+    if not gates_path.is_file():
+        raise CompositionError(f"composition {name!r}: missing file {GATES_FILE} in {folder}")
     tensors = load_file(str(gates_path))
     if "gate.weight" not in tensors:
         raise CompositionError(f"composition {name!r}: {GATES_FILE} lacks 'gate.weight'")
@@ -113,7 +119,3 @@ def save_composition(
     save_file(tensors, str(folder / GATES_FILE))
     (folder / COMPOSITION_CONFIG).write_text(config.model_dump_json(indent=2) + "\n")
     return folder
-
-
-def gate_temperature_ok(value: float) -> bool:
-    return math.isfinite(value) and value > 0
