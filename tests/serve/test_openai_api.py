@@ -284,9 +284,10 @@ async def test_client_disconnect_frees_the_request(app_url):
                     break
         # The connection is closed mid-stream: the engine must drop the request at once.
         closed = time.monotonic()
-    await _engine_idle(timeout=full_s)
+    await _engine_idle(timeout=2 * full_s)
     freed_s = time.monotonic() - closed
-    assert freed_s < 0.5 * full_s, (freed_s, full_s)
+    # Left running, the request would need about full_s more; freed, it ends within a few steps.
+    assert freed_s < 0.8 * full_s, (freed_s, full_s)
 
 
 def test_health(app_url):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 from collections import Counter
 
 import httpx
@@ -140,7 +139,6 @@ async def test_killed_replica_ends_its_streams_with_an_error_and_later_requests_
                 assert error["code"] == 503 and "failed mid-stream" in error["message"]
             else:
                 assert "error" not in seen[-2]
-        started = time.monotonic()
         for name in SETS * 2:  # later requests succeed, on the survivor or the replacement
-            await chat(http, name)
-        assert time.monotonic() - started < 60
+            info = await chat(http, name)
+            assert info["replica"]
