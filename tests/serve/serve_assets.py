@@ -3,43 +3,21 @@ holding four trained-shape PEFT adapters (random weights) and one learned compos
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
 
+from molora_runtime.config import LORA_TARGET_MODULES
 from molora_runtime.lora.composition import CompositionConfig, save_composition
-from molora_runtime.model.registry import resolve_model_path
+from molora_runtime.model.tiny import make_tiny_model as make_shared_tiny_model
 
 ADAPTERS = ("math", "code", "poem", "chat")
 COMPOSITION = "mathcode"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TARGETS = list(LORA_TARGET_MODULES)
 
 
 def make_tiny_model(folder: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=49152,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(folder, safe_serialization=True)
-    source = resolve_model_path("smollm2-135m-instruct")
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copy(source / name, folder / name)
-    return folder
+    return make_shared_tiny_model(folder, with_tokenizer=True, tie_word_embeddings=True)
 
 
 def make_adapter(model_dir: Path, folder: Path, seed: int, rank: int = 4) -> Path:
