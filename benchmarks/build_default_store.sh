@@ -18,10 +18,10 @@ DOMAINS=(arithmetic sorting counting reversal)
 mkdir -p "$WORK/adapters"
 
 # 1. One LoRA per domain, trained independently (in parallel: each uses THREADS threads).
-declare -A STEPS=([arithmetic]=80 [sorting]=200 [counting]=80 [reversal]=200)
+declare -A STEPS=([arithmetic]=200 [sorting]=300 [counting]=120 [reversal]=300)
 for d in "${DOMAINS[@]}"; do
-  $MOLORA train adapter --domain "$d" --output "$WORK/adapters/$d" --rank 8 --first-layer 14 \
-    --steps "${STEPS[$d]}" --batch-size 4 --lr 3e-3 --seed $SEED --device "$DEVICE" \
+  $MOLORA train adapter --domain "$d" --output "$WORK/adapters/$d" --rank 16 --alpha 32 \
+    --first-layer 8 --steps "${STEPS[$d]}" --batch-size 8 --lr 3e-3 --seed $SEED --device "$DEVICE" \
     ${THREADS:+--threads $THREADS} --checkpoint-every 20 > "$WORK/adapters/$d.log" 2>&1 &
 done
 wait
@@ -29,14 +29,14 @@ wait
 # 2. The router: only the per-layer gates train, on mixed + single-domain prompts.
 ARGS=()
 for d in "${DOMAINS[@]}"; do ARGS+=(--adapter "$d@$VERSION=$WORK/adapters/$d"); done
-$MOLORA train router "${ARGS[@]}" --output "$WORK/molora" --top-k 2 --steps 40 --batch-size 8 \
-  --lr 2e-2 --balance-weight 0.01 --seed $SEED --device "$DEVICE" ${THREADS:+--threads $THREADS} \
+$MOLORA train router "${ARGS[@]}" --output "$WORK/molora" --top-k 2 --steps 150 --batch-size 8 \
+  --lr 2e-2 --balance-weight 0.01 --route-supervision 1.0 --seed $SEED --device "$DEVICE" ${THREADS:+--threads $THREADS} \
   --checkpoint-every 10
 
 # 3. Publish (bf16 safetensors, checksummed manifests).
 for d in "${DOMAINS[@]}"; do
   $MOLORA adapters push "$WORK/adapters/$d" --name "$d" --version $VERSION --store $STORE \
-    --description "SmolLM2-135M-Instruct LoRA r8 for reasoning-gym $d (seed $SEED)" --no-progress
+    --description "SmolLM2-135M-Instruct LoRA r16 for reasoning-gym $d (seed $SEED)" --no-progress
 done
 $MOLORA compositions push "$WORK/molora" --name molora --version $VERSION --store $STORE \
   --description "learned top-2 router over ${DOMAINS[*]} (seed $SEED)" --no-progress

@@ -43,6 +43,47 @@ def encode_example(tokenizer, example: Example) -> tuple[list[int], list[int]]:
     return ids, labels
 
 
+def route_labels(tokenizer, example: Example, domains: list[str]) -> list[int]:
+    """Per position of `encode_example`'s ids, the index in `domains` of the adapter it wants.
+
+    The label of a position is the domain whose text it serves: in the prompt, the question line
+    it belongs to; in the answer, the line of the token it predicts (so the gate that produces a
+    line's tokens is told that line's domain). System and template tokens come before any
+    question, so no gate can know their domain: they stay unlabelled (IGNORE).
+    """
+    index = [domains.index(t.domain) for t in example.tasks]
+    prompt_text = render_prompt(tokenizer, example)
+    answer_text = example.target() + end_of_turn(tokenizer)
+    prompt = tokenizer(prompt_text, add_special_tokens=False, return_offsets_mapping=True)
+    answer = tokenizer(answer_text, add_special_tokens=False, return_offsets_mapping=True)
+    n_answer = len(answer["input_ids"])
+    lines = [f"{i}. {t.question}" for i, t in enumerate(example.tasks, 1)]
+    spans, cursor = [], 0
+    for line in lines:  # question lines, in order, inside the rendered prompt
+        start = prompt_text.index(line, cursor)
+        spans.append((start, start + len(line)))
+        cursor = start + len(line)
+    line_of = [_span_index(spans, start) for start, _ in prompt["offset_mapping"]]
+    labels = [IGNORE if i == IGNORE else index[i] for i in line_of]
+    ends, cursor = [], 0
+    for line in example.answer_lines():  # each answer line owns itself and its trailing newline
+        cursor += len(line) + 1
+        ends.append(cursor)
+    answer_line = [
+        next((i for i, end in enumerate(ends) if start < end), len(ends) - 1)
+        for start, _ in answer["offset_mapping"]
+    ]
+    # position t predicts token t+1: the last prompt position serves the first answer token.
+    labels[-1] = index[answer_line[0]]
+    labels += [index[answer_line[j + 1]] for j in range(n_answer - 1)]
+    labels.append(index[answer_line[-1]])
+    return labels
+
+
+def _span_index(spans: list[tuple[int, int]], pos: int) -> int:
+    return next((i for i, (a, b) in enumerate(spans) if a <= pos < b), IGNORE)
+
+
 def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> Batch:
     """Right-pad a list of (ids, labels) into tensors."""
     width = max(len(ids) for ids, _ in encoded)

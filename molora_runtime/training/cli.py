@@ -50,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0.5,
         help="share of single-domain examples in the mixed training data",
     )
+    ro.add_argument(
+        "--route-supervision",
+        type=float,
+        default=1.0,
+        help="weight of the gate-vs-known-domain loss (0 = train the gates by LM loss only)",
+    )
     ro.set_defaults(func=_router)
 
 
@@ -114,6 +120,7 @@ def _router(args: argparse.Namespace) -> int:
         lr=args.lr,
         balance_weight=args.balance_weight,
         single_fraction=args.single_fraction,
+        route_supervision=args.route_supervision,
         seed=args.seed,
         device=args.device,
         threads=args.threads,

@@ -50,7 +50,13 @@ DOMAINS: dict[str, DomainSpec] = {
         DomainSpec(
             name="sorting",
             generator="word_sorting",
-            config={"min_words": 3, "max_words": 3, "min_word_length": 3, "max_word_length": 7},
+            config={
+                "min_words": 3,
+                "max_words": 3,
+                "min_word_length": 3,
+                "max_word_length": 7,
+                "transformation": "lowercase",
+            },
         ),
         DomainSpec(
             name="counting",
@@ -118,7 +124,12 @@ def generate_tasks(domain: str, count: int, seed: int) -> list[Task]:
     import reasoning_gym
 
     spec = DOMAINS[domain]
-    dataset = reasoning_gym.create_dataset(spec.generator, seed=seed, size=count, **spec.config)
+    config = dict(spec.config)
+    if "transformation" in config:  # word_sorting wants its enum, not the string
+        from reasoning_gym.algorithmic.word_sorting import TextTransformation
+
+        config["transformation"] = TextTransformation(config["transformation"])
+    dataset = reasoning_gym.create_dataset(spec.generator, seed=seed, size=count, **config)
     return [
         Task(domain=domain, question=_compact_question(domain, e), answer=str(e["answer"]).strip())
         for e in dataset

@@ -4,7 +4,10 @@ The forward is the serving model's own (`CausalLM.hidden_states` with a learned 
 so the gates are trained through exactly the code that serves them. Training routes densely
 (top-k = K: softmax over all experts) because a top-1 softmax has no gradient; a load-balancing
 term (Switch-style, K·Σ fᵢPᵢ) keeps experts in use, and a small entropy term makes each token's
-choice confident so the served top-1/top-2 gate behaves like the trained dense one.
+choice confident so the served top-1/top-2 gate behaves like the trained dense one. The training
+data knows which domain each question and answer line comes from (the datasets the experts were
+trained on), so an optional supervision term adds the cross-entropy of every layer's gate
+against that domain: the LM loss alone sees little of the routing signal in a short budget.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from molora_runtime.lora.composition import CompositionConfig, save_composition
 from molora_runtime.model.attention_meta import DenseAttention
 from molora_runtime.model.decoder import CausalLM
 from molora_runtime.training.adapter import lr_at, pick_device, seed_everything
-from molora_runtime.training.batching import IGNORE, collate, encode_example
+from molora_runtime.training.batching import IGNORE, collate, encode_example, route_labels
 from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
 from molora_runtime.training.data import DOMAINS, domain_examples, mixed_examples
 from molora_runtime.training.experts import Gates, attach_experts, learned_context
@@ -49,6 +52,9 @@ class RouterTrainConfig(BaseModel):
     balance_weight: float = Field(0.01, ge=0)
     entropy_weight: float = Field(0.01, ge=0)
     single_fraction: float = Field(0.5, ge=0, le=1)
+    route_supervision: float = Field(
+        1.0, ge=0, description="weight of the gate-vs-known-domain cross-entropy (0 = LM only)"
+    )
     seed: int = 0
     checkpoint_every: int = Field(50, ge=1)
     device: str = "auto"
@@ -81,6 +87,13 @@ class TokenBatch:
     input_ids: torch.Tensor
     labels: torch.Tensor
     valid: torch.Tensor  # [B, T] bool, real (non-pad) tokens
+    route_labels: torch.Tensor | None = None  # [B, T] expert index per position, IGNORE if none
+
+    def to(self, device: torch.device) -> TokenBatch:
+        labels = None if self.route_labels is None else self.route_labels.to(device)
+        return TokenBatch(
+            self.input_ids.to(device), self.labels.to(device), self.valid.to(device), labels
+        )
 
 
 def balance_loss(gate_logits: list[torch.Tensor], valid: torch.Tensor) -> torch.Tensor:
@@ -102,6 +115,17 @@ def mean_entropy(gate_logits: list[torch.Tensor], valid: torch.Tensor) -> torch.
     return total / max(len(gate_logits), 1)
 
 
+def supervision_loss(gate_logits: list[torch.Tensor], route_labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each layer's gate against the known expert, averaged over layers."""
+    keep = route_labels != IGNORE
+    total = torch.zeros((), device=route_labels.device)
+    if not bool(keep.any()):
+        return total
+    for logits in gate_logits:
+        total = total + torch.nn.functional.cross_entropy(logits[keep].float(), route_labels[keep])
+    return total / max(len(gate_logits), 1)
+
+
 def routed_loss(
     lm: CausalLM,
     gates: Gates,
@@ -109,6 +133,7 @@ def routed_loss(
     balance_weight: float,
     entropy_weight: float,
     temperature: float = 1.0,
+    route_supervision: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """LM loss on labelled tokens with dense learned routing, plus balance and entropy terms."""
     B, T = batch.input_ids.shape
@@ -125,7 +150,12 @@ def routed_loss(
     bal = balance_loss(ctx.gate_logits, valid)
     ent = mean_entropy(ctx.gate_logits, valid)
     loss = ce + balance_weight * bal + entropy_weight * ent
-    return loss, {"ce": ce.item(), "balance": bal.item(), "entropy": ent.item()}
+    parts = {"ce": ce.item(), "balance": bal.item(), "entropy": ent.item()}
+    if route_supervision and batch.route_labels is not None:
+        sup = supervision_loss(ctx.gate_logits, batch.route_labels.reshape(-1))
+        loss = loss + route_supervision * sup
+        parts["route"] = sup.item()
+    return loss, parts
 
 
 def train_gates(
@@ -138,6 +168,7 @@ def train_gates(
     balance_weight: float = 0.01,
     entropy_weight: float = 0.01,
     temperature: float = 1.0,
+    route_supervision: float = 0.0,
     start: int = 0,
     stop: int | None = None,
     optimizer: torch.optim.Optimizer | None = None,
@@ -152,7 +183,7 @@ def train_gates(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, len(batches), warmup, lr)
         loss, parts = routed_loss(
-            lm, gates, batches[step], balance_weight, entropy_weight, temperature
+            lm, gates, batches[step], balance_weight, entropy_weight, temperature, route_supervision
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -164,9 +195,20 @@ def train_gates(
     return optimizer
 
 
-def token_batch(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> TokenBatch:
+def token_batch(
+    encoded: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    route_labels: list[list[int]] | None = None,
+) -> TokenBatch:
     b = collate(encoded, pad_id)
-    return TokenBatch(input_ids=b.input_ids, labels=b.labels, valid=b.attention_mask.bool())
+    routes = None
+    if route_labels is not None:
+        routes = torch.full_like(b.labels, IGNORE)
+        for row, lab in enumerate(route_labels):
+            routes[row, : len(lab)] = torch.tensor(lab)
+    return TokenBatch(
+        input_ids=b.input_ids, labels=b.labels, valid=b.attention_mask.bool(), route_labels=routes
+    )
 
 
 def router_examples(domains: list[str], count: int, seed: int, single_fraction: float):
@@ -227,12 +269,14 @@ def train_router(cfg: RouterTrainConfig) -> Path:
         cfg.domains(), cfg.steps * cfg.batch_size, cfg.seed, cfg.single_fraction
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    domains = cfg.domains()
     batches = [
-        token_batch([encode_example(tokenizer, e) for e in chunk], pad)
+        token_batch(
+            [encode_example(tokenizer, e) for e in chunk],
+            pad,
+            [route_labels(tokenizer, e, domains) for e in chunk],
+        ).to(device)
         for chunk in iter_chunks(examples, cfg.batch_size)
-    ]
-    batches = [
-        TokenBatch(b.input_ids.to(device), b.labels.to(device), b.valid.to(device)) for b in batches
     ]
 
     out = Path(cfg.output)
@@ -255,6 +299,7 @@ def train_router(cfg: RouterTrainConfig) -> Path:
         balance_weight=cfg.balance_weight,
         entropy_weight=cfg.entropy_weight,
         temperature=cfg.temperature,
+        route_supervision=cfg.route_supervision,
         start=start,
         optimizer=optimizer,
         on_step=on_step,

@@ -41,3 +41,37 @@ def test_scoring_is_exact_match_per_sub_answer() -> None:
     assert score_completion(ex, "1. 5\n2. tca") == [1.0, 0.0]
     assert score_completion(ex, "The answer is 5") == [0.0, 0.0]
     assert score_completion(ex, "2. tac") == [0.0, 1.0]
+
+
+def test_route_labels_follow_question_and_answer_lines() -> None:
+    from transformers import AutoTokenizer
+
+    from molora_runtime.model.registry import resolve_model_path
+    from molora_runtime.training.batching import IGNORE, encode_example, route_labels
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
+    domains = list(DOMAINS)
+    ex = Example(
+        tasks=[
+            Task("arithmetic", "Calculate 2 + 3.", "5"),
+            Task("reversal", "Spell this word backward: cat", "tac"),
+        ],
+        kind="mixed",
+    )
+    ids, labels = encode_example(tok, ex)
+    routes = route_labels(tok, ex, domains)
+    assert len(routes) == len(ids)
+    ari, rev = domains.index("arithmetic"), domains.index("reversal")
+    text = [tok.decode([i]) for i in ids]
+    # question tokens carry their own line's domain; template tokens none
+    assert routes[text.index(" Calculate")] == ari
+    assert routes[text.index(" backward")] == rev
+    assert routes[text.index("<|im_start|>")] == IGNORE
+    # the position that predicts an answer token is labelled with that token's line
+    predicted = {
+        tok.decode([labels[t]]).strip(): routes[t] for t in range(len(ids)) if labels[t] >= 0
+    }
+    assert predicted["5"] == ari
+    assert predicted[tok.decode([tok(" tac")["input_ids"][0]]).strip()] == rev
+    single = Example(tasks=[Task("counting", "How many a in 'aa'?", "2")])
+    assert set(route_labels(tok, single, domains)) == {domains.index("counting"), IGNORE}

@@ -141,3 +141,23 @@ def test_resume_from_checkpoint_matches_straight_run(tmp_path) -> None:
     assert meta is not None and meta["step"] == 3
     train_gates(lm, gates, batches, lr=0.01, start=3, optimizer=opt)
     assert torch.allclose(gates.weight, straight, atol=1e-6)
+
+
+def test_route_supervision_teaches_the_known_adapter_in_few_steps() -> None:
+    """With the domain of each token known, the supervision term routes it after a few steps."""
+    lm = tiny_model()
+    attach_experts(lm, [random_expert(lm, "low", 1), random_expert(lm, "high", 2)])
+    gates = Gates.init(lm.arch.num_layers, K, lm.arch.hidden_size, seed=0)
+    batches = synthetic_batches(lm, steps=15, batch=8, seed=1)
+    for b in batches:
+        b.route_labels = oracle_slots(b.input_ids) - 1
+        b.route_labels[:, 0] = -100  # unlabelled positions are ignored
+    train_gates(lm, gates, batches, lr=0.1, route_supervision=1.0)
+
+    test = synthetic_batches(lm, steps=1, batch=32, seed=99)[0].input_ids
+    ctx = learned_context(gates, test.numel(), top_k=1, record_layers=True)
+    with torch.no_grad():
+        forward(lm, test, ctx)
+    picked = torch.stack([slots[:, 0] for slots, _ in ctx.layer_tables])
+    accuracy = (picked == oracle_slots(test).reshape(-1)).float().mean().item()
+    assert accuracy >= 0.95, f"supervised route picked the right adapter for {accuracy:.1%}"
