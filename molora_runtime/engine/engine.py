@@ -180,9 +180,7 @@ class LLMEngine:
         if prompt_ids is None:
             prompt_ids = self.validate_request(req)
         with self._lock:
-            # Requests that will start at the next step (free KV rows) do not count as queued.
-            capacity = self.config.max_queue_len + len(self._free_rows)
-            if len(self.waiting) + len(self._incoming) >= capacity:
+            if not self._has_room():
                 raise EngineOverloadedError(
                     f"{self.config.max_queue_len} requests are already waiting; retry later"
                 )
@@ -193,6 +191,16 @@ class LLMEngine:
                     seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
                 gen = torch.Generator().manual_seed(seed)
             self._incoming.append(Sequence(request=req, prompt_ids=prompt_ids, generator=gen))
+
+    def has_room(self) -> bool:
+        """Whether `add_request` would accept one more request now (not overloaded)."""
+        with self._lock:
+            return self._has_room()
+
+    def _has_room(self) -> bool:
+        # Requests that will start at the next step (free KV rows) do not count as queued.
+        capacity = self.config.max_queue_len + len(self._free_rows)
+        return len(self.waiting) + len(self._incoming) < capacity
 
     def abort(self, request_id: str) -> None:
         self._aborts.append(request_id)

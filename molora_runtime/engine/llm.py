@@ -90,16 +90,21 @@ class LLM:
                     **kwargs,
                 )
             )
+        # Every request is validated before any runs: one bad prompt fails the call up front.
         prepared = [(r, self.engine.validate_request(r)) for r in requests]
-        for req, ids in prepared:
-            self.engine.add_request(req, ids)
         results: dict[str, CompletionResult] = {
             r.request_id: CompletionResult(
                 r.request_id, "", [], ids, None, [] if return_attribution else None
             )
             for r, ids in prepared
         }
-        while self.engine.has_work():
+        pending = iter(prepared)
+        next_up = next(pending, None)
+        while next_up is not None or self.engine.has_work():
+            # Feed the engine as its queue allows, so any number of prompts fits one call.
+            while next_up is not None and self.engine.has_room():
+                self.engine.add_request(*next_up)
+                next_up = next(pending, None)
             for out in self.engine.step():
                 _accumulate(results[out.request_id], out)
         return [results[r.request_id] for r in requests]

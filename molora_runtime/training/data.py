@@ -49,13 +49,14 @@ DOMAINS: dict[str, DomainSpec] = {
         ),
         DomainSpec(
             name="sorting",
-            generator="word_sorting",
+            generator="number_sorting",
             config={
-                "min_words": 3,
-                "max_words": 3,
-                "min_word_length": 3,
-                "max_word_length": 7,
-                "transformation": "lowercase",
+                "min_numbers": 3,
+                "max_numbers": 3,
+                "min_decimals": 0,
+                "max_decimals": 0,
+                "min_value": 0,
+                "max_value": 99,
             },
         ),
         DomainSpec(
@@ -65,8 +66,8 @@ DOMAINS: dict[str, DomainSpec] = {
         ),
         DomainSpec(
             name="reversal",
-            generator="spell_backward",
-            config={"min_word_len": 3, "max_word_len": 5},
+            generator="word_sequence_reversal",
+            config={"min_words": 3, "max_words": 4},
         ),
     )
 }
@@ -111,12 +112,12 @@ class Example:
 def _compact_question(domain: str, entry: dict[str, Any]) -> str:
     """Rewrite reasoning-gym's long instructions into one short line (cheap to train on)."""
     meta = entry["metadata"]
-    if domain == "sorting":
-        words = ", ".join(meta["transformed_words"])
-        return f"Sort these words in {meta['direction']} ASCII order: {words}"
-    if domain == "arithmetic":
-        return entry["question"].strip()
-    return entry["question"].replace(" (example: sun -> nus)", "").strip()
+    if domain == "sorting":  # whole numbers, without the generator's list-of-strings format
+        numbers = ", ".join(_whole(n) for n in meta["original_numbers"])
+        return f"Sort these numbers in {meta['direction']} order: {numbers}"
+    if domain == "reversal":  # instructions on the answer format, then the task on its last line
+        return entry["question"].strip().splitlines()[-1].strip()
+    return entry["question"].strip()
 
 
 def generate_tasks(domain: str, count: int, seed: int) -> list[Task]:
@@ -124,16 +125,24 @@ def generate_tasks(domain: str, count: int, seed: int) -> list[Task]:
     import reasoning_gym
 
     spec = DOMAINS[domain]
-    config = dict(spec.config)
-    if "transformation" in config:  # word_sorting wants its enum, not the string
-        from reasoning_gym.algorithmic.word_sorting import TextTransformation
-
-        config["transformation"] = TextTransformation(config["transformation"])
-    dataset = reasoning_gym.create_dataset(spec.generator, seed=seed, size=count, **config)
+    dataset = reasoning_gym.create_dataset(spec.generator, seed=seed, size=count, **spec.config)
     return [
-        Task(domain=domain, question=_compact_question(domain, e), answer=str(e["answer"]).strip())
+        Task(
+            domain=domain, question=_compact_question(domain, e), answer=_compact_answer(domain, e)
+        )
         for e in dataset
     ]
+
+
+def _compact_answer(domain: str, entry: dict[str, Any]) -> str:
+    if domain == "sorting":
+        return ", ".join(_whole(n) for n in entry["metadata"]["sorted_numbers"])
+    return str(entry["answer"]).strip()
+
+
+def _whole(number: str) -> str:
+    """'56.0' -> '56' (the sorting domain draws whole numbers)."""
+    return str(int(float(number)))
 
 
 def train_seed(domain_index: int, seed: int) -> int:

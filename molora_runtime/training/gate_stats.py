@@ -42,8 +42,9 @@ def gate_shares(
     top_k: int | None = None,
     layers: Sequence[int] | None = None,
 ) -> tuple[dict[str, list[list[float]]], float]:
-    """{domain: [layer][expert] share of answer tokens whose top-1 is that expert}, and the
-    fraction of (answer token, layer) pairs whose top-1 is the token's own-domain expert.
+    """{domain: [layer][expert] share of answer tokens whose top-1 is that expert}, one row per
+    entry of `layers` (default all), and the fraction of (answer token, layer) pairs whose top-1
+    is the token's own-domain expert.
 
     `layers` limits both to the layers the experts adapt (elsewhere the gate has no effect)."""
     experts = [ref.split("@", 1)[0] for ref in composition.config.adapters]  # domains
@@ -81,7 +82,10 @@ def gate_shares(
             picks = top1[layer_ids, t]
             own_hits += int((picks == own).sum())
             own_total += len(layer_ids)
-    shares = {d: (c / c.sum(1, keepdim=True).clamp(min=1)).tolist() for d, c in counts.items()}
+    shares = {
+        d: (c[layer_ids] / c[layer_ids].sum(1, keepdim=True).clamp(min=1)).tolist()
+        for d, c in counts.items()
+    }
     return shares, own_hits / max(own_total, 1)
 
 

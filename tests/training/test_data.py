@@ -33,14 +33,17 @@ def test_mixed_examples_pair_two_domains() -> None:
 
 def test_scoring_is_exact_match_per_sub_answer() -> None:
     ex = Example(
-        tasks=[Task("arithmetic", "Calculate 2 + 3.", "5"), Task("reversal", "Spell: cat", "tac")],
+        tasks=[
+            Task("arithmetic", "Calculate 2 + 3.", "5"),
+            Task("reversal", "Reverse: a, b", "b, a"),
+        ],
         kind="mixed",
     )
-    assert ex.target() == "1. 5\n2. tac"
-    assert score_completion(ex, "1. 5\n2. tac") == [1.0, 1.0]
-    assert score_completion(ex, "1. 5\n2. tca") == [1.0, 0.0]
+    assert ex.target() == "1. 5\n2. b, a"
+    assert score_completion(ex, "1. 5\n2.  b,  a ") == [1.0, 1.0]
+    assert score_completion(ex, "1. 5\n2. a, b") == [1.0, 0.0]
     assert score_completion(ex, "The answer is 5") == [0.0, 0.0]
-    assert score_completion(ex, "2. tac") == [0.0, 1.0]
+    assert score_completion(ex, "2. b, a") == [0.0, 1.0]
 
 
 def test_route_labels_follow_question_and_answer_lines() -> None:
@@ -54,7 +57,7 @@ def test_route_labels_follow_question_and_answer_lines() -> None:
     ex = Example(
         tasks=[
             Task("arithmetic", "Calculate 2 + 3.", "5"),
-            Task("reversal", "Spell this word backward: cat", "tac"),
+            Task("reversal", "Reverse this list of words: cat, dog", "dog, cat"),
         ],
         kind="mixed",
     )
@@ -65,13 +68,13 @@ def test_route_labels_follow_question_and_answer_lines() -> None:
     text = [tok.decode([i]) for i in ids]
     # question tokens carry their own line's domain; template tokens none
     assert routes[text.index(" Calculate")] == ari
-    assert routes[text.index(" backward")] == rev
+    assert routes[text.index(" Reverse")] == rev
     assert routes[text.index("<|im_start|>")] == IGNORE
     # the position that predicts an answer token is labelled with that token's line
     predicted = {
         tok.decode([labels[t]]).strip(): routes[t] for t in range(len(ids)) if labels[t] >= 0
     }
     assert predicted["5"] == ari
-    assert predicted[tok.decode([tok(" tac")["input_ids"][0]]).strip()] == rev
+    assert predicted["dog"] == rev
     single = Example(tasks=[Task("counting", "How many a in 'aa'?", "2")])
     assert set(route_labels(tok, single, domains)) == {domains.index("counting"), IGNORE}
