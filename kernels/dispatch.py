@@ -59,17 +59,6 @@ def cpu_variant(T: int, num_slots: int) -> str:
     return "segmented"
 
 
-def use_plan(plan: SegmentPlan, num_slots: int) -> bool:
-    """Whether the prebuilt plan beats the table's own CPU variant.
-
-    One slot group is two plain GEMMs, the best there is. Several groups cost four small ops
-    each in every projection, which at decode sizes loses to the variants with a fixed op count
-    (masked, one-hot); from the segmented range on, the plan is the segmented variant minus its
-    per-call sort.
-    """
-    return len(plan.groups) <= 1 or cpu_variant(plan.num_tokens, num_slots) == "segmented"
-
-
 def _check_triton_device(x: torch.Tensor) -> None:
     """Triton runs CUDA tensors, or CPU tensors only under the interpreter."""
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
@@ -93,7 +82,7 @@ def routed_lora(
     `plan` (from `kernels.plan.build_segment_plan(slot_ids, weights)`, built once per routing
     table) lets the CPU path skip re-sorting tokens by slot in every projection.
     """
-    if plan is not None and not x.is_cuda and backend is None and use_plan(plan, A.shape[0]):
+    if plan is not None and not x.is_cuda and backend is None:
         return routed_lora_planned(x, A, B, plan)
     name = select_backend(x, A.shape[0], (A, B, weights), backend)
     if name == "triton":
