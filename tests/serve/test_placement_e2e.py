@@ -87,7 +87,9 @@ async def test_hot_set_spills_when_its_home_is_overloaded(app_url):
         infos = await asyncio.gather(*(chat(http, "math", max_tokens=64) for _ in range(24)))
     served = Counter(i["replica"] for i in infos)
     assert len(served) == 2, served
-    assert served[home] >= max(served.values())  # the home still takes the largest share
+    # Once the spill target holds the set too, both are homes and load decides; the first home
+    # still serves a fair share.
+    assert served[home] >= len(infos) // 4, served
     assert sum(served.values()) - served[home] >= 3
 
 
