@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from kernels.plan import build_segment_plan, routed_lora_planned
+
 RoutedLoRAFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
 ]
@@ -52,29 +54,12 @@ def routed_lora_dense(
 def routed_lora_segmented(
     x: torch.Tensor, A: torch.Tensor, B: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """Group (token, j) pairs by slot and run two small GEMMs per used slot (SGMV twin)."""
-    T, k = slot_ids.shape
-    out = torch.zeros(T, B.shape[1], dtype=torch.float32, device=x.device)
-    flat_slots = slot_ids.reshape(-1)
-    active = flat_slots > 0
-    if not bool(active.any()):
-        return out.to(x.dtype)
-    pair_idx = torch.nonzero(active).squeeze(1)
-    slots = flat_slots[pair_idx]
-    order = torch.argsort(slots, stable=True)
-    pair_idx, slots = pair_idx[order], slots[order]
-    uniq, counts = torch.unique_consecutive(slots, return_counts=True)
-    tokens = pair_idx // k
-    w = weights.reshape(-1)[pair_idx].float()
-    start = 0
-    for s, n in zip(uniq.tolist(), counts.tolist(), strict=True):
-        tok = tokens[start : start + n]
-        xs = x.index_select(0, tok).float()
-        h = xs @ A[s].float().t()
-        ys = (h @ B[s].float().t()) * w[start : start + n, None]
-        out.index_add_(0, tok, ys)
-        start += n
-    return out.to(x.dtype)
+    """Group (token, j) pairs by slot and run two small GEMMs per used slot (SGMV twin).
+
+    The grouping is the per-step segment plan, built here per call; the engine builds it once
+    per routing table and reuses it across projections (`kernels.plan`).
+    """
+    return routed_lora_planned(x, A, B, build_segment_plan(slot_ids, weights))
 
 
 def routed_lora_masked(
