@@ -10,7 +10,6 @@ p50/p99 (ms), tokens/s, and the ratio to the base-model step of the same mode.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.report import write_json
 from molora_runtime.config import EngineConfig, HotSetConfig
 from molora_runtime.engine.engine import LLMEngine
 from molora_runtime.engine.llm import as_route
@@ -141,14 +141,9 @@ def main() -> None:
             f"{r['mode']:<12}{r['case']:<34}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
             f"{r['tok_s']:>10.0f}{r['vs_base_step']:>8.2f}"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {"device": str(device), "batch": args.batch, "rank": args.rank, "rows": rows}, indent=2
-        )
-        + "\n"
+    write_json(
+        args.out, {"device": str(device), "batch": args.batch, "rank": args.rank, "rows": rows}
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.report import write_json
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.routes import BaseRoute, LearnedRoute, MixRoute, SingleRoute
 from molora_runtime.training.data import Example, domain_examples, mixed_examples
@@ -252,12 +253,11 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "machine": platform.machine(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"mixed answer tokens routed to their own domain (top-1, adapted layers): {own_mixed:.1%}"
     )
-    print(f"wrote {args.out} and {args.plot} in {result['seconds']:.0f}s")
+    write_json(args.out, result)
+    print(f"and {args.plot}, in {result['seconds']:.0f}s")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ with like. Prints a table and writes `benchmarks/results/runtime_decode.json`.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import tempfile
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.report import write_json
 from molora_runtime.config import LORA_TARGET_MODULES, EngineConfig, HotSetConfig
 from molora_runtime.engine.engine import LLMEngine
 from molora_runtime.engine.llm import as_route
@@ -220,27 +220,22 @@ def main() -> None:
         f"\nper-token pass over a 4-domain {ratio['tokens']}-token sequence: {ratio['per_token_s'] * 1e3:.1f} ms;"
         f" 4 per-sequence passes: {ratio['four_per_sequence_s'] * 1e3:.1f} ms; ratio {ratio['ratio']:.2f}×"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "model": "smollm2-135m-instruct",
-                "device": "cpu",
-                "dtype": "float32",
-                "rank": args.rank,
-                "threads": torch.get_num_threads(),
-                "rounds": args.rounds,
-                "steps_per_round": steps,
-                "statistic": "median decode-step time over interleaved rounds",
-                "machine": platform.machine(),
-                "decode": rows,
-                "per_token_vs_per_sequence": ratio,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_json(
+        RESULTS,
+        {
+            "model": "smollm2-135m-instruct",
+            "device": "cpu",
+            "dtype": "float32",
+            "rank": args.rank,
+            "threads": torch.get_num_threads(),
+            "rounds": args.rounds,
+            "steps_per_round": steps,
+            "statistic": "median decode-step time over interleaved rounds",
+            "machine": platform.machine(),
+            "decode": rows,
+            "per_token_vs_per_sequence": ratio,
+        },
     )
-    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from typing import Any
 
 import httpx
 
+from benchmarks.report import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"
 APP = "molora-bench"
@@ -306,10 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(table(report["results"]))
-    print(f"wrote {args.out}")
+    write_json(args.out, report)
     return 0
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.report import write_json
 from molora_runtime.config import LORA_TARGET_MODULES
 from molora_runtime.engine.llm import LLM
 from molora_runtime.engine.types import SamplingParams
@@ -185,26 +186,21 @@ def main() -> None:
         )
     if vllm_error:
         print(f"vLLM column empty: {vllm_error}", file=sys.stderr)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "model": "smollm2-135m-instruct",
-                "dtype": "float32",
-                "device": "cpu",
-                "threads": torch.get_num_threads(),
-                "prompt_len": PROMPT_LEN,
-                "max_tokens": MAX_TOKENS,
-                "rank": RANK,
-                "unit": "output tokens per second, end to end",
-                "rows": rows,
-                "vllm_error": vllm_error,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_json(
+        RESULTS,
+        {
+            "model": "smollm2-135m-instruct",
+            "dtype": "float32",
+            "device": "cpu",
+            "threads": torch.get_num_threads(),
+            "prompt_len": PROMPT_LEN,
+            "max_tokens": MAX_TOKENS,
+            "rank": RANK,
+            "unit": "output tokens per second, end to end",
+            "rows": rows,
+            "vllm_error": vllm_error,
+        },
     )
-    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -29,21 +29,44 @@ class Batch:
     labels: torch.Tensor  # [B, T], IGNORE outside the answer; already shifted (label of t is t+1)
 
 
-def encode_example(tokenizer, example: Example) -> tuple[list[int], list[int]]:
-    """Token ids of prompt+answer and per-token labels (next token where it is answer)."""
-    prompt_ids = tokenizer(render_prompt(tokenizer, example), add_special_tokens=False)["input_ids"]
-    answer_ids = tokenizer(example.target() + end_of_turn(tokenizer), add_special_tokens=False)[
-        "input_ids"
-    ]
-    ids = prompt_ids + answer_ids
+def _tokenize(tokenizer, example: Example, offsets: bool = False) -> tuple[str, dict, dict]:
+    """The rendered prompt text and the encodings of prompt and answer (with char offsets)."""
+    prompt_text = render_prompt(tokenizer, example)
+    answer_text = example.target() + end_of_turn(tokenizer)
+    kw = {"add_special_tokens": False, "return_offsets_mapping": offsets}
+    return prompt_text, tokenizer(prompt_text, **kw), tokenizer(answer_text, **kw)
+
+
+def _ids_and_labels(prompt: dict, answer: dict) -> tuple[list[int], list[int]]:
+    ids = prompt["input_ids"] + answer["input_ids"]
     # position t predicts ids[t+1]; only answer tokens are targets.
     labels = [IGNORE] * len(ids)
-    for t in range(len(prompt_ids) - 1, len(ids) - 1):
+    for t in range(len(prompt["input_ids"]) - 1, len(ids) - 1):
         labels[t] = ids[t + 1]
     return ids, labels
 
 
-def route_labels(tokenizer, example: Example, domains: list[str]) -> list[int]:
+def encode_example(tokenizer, example: Example) -> tuple[list[int], list[int]]:
+    """Token ids of prompt+answer and per-token labels (next token where it is answer)."""
+    _, prompt, answer = _tokenize(tokenizer, example)
+    return _ids_and_labels(prompt, answer)
+
+
+def encode_routed(
+    tokenizer, example: Example, domains: list[str]
+) -> tuple[list[int], list[int], list[int]]:
+    """`encode_example`'s ids and labels plus `route_labels`, from one tokenization."""
+    tokenized = _tokenize(tokenizer, example, offsets=True)
+    ids, labels = _ids_and_labels(*tokenized[1:])
+    return ids, labels, route_labels(tokenizer, example, domains, tokenized)
+
+
+def route_labels(
+    tokenizer,
+    example: Example,
+    domains: list[str],
+    tokenized: tuple[str, dict, dict] | None = None,
+) -> list[int]:
     """Per position of `encode_example`'s ids, the index in `domains` of the adapter it wants.
 
     The label of a position is the domain whose text it serves: in the prompt, the question line
@@ -52,10 +75,7 @@ def route_labels(tokenizer, example: Example, domains: list[str]) -> list[int]:
     question, so no gate can know their domain: they stay unlabelled (IGNORE).
     """
     index = [domains.index(t.domain) for t in example.tasks]
-    prompt_text = render_prompt(tokenizer, example)
-    answer_text = example.target() + end_of_turn(tokenizer)
-    prompt = tokenizer(prompt_text, add_special_tokens=False, return_offsets_mapping=True)
-    answer = tokenizer(answer_text, add_special_tokens=False, return_offsets_mapping=True)
+    prompt_text, prompt, answer = tokenized or _tokenize(tokenizer, example, offsets=True)
     n_answer = len(answer["input_ids"])
     lines = [f"{i}. {t.question}" for i, t in enumerate(example.tasks, 1)]
     spans, cursor = [], 0

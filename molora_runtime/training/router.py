@@ -25,7 +25,7 @@ from molora_runtime.lora.composition import CompositionConfig, save_composition
 from molora_runtime.model.attention_meta import DenseAttention
 from molora_runtime.model.decoder import CausalLM
 from molora_runtime.training.adapter import lr_at, pick_device, seed_everything
-from molora_runtime.training.batching import IGNORE, collate, encode_example, route_labels
+from molora_runtime.training.batching import IGNORE, collate, encode_routed
 from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
 from molora_runtime.training.data import DOMAINS, domain_examples, mixed_examples
 from molora_runtime.training.experts import Gates, attach_experts, learned_context
@@ -270,14 +270,11 @@ def train_router(cfg: RouterTrainConfig) -> Path:
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     domains = cfg.domains()
-    batches = [
-        token_batch(
-            [encode_example(tokenizer, e) for e in chunk],
-            pad,
-            [route_labels(tokenizer, e, domains) for e in chunk],
-        ).to(device)
-        for chunk in iter_chunks(examples, cfg.batch_size)
-    ]
+    batches = []
+    for chunk in iter_chunks(examples, cfg.batch_size):
+        encoded = [encode_routed(tokenizer, e, domains) for e in chunk]
+        pairs = [(ids, labels) for ids, labels, _ in encoded]
+        batches.append(token_batch(pairs, pad, [routes for *_, routes in encoded]).to(device))
 
     out = Path(cfg.output)
     ckpt = out / "checkpoint"
