@@ -1,8 +1,9 @@
 """Where a trained composition sends tokens: per-domain, per-layer top-1 adapter shares.
 
 Runs gold (teacher-forced) answers through the serving model with the composition's learned
-route and records each layer's per-token table; answer tokens are labelled with the domain of
-the line they belong to, so mixed prompts show whether each segment reaches its own adapter.
+route and records each layer's per-token table; each position that produces an answer token is
+labelled with that token's line (the labels router training uses), so mixed prompts show whether
+each segment reaches its own adapter.
 """
 
 from __future__ import annotations
@@ -15,22 +16,9 @@ import torch
 from molora_runtime.lora.composition import Composition
 from molora_runtime.model.attention_meta import DenseAttention
 from molora_runtime.model.decoder import CausalLM
-from molora_runtime.training.batching import end_of_turn, render_prompt
+from molora_runtime.training.batching import IGNORE, encode_routed
 from molora_runtime.training.data import Example
 from molora_runtime.training.experts import Gates, learned_context
-
-
-def labelled_tokens(tokenizer, example: Example) -> tuple[list[int], list[str | None]]:
-    """Prompt + gold answer ids, each answer token tagged with its line's domain."""
-    ids = tokenizer(render_prompt(tokenizer, example), add_special_tokens=False)["input_ids"]
-    tags: list[str | None] = [None] * len(ids)
-    lines = example.answer_lines()
-    for i, (task, line) in enumerate(zip(example.tasks, lines, strict=True)):
-        text = ("\n" if i else "") + line + (end_of_turn(tokenizer) if i == len(lines) - 1 else "")
-        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids += piece
-        tags += [task.domain] * len(piece)
-    return ids, tags
 
 
 @torch.no_grad()
@@ -63,7 +51,7 @@ def gate_shares(
     own_hits = own_total = 0
     layer_ids = torch.tensor(list(layers) if layers is not None else range(L), dtype=torch.long)
     for example in examples:
-        ids, tags = labelled_tokens(tokenizer, example)
+        ids, labels, routes = encode_routed(tokenizer, example, experts)
         ctx = learned_context(
             gates,
             len(ids),
@@ -74,11 +62,10 @@ def gate_shares(
         meta = DenseAttention(batch=1, seq_len=len(ids), positions=torch.arange(len(ids)))
         lm.hidden_states(torch.tensor(ids), meta, None, ctx)
         top1 = torch.stack([slots[:, 0] for slots, _ in ctx.layer_tables]) - 1  # [L, T]
-        for t, tag in enumerate(tags):
-            if tag is None or tag not in counts:
+        for t, (label, own) in enumerate(zip(labels, routes, strict=True)):
+            if label == IGNORE:  # count the positions that produce answer tokens
                 continue
-            counts[tag][torch.arange(L), top1[:, t]] += 1
-            own = experts.index(tag)
+            counts[experts[own]][torch.arange(L), top1[:, t]] += 1
             picks = top1[layer_ids, t]
             own_hits += int((picks == own).sum())
             own_total += len(layer_ids)
