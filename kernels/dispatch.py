@@ -25,6 +25,11 @@ from kernels.reference import REFERENCE_VARIANTS
 CPU_MASKED_MAX_T = 4
 CPU_ONEHOT_MAX_T = 32
 CPU_ONEHOT_MAX_SLOTS = 8
+# The stacked layout (`kernels.stacked`) computes every slot in a range for every token: two
+# GEMMs of width count·r. On CPU at serving sizes a step is bound by per-op overhead, so that
+# beats per-slot grouping until the range is a sizeable fraction of a projection's width
+# (SmolLM2's narrowest is 192); past this many columns the segment plan takes over.
+CPU_STACKED_MAX_COLUMNS = 256
 # Differentiable path on CUDA: two GEMMs and no host syncs.
 CUDA_GRAD_VARIANT = "onehot"
 
@@ -57,6 +62,11 @@ def cpu_variant(T: int, num_slots: int) -> str:
     if T <= CPU_ONEHOT_MAX_T and num_slots <= CPU_ONEHOT_MAX_SLOTS:
         return "onehot"
     return "segmented"
+
+
+def stacked_is_cheaper(num_slots: int, rank: int) -> bool:
+    """Whether the stacked two-GEMM delta over `num_slots` slots of rank `rank` should run."""
+    return num_slots * rank <= CPU_STACKED_MAX_COLUMNS
 
 
 def _check_triton_device(x: torch.Tensor) -> None:

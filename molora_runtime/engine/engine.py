@@ -39,7 +39,7 @@ from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.routing import RouteSegment, build_lora_context, check_route_width
 from molora_runtime.lora.source import AdapterSource
-from molora_runtime.model.attention_meta import CacheAttention, KVCache, PrefillSegment
+from molora_runtime.model.attention_meta import KVCache, PrefillSegment, step_attention
 from molora_runtime.model.loader import load_model
 from molora_runtime.model.registry import resolve_model_path
 from molora_runtime.routes import LearnedRoute
@@ -321,7 +321,8 @@ class LLMEngine:
 
     def _form_batch(self) -> _Batch:
         budget = self.config.max_num_batched_tokens
-        decodes = [s for s in self.running if not s.in_prefill]
+        # Decodes in KV-row order: rows are kept compact, so they form one span (a view).
+        decodes = sorted((s for s in self.running if not s.in_prefill), key=lambda s: s.row)
         prefills = [s for s in self.running if s.in_prefill]
         batch = _Batch()
         for seq in decodes:
@@ -355,15 +356,8 @@ class LLMEngine:
         ):
             logits = self.graph_runner.run(batch, ids, ctx)
             return logits, ctx
-        meta = CacheAttention(
-            kv_rows=torch.tensor(batch.rows, dtype=torch.long, device=dev),
-            positions=torch.tensor(batch.positions, dtype=torch.long, device=dev),
-            num_decode=batch.num_decode,
-            decode_context_lens=torch.tensor(
-                [p + 1 for p in batch.positions[: batch.num_decode]], dtype=torch.long, device=dev
-            ),
-            prefill_segments=batch.prefill_segments,
-            max_decode_context=max((p + 1 for p in batch.positions[: batch.num_decode]), default=0),
+        meta = step_attention(
+            batch.rows, batch.positions, batch.num_decode, batch.prefill_segments, dev
         )
         logits_index = torch.tensor(batch.logits_index, dtype=torch.long, device=dev)
         with torch.inference_mode():
@@ -483,8 +477,26 @@ class LLMEngine:
         seq.adapters = []
         if seq.row is not None:
             self._free_rows.append(seq.row)
-            self._free_rows.sort()
             seq.row = None
+            self._compact_rows()
+        self._free_rows.sort()
+
+    def _compact_rows(self) -> None:
+        """Keep running sequences in the lowest KV rows: move the top one into the lowest hole.
+
+        Decode attention then reads one contiguous span of rows instead of gathering them
+        every layer of every step; the move copies one sequence's cached KV once.
+        """
+        if not self._free_rows or not self.running:
+            return
+        hole = min(self._free_rows)
+        top = max(self.running, key=lambda s: s.row if s.row is not None else -1)
+        if top.row is None or top.row < hole:
+            return
+        self.kv.move_row(top.row, hole, top.num_computed)
+        self._free_rows.remove(hole)
+        self._free_rows.append(top.row)
+        top.row = hole
 
     def _prefetch(self) -> None:
         """Warm empty slots with adapters of queued requests (never evicts)."""

@@ -10,10 +10,15 @@ learned tokens' rows; every LoRA-targeted linear of the layer then reads `slot_i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from kernels.plan import SegmentPlan, build_segment_plan
+from kernels.stacked import slot_weight_matrix
+
+if TYPE_CHECKING:
+    from molora_runtime.model.layers import LoRABuffers
 
 
 @dataclass
@@ -40,6 +45,9 @@ class LoRAContext:
     gates: GateTable | None = None
     top_k: torch.Tensor | None = None  # [T] int64, learned tokens' top-k
     temperature: torch.Tensor | None = None  # [T] float32, learned tokens' gate temperature
+    # Slots [first, first + count) hold every adapter this step can touch; set (CPU) when the
+    # stacked two-GEMM delta is cheaper than grouping tokens by slot.
+    stacked_slots: tuple[int, int] | None = None
     record_layers: bool = False  # keep each layer's table (attribution / gate statistics)
     return_gate_logits: bool = False  # keep raw gate logits (router training)
     # outputs of the forward, filled by begin_layer
@@ -47,6 +55,29 @@ class LoRAContext:
     gate_logits: list[torch.Tensor] = field(default_factory=list)
     _static: tuple[torch.Tensor, torch.Tensor] | None = None
     _plan: tuple[torch.Tensor, torch.Tensor, SegmentPlan] | None = None
+    _expanded: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor] | None = None
+
+    def stacked_weights(self, buffers: LoRABuffers) -> tuple[int, int, torch.Tensor] | None:
+        """(first slot, slot count, [T, count·r] weights) for the stacked delta, or None.
+
+        Built once per routing table (once per step for static routes, once per layer for
+        learned ones) and shared by every projection that reads it.
+        """
+        if self.stacked_slots is None:
+            return None
+        first, count = self.stacked_slots
+        rank = buffers.rank
+        cached = self._expanded
+        if (
+            cached is None
+            or cached[0] is not self.slot_ids
+            or cached[1] is not self.weights
+            or cached[2] != rank
+        ):
+            expanded = slot_weight_matrix(self.slot_ids, self.weights, first, count, rank)
+            cached = (self.slot_ids, self.weights, rank, expanded)
+            self._expanded = cached
+        return first, count, cached[3]
 
     def segment_plan(self) -> SegmentPlan | None:
         """The current table grouped by slot (CPU path), built once per table, not per linear."""

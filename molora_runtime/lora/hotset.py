@@ -71,11 +71,13 @@ class HotSet:
         self.device, self.dtype = device, dtype
         S, L, r = config.num_slots + 1, self.arch.num_layers, config.max_rank
         self.buffers: dict[str, LoRABuffers] = {}
+        # CPU serving stacks each layer's slots contiguously (`kernels.stacked`); CUDA keeps
+        # the layout the Triton kernels read.
+        stacked = device.type == "cpu"
         for module in config.target_modules:
             d_in, d_out = self.arch.linear_shape(module)
-            self.buffers[module] = LoRABuffers(
-                torch.zeros(S, L, r, d_in, dtype=dtype, device=device),
-                torch.zeros(S, L, d_out, r, dtype=dtype, device=device),
+            self.buffers[module] = LoRABuffers.allocate(
+                S, L, r, d_in, d_out, dtype, device, stacked=stacked
             )
         for linear in model.lora_linears():
             linear.lora = self.buffers.get(linear.name)
@@ -123,6 +125,10 @@ class HotSet:
 
     def comp_slot_of(self, name: str) -> int:
         return self._comp_by_name[name]
+
+    def expert_slots(self, composition: str) -> list[int]:
+        """Adapter slots of a resident composition's experts."""
+        return [self._by_name[e] for e in self.composition_info(composition).experts]
 
     def composition_info(self, name: str) -> _CompSlot:
         return self._comp_slots[self._comp_by_name[name]]
@@ -244,12 +250,9 @@ class HotSet:
         weights = self._read(name)
         with torch.no_grad():
             for module, buf in self.buffers.items():
-                buf.A[slot].zero_()
-                buf.B[slot].zero_()
+                buf.clear_slot(slot)
                 for layer, (a, b) in weights.modules.get(module, {}).items():
-                    r = a.shape[0]
-                    buf.A[slot, layer, :r].copy_(a)
-                    buf.B[slot, layer, :, :r].copy_(b)
+                    buf.write(slot, layer, a, b)
         self._slots[slot] = _Slot(name=name, last_used=self._clock)
         self._by_name[name] = slot
         self.counters.loads += 1

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.dispatch import stacked_is_cheaper
 from molora_runtime.errors import InvalidRequestError
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
@@ -90,17 +91,33 @@ def build_lora_context(
         comp_rows.append(comp)
         topk_rows.append(topk)
         temp_rows.append(temp)
+    host_slots = torch.cat(slot_rows)
     ctx = LoRAContext(
-        slot_ids=torch.cat(slot_rows).to(device),
+        slot_ids=host_slots.to(device),
         weights=torch.cat(weight_rows).to(device),
         record_layers=record_layers,
     )
+    if device.type == "cpu":
+        used = set(host_slots[host_slots > 0].tolist())
+        for seg in segments:
+            if isinstance(seg.route, LearnedRoute):
+                used.update(hot_set.expert_slots(seg.route.composition))
+        ctx.stacked_slots = stacked_range(used, hot_set.config.max_rank)
     if any_learned:
         ctx.comp_idx = torch.cat(comp_rows).to(device)
         ctx.top_k = torch.cat(topk_rows).to(device)
         ctx.temperature = torch.cat(temp_rows).to(device)
         ctx.gates = hot_set.gates
     return ctx
+
+
+def stacked_range(used: set[int], rank: int) -> tuple[int, int] | None:
+    """The slot range the stacked CPU delta covers, when it is the cheaper layout."""
+    if not used:
+        return None
+    first, last = min(used), max(used)
+    count = last - first + 1
+    return (first, count) if stacked_is_cheaper(count, rank) else None
 
 
 def _vocab_slots(route: VocabRoute, token_ids: torch.Tensor, hot_set: HotSet) -> torch.Tensor:

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.attention_meta import CacheAttention, DenseAttention, KVCache
-from molora_runtime.model.layers import LoRALinear, RMSNorm, RotaryEmbedding
+from molora_runtime.model.layers import FusedLinear, LoRALinear, RMSNorm, RotaryEmbedding, Rotation
 
 AttentionMeta = CacheAttention | DenseAttention
 
@@ -30,6 +30,7 @@ class Attention(nn.Module):
         self.k_proj = LoRALinear(d, self.num_kv_heads * hd, bias, "k_proj", layer)
         self.v_proj = LoRALinear(d, self.num_kv_heads * hd, bias, "v_proj", layer)
         self.o_proj = LoRALinear(self.num_heads * hd, d, bias, "o_proj", layer)
+        self.qkv = FusedLinear([self.q_proj, self.k_proj, self.v_proj])
         self.q_norm = RMSNorm(hd, arch.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(hd, arch.rms_norm_eps) if arch.qk_norm else None
         self.scale = hd**-0.5
@@ -38,17 +39,18 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         meta: AttentionMeta,
-        rope: RotaryEmbedding,
+        rot: Rotation,
         kv: KVCache | None,
         ctx: LoRAContext | None,
     ) -> torch.Tensor:
         n = x.shape[0]
-        q = self.q_proj(x, ctx).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x, ctx).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x, ctx).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv(x, ctx)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, k, meta.positions)
+        q, k = rot(q, k)
         if isinstance(meta, DenseAttention):
             out = self._dense(q, k, v, meta)
         else:
@@ -72,19 +74,22 @@ class Attention(nn.Module):
         meta: CacheAttention,
         kv: KVCache,
     ) -> torch.Tensor:
-        k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
-        k_cache[meta.kv_rows, meta.positions] = k.to(k_cache.dtype)
-        v_cache[meta.kv_rows, meta.positions] = v.to(v_cache.dtype)
+        k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]  # [rows, Hkv, max_len, hd]
+        k_cache[meta.kv_rows, :, meta.positions] = k.to(k_cache.dtype)
+        v_cache[meta.kv_rows, :, meta.positions] = v.to(v_cache.dtype)
         out = torch.empty_like(q)
         D = meta.num_decode
         if D:
-            out[:D] = self._decode(q[:D], meta, k_cache, v_cache)
+            if meta.decode_span is not None and not q.is_cuda:
+                out[:D] = self._decode_span(q[:D], meta, k_cache, v_cache)
+            else:
+                out[:D] = self._decode(q[:D], meta, k_cache, v_cache)
         for seg in meta.prefill_segments:
             sl = slice(seg.start, seg.start + seg.length)
             ctx_len = seg.start_pos + seg.length
             qs = q[sl].transpose(0, 1).unsqueeze(0)  # [1, H, len, hd]
-            ks = k_cache[seg.row, :ctx_len].transpose(0, 1).unsqueeze(0).to(q.dtype)
-            vs = v_cache[seg.row, :ctx_len].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            ks = k_cache[seg.row, :, :ctx_len].unsqueeze(0).to(q.dtype)
+            vs = v_cache[seg.row, :, :ctx_len].unsqueeze(0).to(q.dtype)
             if seg.start_pos == 0:
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
             else:
@@ -98,15 +103,43 @@ class Attention(nn.Module):
     def _decode(
         self, q: torch.Tensor, meta: CacheAttention, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
+        """Gathered rows through SDPA: static shapes for CUDA-graph capture."""
         D = q.shape[0]
         length = meta.static_kv_len or meta.max_decode_context
         rows = meta.kv_rows[:D]
-        ks = k_cache[rows, :length].transpose(1, 2).to(q.dtype)  # [D, Hkv, len, hd]
-        vs = v_cache[rows, :length].transpose(1, 2).to(q.dtype)
-        kpos = torch.arange(length, device=q.device)
-        mask = (kpos[None, :] < meta.decode_context_lens[:, None]).view(D, 1, 1, length)
+        ks = k_cache[rows, :, :length].to(q.dtype)  # [D, Hkv, len, hd]
+        vs = v_cache[rows, :, :length].to(q.dtype)
+        mask = meta.decode_mask(length)
         o = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=mask, enable_gqa=True)
         return o.squeeze(2)
+
+    def _decode_span(
+        self, q: torch.Tensor, meta: CacheAttention, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Decode over the cache rows' span as a view (no gather): two batched GEMMs per layer.
+
+        The engine keeps running sequences in the lowest rows, so the decodes' rows are (almost)
+        one contiguous span; rows inside it that are not decoding this step (mid-prefill) are
+        computed with a zero query and dropped. GQA query groups share their KV head's GEMM.
+        """
+        span = meta.decode_span
+        assert span is not None
+        lo, n = span
+        length = meta.max_decode_context
+        D, H, hd = q.shape
+        Hkv = self.num_kv_heads
+        g = H // Hkv
+        ks = k_cache[lo : lo + n, :, :length].reshape(n * Hkv, length, hd)
+        vs = v_cache[lo : lo + n, :, :length].reshape(n * Hkv, length, hd)
+        if n != D:
+            full = q.new_zeros(n, H, hd)
+            full[meta.decode_span_index] = q
+            q = full
+        scores = torch.bmm(q.reshape(n * Hkv, g, hd).to(ks.dtype), ks.transpose(1, 2))
+        scores = scores.float().view(n, Hkv, g, length).mul_(self.scale)
+        probs = torch.softmax(scores.add_(meta.span_mask(length)), dim=-1).to(vs.dtype)
+        o = torch.bmm(probs.view(n * Hkv, g, length), vs).view(n, H, hd).to(q.dtype)
+        return o if n == D else o[meta.decode_span_index]
 
 
 class MLP(nn.Module):
@@ -116,9 +149,11 @@ class MLP(nn.Module):
         self.gate_proj = LoRALinear(d, f, False, "gate_proj", layer)
         self.up_proj = LoRALinear(d, f, False, "up_proj", layer)
         self.down_proj = LoRALinear(f, d, False, "down_proj", layer)
+        self.gate_up = FusedLinear([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x, ctx)) * self.up_proj(x, ctx), ctx)
+        gate, up = self.gate_up(x, ctx)
+        return self.down_proj(F.silu(gate).mul_(up), ctx)
 
 
 class DecoderLayer(nn.Module):
@@ -130,11 +165,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = MLP(arch, layer)
 
-    def forward(self, h, meta, rope, kv, ctx):
+    def forward(self, h, meta, rot, kv, ctx):
         normed = self.input_layernorm(h)
         if ctx is not None:
             ctx.begin_layer(self.layer, normed)  # learned gates read the layer's normed input
-        h = h + self.self_attn(normed, meta, rope, kv, ctx)
+        h = h + self.self_attn(normed, meta, rot, kv, ctx)
         return h + self.mlp(self.post_attention_layernorm(h), ctx)
 
 
@@ -159,6 +194,12 @@ class CausalLM(nn.Module):
     def lora_linears(self) -> list[LoRALinear]:
         return [m for m in self.modules() if isinstance(m, LoRALinear)]
 
+    def fuse_projections(self) -> None:
+        """Run q/k/v and gate/up as one GEMM each (call once the weights are loaded)."""
+        for m in self.modules():
+            if isinstance(m, FusedLinear):
+                m.fuse()
+
     def hidden_states(
         self,
         input_ids: torch.Tensor,
@@ -167,8 +208,9 @@ class CausalLM(nn.Module):
         ctx: LoRAContext | None,
     ) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        rot = self.rope.at(meta.positions)
         for layer in self.layers:
-            h = layer(h, meta, self.rope, kv, ctx)
+            h = layer(h, meta, rot, kv, ctx)
         return self.norm(h)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from kernels import routed_lora
+from kernels.stacked import routed_lora_stacked
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.model.arch import RopeConfig
 
@@ -59,9 +60,21 @@ class RotaryEmbedding(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [N, H, hd], k: [N, Hkv, hd], positions: [N]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return self.at(positions)(q, k)
+
+    def at(self, positions: torch.Tensor) -> Rotation:
+        """The rotation of these positions, looked up once per forward for every layer."""
+        return Rotation(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+
+
+class Rotation:
+    """cos/sin rows of one forward's positions; applies RoPE to q [N, H, hd] and k [N, Hkv, hd]."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        self.cos, self.sin = cos, sin
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _rotate(q, self.cos, self.sin), _rotate(k, self.cos, self.sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -73,15 +86,91 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class LoRABuffers:
-    """The hot-set's static slot buffers of one target module: A[S, L, r, d_in], B[S, L, d_out, r]."""
+    """The hot-set's static slot buffers of one target module, in one of two layouts.
 
-    def __init__(self, A: torch.Tensor, B: torch.Tensor) -> None:
+    - kernel layout (CUDA, training): `A[S, L, r, d_in]`, `B[S, L, d_out, r]` — what the Triton
+      kernels and the differentiable reference twins read, one layer as `A[:, layer]`.
+    - stacked layout (CPU serving): `A[L, S, r, d_in]`, `Bt[L, S, r, d_out]` — one layer's slots
+      are one contiguous `[S·r, d]` matrix each, so a mixed batch's delta is two GEMMs
+      (`kernels.stacked`); `kernel_pair` still offers the kernel-shaped (strided) views.
+
+    Either way the tensors are allocated once and written in place, so their addresses never
+    change (a captured graph stays valid).
+    """
+
+    def __init__(self, A: torch.Tensor, B: torch.Tensor, stacked: bool = False) -> None:
         self.A = A
-        self.B = B
+        self.B = B  # kernel layout: B; stacked layout: Bt
+        self.stacked = stacked
+
+    @classmethod
+    def allocate(
+        cls,
+        slots: int,
+        layers: int,
+        rank: int,
+        d_in: int,
+        d_out: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        stacked: bool,
+    ) -> LoRABuffers:
+        if stacked:
+            A = torch.zeros(layers, slots, rank, d_in, dtype=dtype, device=device)
+            Bt = torch.zeros(layers, slots, rank, d_out, dtype=dtype, device=device)
+            return cls(A, Bt, stacked=True)
+        A = torch.zeros(slots, layers, rank, d_in, dtype=dtype, device=device)
+        B = torch.zeros(slots, layers, d_out, rank, dtype=dtype, device=device)
+        return cls(A, B)
+
+    @property
+    def num_slots(self) -> int:
+        return self.A.shape[1] if self.stacked else self.A.shape[0]
+
+    @property
+    def rank(self) -> int:
+        return self.A.shape[2]
+
+    def kernel_pair(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`A [S, r, d_in]`, `B [S, d_out, r]` of one layer (views; strided when stacked)."""
+        if self.stacked:
+            return self.A[layer], self.B[layer].transpose(1, 2)
+        return self.A[:, layer], self.B[:, layer]
+
+    def stacked_pair(self, layer: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`A_flat [count·r, d_in]`, `Bt_flat [count·r, d_out]` over slots first..first+count-1."""
+        assert self.stacked, "only the stacked layout has contiguous per-layer slot blocks"
+        r = self.rank
+        A = self.A[layer, first : first + count].reshape(count * r, -1)
+        Bt = self.B[layer, first : first + count].reshape(count * r, -1)
+        return A, Bt
+
+    def clear_slot(self, slot: int) -> None:
+        if self.stacked:
+            self.A[:, slot].zero_()
+            self.B[:, slot].zero_()
+        else:
+            self.A[slot].zero_()
+            self.B[slot].zero_()
+
+    def write(self, slot: int, layer: int, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Copy one layer's `a [r, d_in]`, `b [d_out, r]` (r <= max rank) into `slot`."""
+        r = a.shape[0]
+        if self.stacked:
+            self.A[layer, slot, :r].copy_(a)
+            self.B[layer, slot, :r].copy_(b.t())
+        else:
+            self.A[slot, layer, :r].copy_(a)
+            self.B[slot, layer, :, :r].copy_(b)
 
 
 class LoRALinear(nn.Module):
-    """A base projection plus the routed LoRA delta of whatever adapters each token selects."""
+    """A base projection plus the routed LoRA delta of whatever adapters each token selects.
+
+    In a fused group (q/k/v, gate/up) the group computes the base GEMM once over concatenated
+    weights (this module's `weight` is then a view of it) and asks each member only for its
+    delta, through `add_delta`.
+    """
 
     def __init__(self, in_features: int, out_features: int, bias: bool, name: str, layer: int):
         super().__init__()
@@ -93,9 +182,60 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
         y = nn.functional.linear(x, self.weight, self.bias)
+        return self.add_delta(x, y, ctx)
+
+    def add_delta(self, x: torch.Tensor, y: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
+        """`y` plus this projection's routed LoRA delta for `x` (in place where possible)."""
         if ctx is None or self.lora is None:
             return y
-        A = self.lora.A[:, self.layer]
-        B = self.lora.B[:, self.layer]
+        stacked = ctx.stacked_weights(self.lora) if self.lora.stacked else None
+        if stacked is not None:
+            first, count, expanded = stacked
+            A, Bt = self.lora.stacked_pair(self.layer, first, count)
+            return routed_lora_stacked(x, A, Bt, expanded, out=y)
+        A, B = self.lora.kernel_pair(self.layer)
         delta = routed_lora(x, A, B, ctx.slot_ids, ctx.weights, plan=ctx.segment_plan())
         return y + delta.to(y.dtype)
+
+
+class FusedLinear(nn.Module):
+    """Several projections of one input (q/k/v, gate/up) as one GEMM over concatenated weights.
+
+    The members keep their own parameters as views of the fused weight, so loading, training
+    and the hot-set see them unchanged; only the forward runs one base GEMM instead of several.
+    Call `fuse()` once the members' weights are loaded.
+    """
+
+    def __init__(self, members: list[LoRALinear]) -> None:
+        super().__init__()
+        self.members = members  # plain list: the parent module owns them
+        # Non-persistent buffers: checkpoints keep the members' own tensors.
+        self.register_buffer("weight", None, persistent=False)
+        self.register_buffer("bias", None, persistent=False)
+        self.splits = [m.weight.shape[0] for m in members]
+
+    def fuse(self) -> None:
+        with torch.no_grad():
+            weight = torch.cat([m.weight.detach() for m in self.members])
+            has_bias = [m.bias is not None for m in self.members]
+            bias = (
+                torch.cat([m.bias.detach() for m in self.members])  # type: ignore[union-attr]
+                if all(has_bias)
+                else None
+            )
+        start = 0
+        for m, n in zip(self.members, self.splits, strict=True):
+            m.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
+            if bias is not None:
+                m.bias = nn.Parameter(bias[start : start + n], requires_grad=False)
+            start += n
+        if any(has_bias) and not all(has_bias):
+            raise ValueError("a fused group needs a bias on every member or on none")
+        self.weight, self.bias = weight, bias
+
+    def forward(self, x: torch.Tensor, ctx: LoRAContext | None) -> list[torch.Tensor]:
+        if self.weight is None:
+            return [m(x, ctx) for m in self.members]
+        y = nn.functional.linear(x, self.weight, self.bias)
+        outs = list(torch.split(y, self.splits, dim=-1))
+        return [m.add_delta(x, o, ctx) for m, o in zip(self.members, outs, strict=True)]

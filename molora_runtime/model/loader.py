@@ -66,9 +66,12 @@ def load_model(
                 f"{tuple(params[name].shape)}"
             )
     state = {n: t.to(dtype) for n, t in loaded.items()}
-    model = model.to_empty(device=device)
+    # Parameters take the serving dtype before loading: load_state_dict copies into them, so
+    # leaving them at the default float32 would silently serve every dtype in fp32.
+    model = model.to_empty(device=device).to(dtype)
     model.load_state_dict(state, strict=False, assign=False)
     # Non-persistent buffers (rope tables) were on meta: rebuild them on the device.
     model.rope = type(model.rope)(arch.head_dim, model.rope.cos.shape[0], arch.rope).to(device)
     model.requires_grad_(False)
+    model.fuse_projections()
     return model.eval()

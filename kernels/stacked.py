@@ -1,0 +1,57 @@
+"""Routed LoRA over one layer's slots stacked as a single wide adapter (the CPU decode path).
+
+When a layer's slot buffers are laid out slot-major and contiguous, `A_flat [S·r, d_in]` and
+`Bt_flat [S·r, d_out]` are views, and the delta of a whole mixed batch is two GEMMs and one
+scale, whatever adapters its tokens use:
+
+    h = x A_flatᵀ            [T, S·r]
+    h *= slot_weights ⊗ 1_r  (each token's weight for each slot, repeated over the rank)
+    y += h Bt_flat
+
+Work grows with the number of slots S, not with how many distinct adapters a batch mixes, and
+there is no data-dependent control flow (no sorting, no per-slot loop, no host sync), so on a
+CPU, where a step is bound by per-op overhead at decode sizes, it beats grouping tokens by slot
+as long as S·r stays small next to the projection's width. Same math as
+`kernels.reference.routed_lora_dense` (its correctness twin).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def slot_weight_matrix(
+    slot_ids: torch.Tensor, weights: torch.Tensor, first_slot: int, num_slots: int, rank: int
+) -> torch.Tensor:
+    """Per-token weight of each slot in `[first_slot, first_slot + num_slots)`, rank-expanded.
+
+    Returns `[T, num_slots · rank]` in fp32: column `i·rank + j` holds the summed weight the
+    token gives slot `first_slot + i`. Ids outside the range (and ids <= 0) contribute nothing.
+    """
+    T = slot_ids.shape[0]
+    local = slot_ids.long() - first_slot
+    inside = (local >= 0) & (local < num_slots) & (slot_ids > 0)
+    w = torch.where(inside, weights.float(), torch.zeros((), device=weights.device))
+    gate = torch.zeros(T, num_slots, dtype=torch.float32, device=slot_ids.device)
+    gate.scatter_add_(1, local.clamp(0, max(num_slots - 1, 0)), w)
+    return gate.repeat_interleave(rank, dim=1)
+
+
+def routed_lora_stacked(
+    x: torch.Tensor,
+    A_flat: torch.Tensor,
+    Bt_flat: torch.Tensor,
+    expanded_weights: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Add the routed delta of `x [T, d_in]` to `out [T, d_out]` (or return it).
+
+    `A_flat [S·r, d_in]`, `Bt_flat [S·r, d_out]` and `expanded_weights [T, S·r]` (from
+    `slot_weight_matrix`) share one slot range. The GEMMs run in `x.dtype` (the base
+    projection's precision); `out` may be a strided view of a fused projection's output.
+    """
+    h = x @ A_flat.t()
+    h = h * expanded_weights.to(h.dtype)
+    if out is None:
+        return h @ Bt_flat
+    return out.addmm_(h, Bt_flat)
