@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
 
+import ray
 from ray import serve
 
 from deployments import metrics
@@ -22,7 +23,12 @@ from deployments.config import ServeConfig
 from deployments.errors import error_item
 from deployments.placement import base_name
 from deployments.store import open_source
-from molora_runtime.engine.types import EngineStats, GenerationOutput, GenerationRequest
+from molora_runtime.engine.types import (
+    EngineStats,
+    GenerationOutput,
+    GenerationRequest,
+    merge_outputs,
+)
 from molora_runtime.errors import EngineStoppedError
 
 logger = logging.getLogger("ray.serve")
@@ -46,6 +52,24 @@ def output_item(out: GenerationOutput) -> dict[str, Any]:
     return item
 
 
+def use_assigned_cores() -> int:
+    """Compute on as many threads as this replica was given CPUs (at least one).
+
+    Ray sets OMP_NUM_THREADS from `num_cpus`, but a fractional or zero share leaves torch on
+    one thread; the CPU count of the replica's resources is the intent, so take that.
+    """
+    import torch
+
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
+    except Exception:  # outside a Ray worker (unit use)
+        cpus = 0.0
+    threads = max(1, round(cpus)) if cpus else torch.get_num_threads()
+    torch.set_num_threads(threads)
+    logger.info("replica computes on %d torch threads (%.2f CPUs assigned)", threads, cpus)
+    return threads
+
+
 def stats_dict(stats: EngineStats) -> dict[str, Any]:
     return asdict(stats)
 
@@ -64,6 +88,7 @@ class ModelReplica:
     async def __init__(self, config: dict[str, Any]) -> None:
         from molora_runtime.engine.async_engine import AsyncEngine
 
+        use_assigned_cores()
         self._config = ServeConfig.model_validate(config)
         self._source = open_source(self._config.store)
         self._engine = AsyncEngine(self._config.engine, self._source)
@@ -85,17 +110,19 @@ class ModelReplica:
         """Stream one request; `placement` (the adapter set) is read by the router, not here."""
         try:
             req = GenerationRequest.model_validate(request)
-            self._engine.validate_request(req)
         except Exception as exc:
             yield error_item(exc)
             return
         wanted = {base_name(a) for a in (placement or {}).get("adapters", [])}
         meta = {"replica": self._replica_id, "hot_set_hit": wanted <= self._hot_names()}
-        stream = self._engine.generate(req)
+        # The engine validates (tokenizes) once, off the event loop; its errors arrive here
+        # before any output. Outputs that queued up while Ray sent the previous item travel
+        # together as one item.
+        stream = self._engine.stream(req)
         first = True
         try:
-            async for out in stream:
-                item = output_item(out)
+            async for outs in stream:
+                item = output_item(merge_outputs(outs))
                 if first:
                     item.update(meta)
                     first = False

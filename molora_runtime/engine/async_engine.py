@@ -1,21 +1,36 @@
-"""Async front of the engine for the serving replica: a background step loop and per-request
-streams. The model step runs in a worker thread so the event loop keeps serving I/O."""
+"""Async front of the engine for the serving replica: one step thread and per-request streams.
+
+The model step runs in one dedicated, long-lived thread, so torch's intra-op thread team is
+created once and reused (a pool of executor threads would each start their own team and
+oversubscribe the cores), and the event loop only moves finished outputs into per-request
+queues: one loop callback per step, whatever the batch size.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import torch
+
 from molora_runtime.config import EngineConfig
 from molora_runtime.engine.engine import LLMEngine
-from molora_runtime.engine.types import EngineStats, GenerationOutput, GenerationRequest
+from molora_runtime.engine.types import (
+    EngineStats,
+    GenerationOutput,
+    GenerationRequest,
+    merge_outputs,
+)
 from molora_runtime.errors import EngineStoppedError, InvalidRequestError
 from molora_runtime.lora.source import AdapterSource
 
 log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 1.0  # the step thread re-checks for work (and shutdown) at least this often
 
 
 class AsyncEngine:
@@ -24,10 +39,12 @@ class AsyncEngine:
     def __init__(self, config: EngineConfig, source: AdapterSource) -> None:
         self.engine = LLMEngine(config, source)
         self._streams: dict[str, asyncio.Queue[GenerationOutput | BaseException]] = {}
-        self._wakeup: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._work = threading.Event()
         self._stopping = False
         self._failure: BaseException | None = None
+        self._threads = torch.get_num_threads()
 
     # ----- passthroughs ---------------------------------------------------------------------
     @property
@@ -56,52 +73,71 @@ class AsyncEngine:
 
     # ----- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
-        if self._task is None:
-            self._wakeup = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="molora-step")
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._run, name="molora-step", daemon=True)
+            self._thread.start()
 
     async def shutdown(self) -> None:
         self._stopping = True
         for rid in list(self._streams):
             self.engine.abort(rid)
-        if self._wakeup is not None:
-            self._wakeup.set()
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(self._task, timeout=30)
-            self._task = None
+        self._work.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
+            self._thread = None
         for queue in self._streams.values():
             queue.put_nowait(EngineStoppedError("the engine shut down"))
 
     @property
     def healthy(self) -> bool:
-        return self._failure is None and (self._task is None or not self._task.done())
+        return self._failure is None and (self._thread is None or self._thread.is_alive())
 
-    async def _loop(self) -> None:
-        assert self._wakeup is not None
+    def _run(self) -> None:
+        """The step loop (its own thread): step while there is work, sleep when there is none."""
+        torch.set_num_threads(self._threads)
         try:
             while not self._stopping or self.engine.has_work():
+                self._work.clear()
                 if not self.engine.has_work():
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
+                    self._work.wait(IDLE_WAIT_S)
                     continue
-                outputs = await asyncio.to_thread(self.engine.step)
-                for out in outputs:
-                    queue = self._streams.get(out.request_id)
-                    if queue is not None:
-                        queue.put_nowait(out)
-                await asyncio.sleep(0)
+                outputs = self.engine.step()
+                if outputs:
+                    self._post(self._dispatch, outputs)
         except Exception as exc:  # the engine is broken: fail every stream, stay unhealthy
             log.exception("engine step loop died")
             self._failure = exc
-            for queue in self._streams.values():
-                queue.put_nowait(EngineStoppedError(f"engine failure: {exc}"))
+            self._post(self._fail_all, exc)
+
+    def _post(self, fn: Any, arg: Any) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+            self._loop.call_soon_threadsafe(fn, arg)
+
+    def _dispatch(self, outputs: list[GenerationOutput]) -> None:
+        for out in outputs:
+            queue = self._streams.get(out.request_id)
+            if queue is not None:
+                queue.put_nowait(out)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for queue in self._streams.values():
+            queue.put_nowait(EngineStoppedError(f"engine failure: {exc}"))
 
     # ----- requests -------------------------------------------------------------------------
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        """One output per engine step that produced something for this request."""
+        async for outs in self.stream(req):
+            for out in outs:
+                yield out
+
+    async def stream(self, req: GenerationRequest) -> AsyncIterator[list[GenerationOutput]]:
+        """Like `generate`, but each item is every output that arrived since the last one, so
+        a consumer that falls behind (a slow network hop) catches up in one item."""
         if self._stopping or self._failure is not None:
             raise EngineStoppedError("the engine is not accepting requests")
-        if self._task is None:
+        if self._thread is None:
             await self.start()
         if req.request_id in self._streams:
             raise InvalidRequestError(f"request id {req.request_id!r} is already running")
@@ -111,25 +147,31 @@ class AsyncEngine:
         try:
             prompt_ids = await asyncio.to_thread(self.engine.validate_request, req)
             self.engine.add_request(req, prompt_ids)
-            assert self._wakeup is not None
-            self._wakeup.set()
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                if item.finished:
-                    finished = True
-                yield item
-                if finished:
-                    return
+            self._work.set()
+            while not finished:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                outs: list[GenerationOutput] = []
+                for item in batch:
+                    if isinstance(item, BaseException):
+                        if outs:
+                            yield outs
+                        raise item
+                    outs.append(item)
+                    if item.finished:
+                        finished = True
+                        break
+                yield outs
         finally:
             self._streams.pop(req.request_id, None)
             if not finished:
                 self.engine.abort(req.request_id)
-                if self._wakeup is not None:
-                    self._wakeup.set()
+                self._work.set()
 
     async def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._work.set()
+
+
+__all__ = ["AsyncEngine", "merge_outputs"]
