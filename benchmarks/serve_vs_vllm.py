@@ -1,0 +1,456 @@
+"""The endpoint a user calls, side by side: MoLoRA `serve run` vs vLLM's own OpenAI server.
+
+Same box, same SmolLM2-135M-Instruct, same 4 PEFT adapters (r=8, alpha 16, all 7 projections),
+same streaming chat client over HTTP (short prompts, 64 tokens, `ignore_eos`, temperature 0),
+same run. vLLM (`make vllm-env`) computes with its OpenMP threads bound to every core
+(`VLLM_CPU_OMP_THREADS_BIND=0-N`); MoLoRA runs one model replica owning every core. Cells:
+concurrency 1/8/32 × base, one adapter, 4 adapters (one per request), and for MoLoRA also a
+learned top-2 composition over the 4 and a vocabulary route. Per cell: output tok/s, TTFT
+p50/p99, inter-token latency p50/p99. Before timing, each server answers one prompt greedily on
+the base model and on every adapter: the texts must differ (LoRA is really applied). Each
+server's thread binding is recorded from its own log / replica stats as evidence.
+
+    .venv/bin/python -m benchmarks.serve_vs_vllm [--dtypes float32 bfloat16] [--quick]
+
+Writes `benchmarks/results/serve_vs_vllm.json` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from benchmarks.report import write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "serve_vs_vllm.json"
+ADAPTERS = ["a", "b", "c", "d"]
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+NEW_TOKENS = 64
+PROMPTS = [
+    "What is the capital of France?",
+    "Give me three tips for sleeping better.",
+    "Explain photosynthesis in one sentence.",
+    "Write a haiku about the sea.",
+    "How do I boil an egg?",
+    "What is 17 times 23?",
+    "Name two benefits of regular exercise.",
+    "Translate 'good morning' into Spanish.",
+]
+MAX_MODEL_LEN = 1024
+MAX_NUM_SEQS = 32
+VLLM_PORT = 18431
+MOLORA_PORT = 18500
+
+
+# ---- assets ---------------------------------------------------------------------------------
+
+
+def make_assets(work: Path, model_dir: Path) -> Path:
+    """4 random PEFT adapters and a learned top-2 composition, published to a local store."""
+    store = work / "store"
+    if (store / ".done").is_file():
+        return store
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from molora_runtime.lora.composition import CompositionConfig, save_composition
+    from molora_runtime.model.arch import load_arch
+
+    for i, name in enumerate(ADAPTERS):
+        torch.manual_seed(100 + i)
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        cfg = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS)
+        peft_model = get_peft_model(base, cfg)
+        with torch.no_grad():
+            for n, p in peft_model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0.0, 0.02)  # non-zero B: each adapter changes the output
+        peft_model.save_pretrained(work / "adapters" / name)
+    arch = load_arch(model_dir)
+    torch.manual_seed(7)
+    comp_cfg = CompositionConfig(
+        base_model=str(model_dir),  # as the adapters record it (pushed with --base-config)
+        adapters=[f"{n}@1" for n in ADAPTERS],
+        top_k=2,
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+    )
+    gates = torch.randn(arch.num_layers, len(ADAPTERS), arch.hidden_size)
+    comp_dir = save_composition(work / "compositions" / "mix4", comp_cfg, gates)
+    shutil.rmtree(store, ignore_errors=True)  # a run that stopped half-way published some
+    cli = [sys.executable, "-m", "deployments.cli"]
+    for name in ADAPTERS:
+        subprocess.run(
+            [*cli, "adapters", "push", str(work / "adapters" / name), "--name", name]
+            + ["--version", "1", "--store", str(store), "--base-config", str(model_dir)],
+            check=True,
+            capture_output=True,
+        )
+    subprocess.run(
+        [*cli, "compositions", "push", str(comp_dir), "--name", "mix4", "--version", "1"]
+        + ["--store", str(store)],
+        check=True,
+        capture_output=True,
+    )
+    (store / ".done").write_text("ok\n")
+    return store
+
+
+# ---- servers --------------------------------------------------------------------------------
+
+
+def wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url} did not answer within {timeout_s} s")
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 20) -> None:
+    """SIGINT the server's process group (serve run shuts Ray down on it), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def start_vllm(python: Path, model_dir: Path, work: Path, dtype: str, log: Path):
+    ncpu = os.cpu_count() or 1
+    env = {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{ncpu - 1}",  # every core; its default is one
+        "OMP_NUM_THREADS": str(ncpu),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    modules = [f"{n}={work / 'adapters' / n}" for n in ADAPTERS]
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    cmd += ["--host", "127.0.0.1", "--port", str(VLLM_PORT), "--served-model-name", "base"]
+    cmd += ["--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN)]
+    cmd += ["--max-num-seqs", str(MAX_NUM_SEQS), "--enable-lora", "--max-loras", "4"]
+    cmd += ["--max-lora-rank", "8", "--lora-modules", *modules]
+    out = log.open("w")
+    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=work,
+                            start_new_session=True)  # fmt: skip
+    wait_up(f"http://127.0.0.1:{VLLM_PORT}/v1/models", proc)
+    return proc
+
+
+def vllm_binding(log: Path) -> list[str]:
+    """The lines where vLLM says which cores its OpenMP threads are bound to."""
+    lines = log.read_text(errors="replace").splitlines()
+    return [ln.strip()[-200:] for ln in lines if re.search(r"core ids|OMP threads|bind", ln)][:6]
+
+
+def molora_config(store: Path, dtype: str, path: Path) -> Path:
+    """serve_config.yaml with the benchmark's limits: one replica owning every core."""
+    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    cfg["http_options"]["port"] = MOLORA_PORT
+    cfg["logging_config"]["enable_access_log"] = False
+    app = cfg["applications"][0]
+    args = app["args"]
+    args["engine"].update(
+        dtype=dtype,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=1024,
+        max_queue_len=256,
+    )
+    args["engine"]["hot_set"] = {"num_slots": 4, "max_rank": 8}
+    args["store"] = {"url": str(store)}
+    args["served_model_name"] = "base"
+    for dep in app["deployments"]:
+        if dep["name"] == "ModelReplica":
+            dep.pop("autoscaling_config", None)
+            dep["num_replicas"] = 1
+            dep["max_ongoing_requests"] = 64
+            dep["max_queued_requests"] = 256
+            dep["ray_actor_options"] = {"num_cpus": os.cpu_count() or 1}
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def start_molora(config: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONPATH": str(ROOT)}
+    serve = Path(sys.executable).parent / "serve"
+    out = log.open("w")
+    proc = subprocess.Popen([str(serve), "run", str(config)], env=env, stdout=out,
+                            stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)  # fmt: skip
+    wait_up(f"http://127.0.0.1:{MOLORA_PORT}/health", proc)
+    return proc
+
+
+def molora_binding(log: Path) -> list[str]:
+    lines = log.read_text(errors="replace").splitlines()
+    return [ln.strip()[-160:] for ln in lines if "torch threads" in ln][:4]
+
+
+# ---- client ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    tokens: int = 0
+    text: str = ""
+    error: str | None = None
+
+
+def request_body(model: str, prompt: str, route: dict[str, Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if route is not None:
+        body["molora"] = {"route": route}
+    return body
+
+
+async def one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sample:
+    s = Sample()
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                s.error = f"{resp.status_code}: {(await resp.aread())[:200]!r}"
+                return s
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                for choice in event.get("choices") or []:
+                    content = (choice.get("delta") or {}).get("content")
+                    if content:
+                        now = time.perf_counter()
+                        if s.ttft is None:
+                            s.ttft = now - start
+                        else:
+                            s.itl.append(now - last)
+                        last = now
+                        s.text += content
+                if event.get("usage"):
+                    s.tokens = event["usage"]["completion_tokens"]
+    except httpx.HTTPError as exc:
+        s.error = f"{type(exc).__name__}: {exc}"
+    return s
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+
+async def run_cell(port: int, models: list[tuple[str, dict | None]], conc: int, n: int) -> dict:
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+        sem = asyncio.Semaphore(conc)
+
+        async def task(i: int) -> Sample:
+            model, route = models[i % len(models)]
+            async with sem:
+                return await one(client, url, request_body(model, PROMPTS[i % 8], route))
+
+        start = time.perf_counter()
+        samples = await asyncio.gather(*(task(i) for i in range(n)))
+        seconds = time.perf_counter() - start
+    tokens = sum(s.tokens for s in samples)
+    ttfts = [s.ttft for s in samples if s.ttft is not None]
+    itls = [x for s in samples for x in s.itl]
+    return {
+        "concurrency": conc,
+        "requests": n,
+        "errors": [s.error for s in samples if s.error][:3],
+        "completion_tokens": tokens,
+        "seconds": round(seconds, 2),
+        "tok_per_s": round(tokens / seconds, 1),
+        "ttft_p50_ms": pct(ttfts, 0.5),
+        "ttft_p99_ms": pct(ttfts, 0.99),
+        "itl_p50_ms": pct(itls, 0.5),
+        "itl_p99_ms": pct(itls, 0.99),
+    }
+
+
+async def sanity(port: int) -> dict[str, Any]:
+    """Greedy text of one prompt on the base model and on each adapter (must all differ)."""
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    texts = {}
+    async with httpx.AsyncClient(timeout=300) as client:
+        for model in ["base", *ADAPTERS]:
+            s = await one(client, url, request_body(model, PROMPTS[0], None))
+            texts[model] = s.text if s.error is None else f"ERROR {s.error}"
+    return {"distinct": len(set(texts.values())), "of": len(texts), "texts": texts}
+
+
+def modes(vocab_split: int) -> dict[str, list[tuple[str, dict | None]]]:
+    vocab = {
+        "kind": "vocab",
+        "ranges": [
+            {"start": 0, "end": vocab_split, "adapter": "a"},
+            {"start": vocab_split, "end": 2 * vocab_split, "adapter": "b"},
+        ],
+        "default": "c",
+    }
+    return {
+        "base": [("base", None)],
+        "single": [("a", None)],
+        "mixed": [(n, None) for n in ADAPTERS],
+        "learned_top2": [("mix4", None)],
+        "vocab": [("base", vocab)],
+    }
+
+
+CELLS = {"full": [(1, 4), (8, 32), (32, 64)], "quick": [(8, 16), (32, 64)]}
+
+
+def drive(port: int, mode_names: list[str], cells: list[tuple[int, int]], vocab_split: int):
+    all_modes = modes(vocab_split)
+    rows = []
+    asyncio.run(run_cell(port, all_modes["mixed"], 8, 8))  # warm up every adapter
+    for conc, n in cells:
+        for mode in mode_names:
+            row = asyncio.run(run_cell(port, all_modes[mode], conc, n))
+            row["mode"] = mode
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+# ---- main -----------------------------------------------------------------------------------
+
+
+def summarize(runs: dict[str, Any]) -> list[str]:
+    lines = [
+        "| dtype | mode | c | vLLM tok/s | MoLoRA tok/s | ratio | TTFT p50 v/m ms | ITL p99 v/m ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for dtype, run in runs.items():
+        vllm = {(r["mode"], r["concurrency"]): r for r in run.get("vllm", {}).get("cells", [])}
+        for r in run["molora"]["cells"]:
+            v = vllm.get((r["mode"], r["concurrency"]))
+            ratio = f"{r['tok_per_s'] / v['tok_per_s']:.2f}" if v and v["tok_per_s"] else "-"
+            lines.append(
+                f"| {dtype} | {r['mode']} | {r['concurrency']} | "
+                f"{v['tok_per_s'] if v else '-'} | {r['tok_per_s']} | {ratio} | "
+                f"{v['ttft_p50_ms'] if v else '-'}/{r['ttft_p50_ms']} | "
+                f"{v['itl_p99_ms'] if v else '-'}/{r['itl_p99_ms']} |"
+            )
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--quick", action="store_true", help="c=8 and c=32 only")
+    ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument("--work", default=None, help="keep adapters/store here between runs")
+    ap.add_argument("--skip-vllm", action="store_true")
+    args = ap.parse_args()
+
+    from molora_runtime.model.arch import load_arch
+    from molora_runtime.model.registry import resolve_model_path
+
+    model_dir = resolve_model_path("smollm2-135m-instruct")
+    work = Path(args.work or tempfile.mkdtemp(prefix="serve-vs-vllm-"))
+    work.mkdir(parents=True, exist_ok=True)
+    store = make_assets(work, model_dir)
+    vocab_split = load_arch(model_dir).vocab_size // 3
+    cells = CELLS["quick" if args.quick else "full"]
+    vllm_python = Path(args.vllm_python)
+    runs: dict[str, Any] = {}
+    for dtype in args.dtypes:
+        run: dict[str, Any] = {}
+        if not args.skip_vllm and vllm_python.is_file():
+            log = work / f"vllm_{dtype}.log"
+            proc = start_vllm(vllm_python, model_dir, work, dtype, log)
+            try:
+                run["vllm"] = {
+                    "sanity": asyncio.run(sanity(VLLM_PORT)),
+                    "cells": drive(VLLM_PORT, ["base", "single", "mixed"], cells, vocab_split),
+                }
+            finally:
+                stop(proc)
+            run["vllm"]["thread_binding"] = vllm_binding(log)
+        elif not args.skip_vllm:
+            run["vllm"] = {"skipped": f"{vllm_python} not found: run `make vllm-env`"}
+        log = work / f"molora_{dtype}.log"
+        proc = start_molora(molora_config(store, dtype, work / f"molora_{dtype}.yaml"), log)
+        try:
+            run["molora"] = {
+                "sanity": asyncio.run(sanity(MOLORA_PORT)),
+                "cells": drive(MOLORA_PORT, list(modes(vocab_split)), cells, vocab_split),
+            }
+        finally:
+            stop(proc)
+        run["molora"]["thread_binding"] = molora_binding(log)
+        runs[dtype] = run
+    table = summarize(runs)
+    print("\n".join(table))
+    write_json(
+        RESULTS,
+        {
+            "benchmark": "serve_vs_vllm",
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "workload": {
+                "model": "SmolLM2-135M-Instruct",
+                "adapters": "4 PEFT LoRAs r=8 alpha=16 on all 7 projections",
+                "prompts": len(PROMPTS),
+                "max_tokens": NEW_TOKENS,
+                "sampling": "greedy, ignore_eos, streaming chat",
+                "max_num_seqs": MAX_NUM_SEQS,
+                "max_model_len": MAX_MODEL_LEN,
+            },
+            "runs": runs,
+            "table": table,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
