@@ -17,6 +17,10 @@ from molora_runtime.lora.source import AdapterSource
 
 log = logging.getLogger(__name__)
 
+# Consecutive failed steps (each already failing every in-flight request) before the engine is
+# declared broken and the replica unhealthy.
+MAX_STEP_FAILURES = 3
+
 
 class AsyncEngine:
     """`async for out in engine.generate(req)`; closing the iterator aborts the request."""
@@ -79,23 +83,40 @@ class AsyncEngine:
 
     async def _loop(self) -> None:
         assert self._wakeup is not None
+        failures = 0
         try:
             while not self._stopping or self.engine.has_work():
                 if not self.engine.has_work():
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
-                outputs = await asyncio.to_thread(self.engine.step)
-                for out in outputs:
-                    queue = self._streams.get(out.request_id)
-                    if queue is not None:
-                        queue.put_nowait(out)
+                try:
+                    outputs = await asyncio.to_thread(self.engine.step)
+                    failures = 0
+                except Exception:
+                    # The engine isolates each sequence's failures itself; reaching here is a
+                    # bug outside any one request. End the in-flight requests with a generic
+                    # message (never one request's error text) and keep serving the next ones.
+                    failures += 1
+                    log.exception("engine step failed (%d in a row)", failures)
+                    if failures >= MAX_STEP_FAILURES:
+                        raise
+                    outputs = self.engine.fail_running(
+                        "internal engine error; the request was stopped"
+                    )
+                self._publish(outputs)
                 await asyncio.sleep(0)
         except Exception as exc:  # the engine is broken: fail every stream, stay unhealthy
             log.exception("engine step loop died")
             self._failure = exc
             for queue in self._streams.values():
-                queue.put_nowait(EngineStoppedError(f"engine failure: {exc}"))
+                queue.put_nowait(EngineStoppedError("the engine failed; retry on another replica"))
+
+    def _publish(self, outputs: list[GenerationOutput]) -> None:
+        for out in outputs:
+            queue = self._streams.get(out.request_id)
+            if queue is not None:
+                queue.put_nowait(out)
 
     # ----- requests -------------------------------------------------------------------------
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationOutput]:

@@ -78,6 +78,7 @@ class GenerationOutput:
     completion_tokens: int = 0
     attribution: list[TokenAttribution] | None = None
     error: str | None = None
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
