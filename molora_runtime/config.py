@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from molora_runtime.routes import RouteLimits
+
 LORA_TARGET_MODULES: tuple[str, ...] = (
     "q_proj",
     "k_proj",
@@ -82,6 +84,9 @@ class EngineConfig(StrictModel):
     enable_cuda_graph: bool = Field(True, description="capture the decode step (CUDA only)")
     cuda_graph_max_batch: int = Field(64, ge=1, le=1024)
     hot_set: HotSetConfig = Field(default_factory=HotSetConfig)
+    routes: RouteLimits = Field(
+        default_factory=RouteLimits, description="bounds on request routes (mix weights)"
+    )
     seed: int = 0
 
     @model_validator(mode="after")

@@ -42,7 +42,7 @@ from molora_runtime.lora.source import AdapterSource
 from molora_runtime.model.attention_meta import CacheAttention, KVCache, PrefillSegment
 from molora_runtime.model.loader import load_model
 from molora_runtime.model.registry import resolve_model_path
-from molora_runtime.routes import LearnedRoute
+from molora_runtime.routes import LearnedRoute, check_route_limits
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,24 @@ class LLMEngine:
                 f"the prompt has {len(ids)} tokens; this model's limit is {self.max_model_len} "
                 "tokens for prompt and completion together"
             )
+        p = req.sampling
+        if not p.clamp_to_context and len(ids) + p.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but "
+                f"{len(ids) + p.max_tokens} were requested ({len(ids)} in the prompt, "
+                f"{p.max_tokens} in max_tokens)"
+            )
+        vocab = self.arch.vocab_size
+        bad = [t for t in p.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
         route = req.route
+        try:
+            check_route_limits(route, self.config.routes, vocab)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
         for name in route.adapters():
             self.hot_set.source.adapter_path(name)  # raises AdapterNotFoundError
         comp_top_k = None
@@ -165,6 +182,11 @@ class LLMEngine:
             except CompositionError as exc:
                 raise AdapterLoadError(str(exc)) from exc
             comp_top_k = comp_config.top_k
+            if route.top_k is not None and route.top_k > len(comp_config.adapters):
+                raise InvalidRequestError(
+                    f"top_k={route.top_k} exceeds the {len(comp_config.adapters)} experts of "
+                    f"composition {route.composition!r}"
+                )
             needed = list(dict.fromkeys(needed + comp_config.adapters))
         check_route_width(route, self.width, comp_top_k)
         if len(needed) > self.hot_set.num_slots:

@@ -81,8 +81,28 @@ def _unchecked_vocab(end: int) -> VocabRoute:
     return VocabRoute.model_construct(kind="vocab", ranges=[rng], default=None)
 
 
-def _run(engine, bad: list[GenerationRequest], at_step: int = 3):
-    return run_to_completion(engine, _good_requests(), schedule={at_step: bad})
+def _run(engine, bad: list[GenerationRequest], at_step: int = 3) -> dict[str, dict]:
+    """Good requests from the start, `bad` ones before step `at_step`, enqueued past
+    `validate_request` (prompt ids given), as data that slipped through every bound would be."""
+    results: dict[str, dict] = {}
+    for req in _good_requests():
+        engine.add_request(req)
+    step = 0
+    while engine.has_work() or step <= at_step:
+        if step == at_step:
+            for req in bad:
+                engine.add_request(req, list(req.prompt_token_ids or []))
+        for out in engine.step():
+            res = results.setdefault(
+                out.request_id, {"tokens": [], "outputs": [], "finish_reason": None}
+            )
+            assert res["finish_reason"] is None
+            res["tokens"] += out.new_token_ids
+            res["outputs"].append(out)
+            res.update(finish_reason=out.finish_reason, error=out.error)
+        step += 1
+        assert step < 1000
+    return results
 
 
 def test_non_finite_logits_fail_only_their_sequence(factory, alone) -> None:
@@ -153,11 +173,10 @@ async def test_async_loop_survives_and_hides_other_errors(
         async def consume(req: GenerationRequest):
             return [out async for out in eng.generate(req)]
 
-        bad = [
-            request("bad-nan", [1, 2, 3], "huge", 10),
-            request("bad-vocab", [4, 5, 6], _unchecked_vocab(2**63), 10),
-        ]
-        streams = await asyncio.gather(*(consume(r) for r in _good_requests() + bad))
+        bad = request("bad-vocab", [4, 5, 6], _unchecked_vocab(2**63), 10)
+        eng.engine.validate_request = lambda req: list(req.prompt_token_ids)  # let it through
+        reqs = [*_good_requests(), request("bad-nan", [1, 2, 3], "huge", 10), bad]
+        streams = await asyncio.gather(*(consume(r) for r in reqs))
         by_id = {outs[-1].request_id: outs for outs in streams}
         for rid, tokens in alone.items():
             outs = by_id[rid]
