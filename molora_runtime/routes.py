@@ -64,7 +64,8 @@ def check_ref(ref: str) -> str:
 
 
 class _Route(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: JSON types are never coerced ("0.5" is not a weight)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     def adapters(self) -> list[str]:
         """Adapters this route may touch (compositions report their experts separately)."""
@@ -105,7 +106,7 @@ class MixRoute(_Route):
 
 
 class VocabRange(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     start: VocabId
     end: VocabId = Field(description="exclusive")
     adapter: str | None = Field(description="None routes the range to the base model")
