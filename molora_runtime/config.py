@@ -10,17 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adapter_store.rules import SERVABLE_MODULES
 from molora_runtime.routes import RouteLimits
 
-LORA_TARGET_MODULES: tuple[str, ...] = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
+LORA_TARGET_MODULES: tuple[str, ...] = SERVABLE_MODULES  # the rulebook's list
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -46,6 +39,10 @@ class HotSetConfig(StrictModel):
     max_composition_experts: int = Field(8, ge=1, le=64, description="K adapters per composition")
     pinned: list[str] = Field(
         default_factory=list, description="adapters loaded at start, never evicted"
+    )
+    allow_base_mismatch: bool = Field(
+        False,
+        description="serve adapters that declare another base model (their shapes still fit)",
     )
     host_cache_mb: int = Field(
         512, ge=0, description="parsed adapters kept in host memory (tier between disk and slots)"

@@ -27,11 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from adapter_store.errors import InvalidInputError
 from adapter_store.names import parse_ref
+from adapter_store.rules import MAX_GATE_TEMPERATURE, MIN_GATE_TEMPERATURE
 
 MAX_MIX_WEIGHT = 100.0
 MAX_VOCAB_ID = 2**31 - 1
-MIN_GATE_TEMPERATURE = 0.01
-MAX_GATE_TEMPERATURE = 100.0
 MAX_VOCAB_RANGES = 256
 MAX_MIX_ADAPTERS = 64
 

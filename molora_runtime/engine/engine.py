@@ -102,7 +102,10 @@ class LLMEngine:
             self.device,
         )
         self.scratch_row = rows - 1
-        self.hot_set = HotSet(self.model, config.hot_set, source, self.device, self.dtype)
+        served = [config.model, str(self.model_path), self.arch.name_or_path]
+        self.hot_set = HotSet(
+            self.model, config.hot_set, source, self.device, self.dtype, served_names=served
+        )
         self.width = config.hot_set.max_adapters_per_token
         self._free_rows = list(range(config.max_num_seqs))
         self.waiting: deque[Sequence] = deque()
