@@ -190,3 +190,33 @@ async def test_async_loop_survives_and_hides_other_errors(
         assert [t for o in again for t in o.new_token_ids] == alone["g-a"]
     finally:
         await eng.shutdown()
+
+
+async def test_loop_survives_a_step_that_fails_outside_any_sequence(
+    tiny_llama: Path, tiny_adapters, tiny_composition: Path, alone
+) -> None:
+    """A bug outside every sequence (here: batch formation raising once) ends the requests in
+    flight with a generic message, and the very next request is served normally."""
+    eng = AsyncEngine(
+        engine_config(tiny_llama, max_num_seqs=8),
+        DirectorySource(tiny_adapters, {"moe": tiny_composition}),
+    )
+    form = eng.engine._form_batch
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("secret detail of some other request")
+        return form()
+
+    eng.engine._form_batch = flaky
+    try:
+        outs = [out async for out in eng.generate(_good_requests()[0])]
+        assert outs[-1].finish_reason == "error"
+        assert outs[-1].error == "internal engine error; the request was stopped"
+        assert eng.healthy
+        again = [out async for out in eng.generate(_good_requests()[0])]
+        assert [t for o in again for t in o.new_token_ids] == alone["g-a"]
+    finally:
+        await eng.shutdown()
