@@ -142,9 +142,13 @@ class LLMEngine:
                 )
             except Exception as exc:  # template errors are the caller's messages' fault
                 raise InvalidRequestError(f"cannot apply the chat template: {exc}") from exc
+        else:
+            assert req.prompt is not None
+            text = req.prompt
+        try:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
-        assert req.prompt is not None
-        return list(self.tokenizer.encode(req.prompt, add_special_tokens=False))
+        except Exception as exc:  # e.g. a lone surrogate: the text is not valid Unicode
+            raise InvalidRequestError(f"cannot tokenize the prompt: {type(exc).__name__}") from exc
 
     def validate_request(self, req: GenerationRequest) -> list[int]:
         """Cheap checks before queueing; returns the prompt ids."""

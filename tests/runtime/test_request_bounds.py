@@ -87,3 +87,12 @@ def test_extreme_seeds_sample(tiny_engine_factory) -> None:
     ]
     results = run_to_completion(engine, reqs)
     assert all(r["finish_reason"] == "length" and len(r["tokens"]) == 3 for r in results.values())
+
+
+def test_invalid_unicode_prompt_is_a_request_error(tiny_chat_model) -> None:
+    from tests.runtime.rt_util import build_engine
+
+    engine = build_engine(tiny_chat_model)
+    for kwargs in ({"prompt": "a\ud800b"}, {"messages": [{"role": "user", "content": "\udfff"}]}):
+        with pytest.raises(InvalidRequestError, match="cannot"):
+            engine.validate_request(request("x", None, None, 4, **kwargs))
