@@ -102,11 +102,28 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return error_response(400, str(exc))
 
 
+_UNION_TAGS = {"str", "int", "float", "bool", "none"}
+
+
+def _param_path(loc: tuple[Any, ...]) -> list[str]:
+    """A location without pydantic's validator and union-member tags (`list[str]`, `int`)."""
+    return [
+        str(p)
+        for p in loc
+        if not str(p).startswith(("function-", "tagged-union"))
+        and "[" not in str(p)
+        and str(p) not in _UNION_TAGS
+    ]
+
+
 def validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    """First error as `param: message`, with `param` the dotted path of the bad field."""
+    """The most specific error as `param: message`, with `param` the dotted path of the bad
+    field (for a union, the member that got furthest: `prompt.1`, not "not a string")."""
     errors = exc.errors()
-    err = errors[0]
-    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-union"))]
+    err = max(
+        errors, key=lambda e: len([p for p in e["loc"] if not str(p).startswith("function-")])
+    )
+    loc = _param_path(err["loc"])
     param = ".".join(loc) or None
     msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
