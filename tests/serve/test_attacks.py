@@ -382,6 +382,15 @@ bodies = st.fixed_dictionaries(
 )  # fmt: skip
 
 
+completion_bodies = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(["math", "tiny-base", "math:0.5+code:0.5"]),
+        "prompt": st.one_of(st.text(max_size=40), st.lists(numbers, min_size=1, max_size=4), st.lists(st.text(max_size=8), max_size=2)),
+    },
+    optional={"max_tokens": numbers, "seed": numbers, "temperature": numbers, "stop": st.one_of(st.text(max_size=4), st.lists(st.text(max_size=4), max_size=10))},
+)  # fmt: skip
+
+
 def _check_answer(resp: httpx.Response, body: dict[str, Any]) -> None:
     assert resp.status_code < 500, (body, resp.text[:500])
     if resp.status_code >= 400:
@@ -435,13 +444,14 @@ async def test_schemathesis_finds_no_5xx(app_url, alone) -> None:
     schema = schemathesis.openapi.from_dict(doc)
     operations = [result.ok() for result in schema.get_all_operations()]
     failures: list[str] = []
+    statuses: list[int] = []
     deadline = time.monotonic() + 120
 
-    def fuzz(operation: Any) -> None:
+    def fuzz(operation: Any, mode: Any) -> None:
         @settings(
-            max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None
+            max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None
         )
-        @given(case=operation.as_strategy())
+        @given(case=operation.as_strategy(generation_mode=mode))
         def one(case: Any) -> None:
             if time.monotonic() > deadline:
                 return
@@ -451,6 +461,7 @@ async def test_schemathesis_finds_no_5xx(app_url, alone) -> None:
                 kw["method"], kw["url"], headers=kw.get("headers"), params=kw.get("params") or None,
                 json=kw.get("json"), content=kw.get("data"), timeout=120,
             )  # fmt: skip
+            statuses.append(resp.status_code)
             if resp.status_code >= 500:
                 failures.append(
                     f"{case.method} {case.path} {case.body!r} -> {resp.status_code} {resp.text[:300]}"
@@ -459,8 +470,12 @@ async def test_schemathesis_finds_no_5xx(app_url, alone) -> None:
         one()
 
     async def attack() -> None:
-        for operation in operations:
-            await asyncio.to_thread(fuzz, operation)
+        modes = schemathesis.GenerationMode
+        for operation in operations:  # valid bodies, then (POST) bodies that break the schema
+            await asyncio.to_thread(fuzz, operation, modes.POSITIVE)
+            if operation.method.upper() == "POST":
+                await asyncio.to_thread(fuzz, operation, modes.NEGATIVE)
 
     await under_fire(app_url, alone, attack)
     assert not failures, failures[:5]
+    assert len(statuses) >= 40 and any(400 <= c < 500 for c in statuses), statuses
