@@ -72,6 +72,12 @@ class AdapterManifest(_Manifest):
         pattern=SHA256_RE,
         description="sha256 of the base model's canonical config.json, when given on push",
     )
+    base_model_identity: str | None = Field(
+        None,
+        pattern=SHA256_RE,
+        description="rules.base_identity of the base config given on push (the architecture "
+        "fields that decide every shape); servers refuse the adapter on a different base",
+    )
     rank: int = Field(ge=1)
     alpha: float
     target_modules: list[str] = Field(min_length=1)

@@ -49,6 +49,7 @@ from adapter_store.validate import (
     read_composition,
     sha256_file,
     validate_adapter,
+    validate_stored,
 )
 
 log = logging.getLogger(__name__)
@@ -260,13 +261,20 @@ class Registry:
         writer.check(entry, f"{manifest.kind} {manifest.ref}")
 
     def verify(self, manifest: AnyManifest, progress: Progress | None = None) -> list[str]:
-        """Re-download every file and compare with the manifest; returns the problems found."""
+        """Re-download every file, compare with the manifest, then check the files against the
+        rulebook (what a server would refuse); returns the problems found."""
         problems = []
-        for entry in manifest.files:
-            try:
-                self.fetch(manifest, entry, None, progress)
-            except (IntegrityError, NotFoundError) as exc:
-                problems.append(str(exc))
+        with tempfile.TemporaryDirectory(prefix="molora-verify-") as tmp:
+            for entry in manifest.files:
+                try:
+                    self.fetch_to(manifest, entry, Path(tmp) / entry.path, progress)
+                except (IntegrityError, NotFoundError) as exc:
+                    problems.append(str(exc))
+            if not problems:
+                try:
+                    validate_stored(manifest.kind, Path(tmp))
+                except InvalidInputError as exc:
+                    problems.append(f"{manifest.kind} {manifest.ref} breaks the rules: {exc}")
         return problems
 
     # ---- publishing ----------------------------------------------------------------------------
@@ -328,7 +336,8 @@ class Registry:
         manifest = AdapterManifest(
             name=name, version=version, base_model=base, files=entries, blob_dir=self._blob_dir(),
             created=utcnow(), description=description, tags=tags or [],
-            base_model_fingerprint=info.base_model_fingerprint, rank=info.rank, alpha=info.alpha,
+            base_model_fingerprint=info.base_model_fingerprint,
+            base_model_identity=info.base_model_identity, rank=info.rank, alpha=info.alpha,
             target_modules=info.target_modules, num_layers=info.num_layers, dtype=info.dtype,
         )  # fmt: skip
         return self._upload(manifest, sources, progress)

@@ -82,7 +82,20 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
 def read_float_tensor(path: Path, name: str) -> np.ndarray:
     """Load one float tensor as float32 numpy (gates are small); BF16 is widened by hand."""
     header = read_header(path)
-    info = header[name]
+    return _read_float(path, name, header[name])
+
+
+def nonfinite_tensors(path: Path) -> list[str]:
+    """Names of the float tensors of `path` holding NaN or Inf (one header read, one pass)."""
+    header = read_header(path)
+    return [
+        name
+        for name, info in header.items()
+        if info.dtype in FLOAT_DTYPES and not np.isfinite(_read_float(path, name, info)).all()
+    ]
+
+
+def _read_float(path: Path, name: str, info: TensorInfo) -> np.ndarray:
     if info.dtype not in FLOAT_DTYPES:
         raise InvalidInputError(f"{path.name}: tensor {name!r} must be float, got {info.dtype}")
     with path.open("rb") as fh:

@@ -70,6 +70,11 @@ class AdapterStoreSource:
     def composition_path(self, ref: str) -> Path:
         return self.path("composition", ref)
 
+    def adapter_identity(self, ref: str) -> str | None:
+        """The base-model identity recorded when `ref` was pushed (None if not recorded)."""
+        manifest = self.manifest("adapter", ref)
+        return getattr(manifest, "base_model_identity", None)
+
     # ---- resolution ------------------------------------------------------------------------------
 
     def path(self, kind: Kind, ref: str, progress: Progress | None = None) -> Path:

@@ -98,6 +98,9 @@ class ServerConfig(StrictModel):
 
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request omits it")
     max_request_bytes: int = Field(1 << 20, ge=1024)
+    max_json_depth: int = Field(
+        32, ge=4, le=512, description="deepest JSON nesting a request body may have"
+    )
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429/503")
     request_timeout_s: float = Field(600.0, gt=0)
 

@@ -27,6 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments import metrics
 from deployments.config import ServeConfig
+from deployments.json_guard import BodyError, parse_body
+from deployments.openapi_docs import body_docs
 from deployments.placement import adapter_key
 from deployments.protocol import (
     AssistantMessage,
@@ -55,11 +57,22 @@ from deployments.registry import (
     Resolved,
     Resolver,
 )
+from deployments.replica_protocol import (
+    DeltaItem,
+    ErrorItem,
+    InfoItem,
+    ReplicaItem,
+    TokenAttributionItem,
+    UsageItem,
+    decode,
+)
 from deployments.request_router import PLACEMENT_KWARG
 from deployments.store import load_catalog
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 
 logger = logging.getLogger("ray.serve")
+
+Item = ReplicaItem
 
 app = FastAPI(title="MoLoRA Serve", docs_url=None, redoc_url=None)
 
@@ -89,11 +102,28 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return error_response(400, str(exc))
 
 
+_UNION_TAGS = {"str", "int", "float", "bool", "none"}
+
+
+def _param_path(loc: tuple[Any, ...]) -> list[str]:
+    """A location without pydantic's validator and union-member tags (`list[str]`, `int`)."""
+    return [
+        str(p)
+        for p in loc
+        if not str(p).startswith(("function-", "tagged-union"))
+        and "[" not in str(p)
+        and str(p) not in _UNION_TAGS
+    ]
+
+
 def validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    """First error as `param: message`, with `param` the dotted path of the bad field."""
+    """The most specific error as `param: message`, with `param` the dotted path of the bad
+    field (for a union, the member that got furthest: `prompt.1`, not "not a string")."""
     errors = exc.errors()
-    err = errors[0]
-    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-union"))]
+    err = max(
+        errors, key=lambda e: len([p for p in e["loc"] if not str(p).startswith("function-")])
+    )
+    loc = _param_path(err["loc"])
     param = ".".join(loc) or None
     msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -123,15 +153,16 @@ class _Tracker:
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
-    def on_item(self, item: dict[str, Any]) -> None:
-        now = time.perf_counter()
-        n = len(item.get("token_ids", ()))
-        self.prompt_tokens = item.get("prompt_tokens", self.prompt_tokens) or self.prompt_tokens
-        self.completion_tokens = item.get("completion_tokens", self.completion_tokens) or (
-            self.completion_tokens + n
-        )
-        if n == 0:
+    def on_item(self, item: Item) -> None:
+        if isinstance(item, UsageItem):
+            self.prompt_tokens = item.prompt_tokens
+            self.completion_tokens = item.completion_tokens
             return
+        if not isinstance(item, DeltaItem) or not item.token_ids:
+            return
+        now = time.perf_counter()
+        n = len(item.token_ids)
+        self.completion_tokens += n
         with contextlib.suppress(Exception):
             if self.last is None:
                 metrics.ttft().observe(now - self.start, tags={"route_kind": self.kind})
@@ -160,34 +191,40 @@ class _Shaper:
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.usage = Usage()
         self.sent_role = False
+        self.info: InfoItem | None = None
 
-    def _usage(self, item: dict[str, Any]) -> None:
-        p = item.get("prompt_tokens") or self.usage.prompt_tokens
-        c = item.get("completion_tokens") or self.usage.completion_tokens
+    def _usage(self, item: UsageItem) -> None:
+        p, c = item.prompt_tokens, item.completion_tokens
         self.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
 
     def _info(
-        self, item: dict[str, Any] | None, attribution: list[dict[str, Any]] | None
+        self, with_replica: bool, attribution: list[TokenAttributionItem] | None
     ) -> MoloraInfo:
-        item = item or {}
+        info = self.info if with_replica else None
         return MoloraInfo(
             route_kind=self.resolved.kind,
-            replica=item.get("replica"),
-            hot_set_hit=item.get("hot_set_hit"),
-            attribution=[TokenAttributionOut(**a) for a in attribution]
+            replica=info.replica if info else None,
+            hot_set_hit=info.hot_set_hit if info else None,
+            attribution=[
+                TokenAttributionOut(token_id=a.token_id, adapters=a.adapters) for a in attribution
+            ]
             if attribution is not None
             else None,
         )
 
-    def full(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        text = "".join(i.get("text", "") for i in items)
+    def full(self, items: list[Item]) -> dict[str, Any]:
+        deltas = [i for i in items if isinstance(i, DeltaItem)]
         for item in items:
-            self._usage(item)
-        finish = next((i["finish_reason"] for i in reversed(items) if i.get("finish_reason")), None)
+            if isinstance(item, InfoItem):
+                self.info = item
+            elif isinstance(item, UsageItem):
+                self._usage(item)
+        text = "".join(d.text for d in deltas)
+        finish = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
         attribution = None
         if self.body.molora.return_attribution:
-            attribution = [a for i in items for a in i.get("attribution") or []]
-        info = self._info(items[0] if items else None, attribution)
+            attribution = [a for d in deltas for a in d.attribution or []]
+        info = self._info(True, attribution)
         if self.chat:
             return ChatCompletionResponse(
                 id=self.id,
@@ -204,22 +241,26 @@ class _Shaper:
             molora=info,
         ).model_dump(exclude_none=True)
 
-    def chunks(self, item: dict[str, Any]) -> list[dict[str, Any]]:
-        self._usage(item)
-        text = item.get("text", "")
-        finish = item.get("finish_reason") if item.get("finished") else None
-        first = "replica" in item
+    def chunks(self, item: Item) -> list[dict[str, Any]]:
+        if isinstance(item, InfoItem):
+            self.info = item
+            return []
+        if isinstance(item, UsageItem):
+            self._usage(item)
+            return []
+        if not isinstance(item, DeltaItem):
+            return []
+        text, finish = item.text, item.finish_reason
+        first = not self.sent_role
         if not text and finish is None and not first:
             return []
         info = None
-        attribution = item.get("attribution")
-        if first or attribution:
-            info = self._info(item if first else None, attribution)
+        if first or item.attribution:
+            info = self._info(first, item.attribution)
         if self.chat:
             delta = DeltaMessage(content=text)
-            if not self.sent_role:
+            if first:
                 delta.role = "assistant"
-                self.sent_role = True
             chunk: Any = ChatCompletionChunk(
                 id=self.id,
                 model=self.model,
@@ -233,6 +274,7 @@ class _Shaper:
                 choices=[CompletionChoice(text=text, finish_reason=finish)],
                 molora=info,
             )
+        self.sent_role = True
         return [chunk.model_dump(exclude_none=True)]
 
     def usage_chunk(self) -> dict[str, Any]:
@@ -313,11 +355,11 @@ class Router:
             )
         return JSONResponse(ModelList(data=cards).model_dump())
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=body_docs(CompletionRequest))
     async def completions(self, request: Request) -> Any:
         return await self._handle(request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=body_docs(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Any:
         return await self._handle(request, chat=True)
 
@@ -353,9 +395,9 @@ class Router:
         if len(raw) > self.cfg.server.max_request_bytes:
             raise ApiError(413, f"request body exceeds {self.cfg.server.max_request_bytes} bytes")
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+            data = parse_body(raw, self.cfg.server.max_json_depth)
+        except BodyError as exc:
+            raise ApiError(400, str(exc)) from None
         if not isinstance(data, dict):
             raise ApiError(400, "request body must be a JSON object")
         model_cls = ChatCompletionRequest if chat else CompletionRequest
@@ -387,8 +429,11 @@ class Router:
         self, body: CompletionRequest | ChatCompletionRequest, resolved: Resolved, chat: bool
     ) -> GenerationRequest:
         try:
+            asked = body.requested_max_tokens()
             sampling = SamplingParams(
-                max_tokens=body.requested_max_tokens() or self.cfg.server.default_max_tokens,
+                max_tokens=asked or self.cfg.server.default_max_tokens,
+                # A client's own max_tokens past the context is a 400 unless it opts in.
+                clamp_to_context=asked is None or body.molora.allow_truncation,
                 temperature=body.temperature,
                 top_p=body.top_p,
                 top_k=body.top_k,
@@ -417,25 +462,31 @@ class Router:
             message, param = validation_message(exc)
             raise ApiError(400, message, param) from None
 
-    async def _start(
-        self, req: GenerationRequest, resolved: Resolved
-    ) -> tuple[Any, dict[str, Any]]:
-        """Send the request and wait for its first item, so errors still get a real status."""
+    async def _start(self, req: GenerationRequest, resolved: Resolved) -> tuple[Any, list[Item]]:
+        """Send the request and wait for its first output (past `info`), so errors — an adapter
+        that cannot load included — still get a real status before any header is sent."""
         payload = req.model_dump(mode="json")
         placement = {"adapters": list(resolved.placement_adapters)}
         for attempt in range(2):
             stream = self.model.options(stream=True).generate.remote(
                 payload, **{PLACEMENT_KWARG: placement}
             )
+            head: list[Item] = []
             try:
-                first = await stream.__anext__()
+                while not head or isinstance(head[-1], InfoItem):
+                    head.append(decode(await stream.__anext__()))
             except StopAsyncIteration:
+                stream.cancel()
                 raise ApiError(500, "the replica ended the stream without output") from None
             except BackPressureError as exc:
                 raise ApiError(503, f"server overloaded, retry later: {exc}") from None
             except asyncio.CancelledError:
                 stream.cancel()
                 raise
+            except ValidationError as exc:
+                stream.cancel()
+                logger.error("request %s: malformed replica item: %s", req.request_id, exc)
+                raise ApiError(500, "internal error: the replica sent a malformed item") from None
             except Exception as exc:
                 # The replica died before producing anything: nothing was sent, so try another.
                 logger.warning("request %s failed to start: %r", req.request_id, exc)
@@ -445,42 +496,39 @@ class Router:
                 raise ApiError(
                     503, f"no model replica could take the request: {type(exc).__name__}"
                 ) from None
-            if "error" in first:
+            last = head[-1]
+            if isinstance(last, ErrorItem):
                 stream.cancel()
-                err = first["error"]
-                raise ApiError(int(err["status"]), err["message"])
-            return stream, first
+                raise ApiError(last.status, last.message, last.param)
+            return stream, head
         raise AssertionError("unreachable")
 
-    async def _items(
-        self, stream: Any, first: dict[str, Any], tracker: _Tracker
-    ) -> AsyncIterator[dict[str, Any]]:
-        """All items of a started stream; cancelling the consumer cancels the replica call."""
+    async def _items(self, stream: Any, head: list[Item], tracker: _Tracker) -> AsyncIterator[Item]:
+        """All items of a started stream up to `usage` or `error`; cancelling the consumer
+        cancels the replica call."""
         try:
-            tracker.on_item(first)
-            yield first
-            if first.get("finished"):
-                return
-            async for item in stream:
-                if "error" not in item:
-                    tracker.on_item(item)
+            for item in head:
+                tracker.on_item(item)
                 yield item
-                if item.get("finished") or "error" in item:
+            async for raw in stream:
+                item = decode(raw)
+                tracker.on_item(item)
+                yield item
+                if isinstance(item, UsageItem | ErrorItem):
                     return
         finally:
             stream.cancel()
 
     async def _collect(
-        self, stream: Any, first: dict[str, Any], shaper: _Shaper, tracker: _Tracker
+        self, stream: Any, head: list[Item], shaper: _Shaper, tracker: _Tracker
     ) -> JSONResponse:
-        items: list[dict[str, Any]] = []
+        items: list[Item] = []
         try:
-            async with contextlib.aclosing(self._items(stream, first, tracker)) as source:
+            async with contextlib.aclosing(self._items(stream, head, tracker)) as source:
                 async for item in source:
-                    if "error" in item:
-                        err = item["error"]
-                        tracker.done(str(err["status"]))
-                        return error_response(int(err["status"]), err["message"])
+                    if isinstance(item, ErrorItem):
+                        tracker.done(str(item.status))
+                        return error_response(item.status, item.message, item.param)
                     items.append(item)
         except asyncio.CancelledError:
             tracker.done("cancelled")
@@ -494,17 +542,16 @@ class Router:
         return JSONResponse(shaper.full(items))
 
     async def _sse(
-        self, stream: Any, first: dict[str, Any], shaper: _Shaper, tracker: _Tracker
+        self, stream: Any, head: list[Item], shaper: _Shaper, tracker: _Tracker
     ) -> AsyncIterator[str]:
         status = "ok"
         try:
             failed = False
-            async with contextlib.aclosing(self._items(stream, first, tracker)) as source:
+            async with contextlib.aclosing(self._items(stream, head, tracker)) as source:
                 async for item in source:
-                    if "error" in item:
-                        err = item["error"]
-                        status, failed = str(err["status"]), True
-                        yield sse(error_payload(int(err["status"]), err["message"]))
+                    if isinstance(item, ErrorItem):
+                        status, failed = str(item.status), True
+                        yield sse(error_payload(item.status, item.message, item.param))
                         break
                     for chunk in shaper.chunks(item):
                         yield sse(chunk)

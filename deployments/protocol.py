@@ -2,22 +2,28 @@
 
 Requests forbid unknown keys so a misspelt parameter is a 400 naming it rather than a silently
 ignored setting; parameters OpenAI defines but we do not implement are accepted only at their
-neutral value. The `molora` object is our extension: an explicit route and per-token attribution.
+neutral value. Request models are strict: JSON types are not coerced ("5" is not an integer,
+"yes" not a boolean). Every number has a bound (the README's *Request bounds*). The `molora`
+object is our extension: an explicit route, per-token attribution, opt-in truncation.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from molora_runtime.engine.types import MAX_INT32, MAX_SEED
 from molora_runtime.routes import RouteSpec
+
+MAX_STOP_TOKEN_IDS = 64
+MAX_MESSAGES = 1024
 
 
 class _Payload(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class MoloraOptions(_Payload):
@@ -27,6 +33,11 @@ class MoloraOptions(_Payload):
         None, description="explicit route; overrides what `model` implies"
     )
     return_attribution: bool = Field(False, description="report the adapters behind each token")
+    allow_truncation: bool = Field(
+        False,
+        description="when prompt + max_tokens exceed the context, cut max_tokens instead of "
+        "answering 400",
+    )
 
 
 class StreamOptions(_Payload):
@@ -34,23 +45,25 @@ class StreamOptions(_Payload):
 
 
 class _SamplingFields(_Payload):
-    model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="vLLM extension; 0 = off")
-    seed: int | None = None
+    model: str = Field(min_length=1, max_length=4096)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_INT32)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT32)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(0, ge=0, le=MAX_INT32, description="vLLM extension; 0 = off")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="0 .. 2**64-1")
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_INT32)]] = Field(
+        default_factory=list, max_length=MAX_STOP_TOKEN_IDS, description="ids in the vocabulary"
+    )
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    user: str | None = Field(None, max_length=256)
     molora: MoloraOptions = Field(default_factory=MoloraOptions)
 
     @field_validator("presence_penalty", "frequency_penalty")
@@ -89,9 +102,11 @@ class _SamplingFields(_Payload):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[int] | list[str] = Field(description="text, token ids, or one text")
+    prompt: str | list[Annotated[int, Field(ge=0, le=MAX_INT32)]] | list[str] = Field(
+        description="text, token ids, or one text"
+    )
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=1)
 
@@ -123,12 +138,19 @@ class ContentPart(_Payload):
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ChatMessage(_Payload):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart]
-    name: str | None = None
+    name: str | None = Field(None, description="not supported: refused rather than dropped")
+
+    @field_validator("name")
+    @classmethod
+    def _no_name(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(
+                "message names are not supported (the chat template has no place for them)"
+            )
+        return value
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -137,9 +159,9 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")

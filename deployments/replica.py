@@ -1,9 +1,11 @@
 """The model replica: one engine per replica, streamed through the deployment handle.
 
-`generate` yields plain dicts (text deltas, token ids, usage, optional attribution); the first
-item also says which replica served the request and whether its adapters were already hot.
-Errors travel as `{"error": ...}` items. A cancelled call (client disconnect) closes the engine
-stream, which aborts the request and frees its KV blocks and slot pins.
+`generate` yields the typed items of `deployments.replica_protocol` (wire dicts): `info` before
+the first output (which replica, were its adapters hot), `delta`s (text, token ids, optional
+attribution), `usage` last; or an `error` — also when the engine ended the request with
+finish_reason "error" (an adapter that cannot load, a sequence that failed its step), so no
+failure ever reaches the client as a 200. A cancelled call (client disconnect) closes the
+engine stream, which aborts the request and frees its KV blocks and slot pins.
 """
 
 from __future__ import annotations
@@ -13,15 +15,22 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray import serve
 
 from deployments import metrics
 from deployments.config import ServeConfig
-from deployments.errors import error_item
+from deployments.errors import error_item, output_error
 from deployments.placement import base_name
+from deployments.replica_protocol import (
+    DeltaItem,
+    InfoItem,
+    TokenAttributionItem,
+    UsageItem,
+    encode,
+)
 from deployments.store import open_source
 from molora_runtime.engine.types import (
     EngineStats,
@@ -36,20 +45,20 @@ logger = logging.getLogger("ray.serve")
 METRICS_PERIOD_S = 1.0
 
 
-def output_item(out: GenerationOutput) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "text": out.text_delta,
-        "token_ids": list(out.new_token_ids),
-        "finished": out.finished,
-        "finish_reason": out.finish_reason,
-        "prompt_tokens": out.prompt_tokens,
-        "completion_tokens": out.completion_tokens,
-    }
+def delta_item(out: GenerationOutput) -> DeltaItem:
+    """One engine increment (one or more tokens) as a delta; errors never come through here."""
+    attribution = None
     if out.attribution is not None:
-        item["attribution"] = [asdict(a) for a in out.attribution]
-    if out.error:
-        item["engine_error"] = out.error
-    return item
+        attribution = [
+            TokenAttributionItem(token_id=a.token_id, adapters=a.adapters) for a in out.attribution
+        ]
+    reason = out.finish_reason if out.finished else None
+    return DeltaItem(
+        text=out.text_delta,
+        token_ids=list(out.new_token_ids),
+        attribution=attribution,
+        finish_reason=cast(Any, reason),
+    )
 
 
 def use_assigned_cores() -> int:
@@ -111,28 +120,36 @@ class ModelReplica:
         try:
             req = GenerationRequest.model_validate(request)
         except Exception as exc:
-            yield error_item(exc)
+            yield encode(error_item(exc))
             return
         wanted = {base_name(a) for a in (placement or {}).get("adapters", [])}
-        meta = {"replica": self._replica_id, "hot_set_hit": wanted <= self._hot_names()}
+        info = InfoItem(replica=self._replica_id, hot_set_hit=wanted <= self._hot_names())
         # The engine validates (tokenizes) once, off the event loop; its errors arrive here
         # before any output. Outputs that queued up while Ray sent the previous item travel
-        # together as one item.
+        # together as one delta.
         stream = self._engine.stream(req)
-        first = True
+        sent_info = False
         try:
             async for outs in stream:
-                item = output_item(merge_outputs(outs))
-                if first:
-                    item.update(meta)
-                    first = False
-                yield item
+                out = merge_outputs(outs)
+                if out.finish_reason == "error":
+                    yield encode(output_error(out))
+                    return
+                if not sent_info:
+                    yield encode(info)
+                    sent_info = True
+                yield encode(delta_item(out))
+                if out.finished:
+                    usage = UsageItem(
+                        prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens
+                    )
+                    yield encode(usage)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if isinstance(exc, EngineStoppedError):
+            if isinstance(exc, EngineStoppedError) and not self._engine.healthy:
                 self._stopped = str(exc)
-            yield error_item(exc)
+            yield encode(error_item(exc))
         finally:
             # Closing the engine stream aborts the request; abort again in case it never started.
             with contextlib.suppress(Exception):

@@ -10,15 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-LORA_TARGET_MODULES: tuple[str, ...] = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
+from adapter_store.rules import SERVABLE_MODULES
+from molora_runtime.routes import RouteLimits
+
+LORA_TARGET_MODULES: tuple[str, ...] = SERVABLE_MODULES  # the rulebook's list
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -44,6 +39,10 @@ class HotSetConfig(StrictModel):
     max_composition_experts: int = Field(8, ge=1, le=64, description="K adapters per composition")
     pinned: list[str] = Field(
         default_factory=list, description="adapters loaded at start, never evicted"
+    )
+    allow_base_mismatch: bool = Field(
+        False,
+        description="serve adapters that declare another base model (their shapes still fit)",
     )
     host_cache_mb: int = Field(
         512, ge=0, description="parsed adapters kept in host memory (tier between disk and slots)"
@@ -82,6 +81,9 @@ class EngineConfig(StrictModel):
     enable_cuda_graph: bool = Field(True, description="capture the decode step (CUDA only)")
     cuda_graph_max_batch: int = Field(64, ge=1, le=1024)
     hot_set: HotSetConfig = Field(default_factory=HotSetConfig)
+    routes: RouteLimits = Field(
+        default_factory=RouteLimits, description="bounds on request routes (mix weights)"
+    )
     seed: int = 0
 
     @model_validator(mode="after")

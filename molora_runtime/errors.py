@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from molora_runtime.lora.source import AdapterNotFoundError
-
 
 class MoLoRAError(Exception):
     """Base of every error the runtime raises on purpose."""
+
+
+class AdapterNotFoundError(LookupError):
+    """The named adapter or composition does not exist in the source."""
 
 
 class InvalidRequestError(MoLoRAError, ValueError):
@@ -29,6 +31,14 @@ class EngineStoppedError(MoLoRAError, RuntimeError):
     """The engine is shutting down or its step loop died."""
 
 
+class NonFiniteLogitsError(InvalidRequestError):
+    """One sequence's logits hold NaN/Inf (its route or data blew up); only it fails → 400."""
+
+
+class SequenceStepError(MoLoRAError, RuntimeError):
+    """A step raised and bisection pinned it on this sequence alone; only it fails → 500."""
+
+
 __all__ = [
     "AdapterLoadError",
     "AdapterNotFoundError",
@@ -37,4 +47,6 @@ __all__ = [
     "HotSetFullError",
     "InvalidRequestError",
     "MoLoRAError",
+    "NonFiniteLogitsError",
+    "SequenceStepError",
 ]

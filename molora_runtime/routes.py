@@ -6,6 +6,14 @@ A request names how each of its tokens picks adapters:
 - `mix`: a static weighted sum of adapters for every token;
 - `vocab`: a token's own input id picks the adapter (id ranges, e.g. text vs image tokens);
 - `learned`: a composition's per-layer top-k gate picks adapters from the hidden state (MoLoRA).
+
+Bounds live here so the HTTP API and the offline `LLM` API refuse the same inputs. Static ones
+(in the JSON schema): mix weights finite with |w| <= MAX_MIX_WEIGHT, vocab ids below
+MAX_VOCAB_ID, gate temperature in [MIN_GATE_TEMPERATURE, MAX_GATE_TEMPERATURE], top_k in
+[1, 16]. Served ones (`RouteLimits`, configured per engine, checked by `check_route_limits`
+against the model): |w| <= max_abs_mix_weight, vocab ranges inside [0, vocab_size).
+Negative mix weights are a feature (task negation: subtract an adapter's behaviour), bounded
+like positive ones.
 """
 
 from __future__ import annotations
@@ -13,12 +21,36 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapter_store.errors import InvalidInputError
 from adapter_store.names import parse_ref
+from adapter_store.rules import MAX_GATE_TEMPERATURE, MIN_GATE_TEMPERATURE
+
+MAX_MIX_WEIGHT = 100.0
+MAX_VOCAB_ID = 2**31 - 1
+MAX_VOCAB_RANGES = 256
+MAX_MIX_ADAPTERS = 64
+
+MixWeight: TypeAlias = Annotated[
+    float, Field(ge=-MAX_MIX_WEIGHT, le=MAX_MIX_WEIGHT, allow_inf_nan=False)
+]
+VocabId: TypeAlias = Annotated[int, Field(ge=0, le=MAX_VOCAB_ID)]
+
+
+class RouteLimits(BaseModel):
+    """Bounds a server or offline engine enforces on top of the static ones (configurable)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_abs_mix_weight: float = Field(
+        2.0,
+        gt=0,
+        le=MAX_MIX_WEIGHT,
+        description="|weight| bound of each adapter in a static mix (negatives allowed)",
+    )
 
 
 def check_ref(ref: str) -> str:
@@ -31,7 +63,8 @@ def check_ref(ref: str) -> str:
 
 
 class _Route(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: JSON types are never coerced ("0.5" is not a weight)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     def adapters(self) -> list[str]:
         """Adapters this route may touch (compositions report their experts separately)."""
@@ -54,7 +87,7 @@ class SingleRoute(_Route):
 
 class MixRoute(_Route):
     kind: Literal["mix"] = "mix"
-    weights: dict[str, float]
+    weights: dict[str, MixWeight] = Field(max_length=MAX_MIX_ADAPTERS)
 
     @field_validator("weights")
     @classmethod
@@ -72,9 +105,9 @@ class MixRoute(_Route):
 
 
 class VocabRange(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    start: int = Field(ge=0)
-    end: int = Field(gt=0, description="exclusive")
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    start: VocabId
+    end: VocabId = Field(description="exclusive")
     adapter: str | None = Field(description="None routes the range to the base model")
 
     @model_validator(mode="after")
@@ -88,7 +121,7 @@ class VocabRange(BaseModel):
 
 class VocabRoute(_Route):
     kind: Literal["vocab"] = "vocab"
-    ranges: list[VocabRange]
+    ranges: list[VocabRange] = Field(max_length=MAX_VOCAB_RANGES)
     default: str | None = Field(
         None, description="adapter for ids outside every range; None = base"
     )
@@ -116,7 +149,12 @@ class LearnedRoute(_Route):
     kind: Literal["learned"] = "learned"
     composition: str
     top_k: int | None = Field(None, ge=1, le=16, description="override the composition's top-k")
-    temperature: float | None = Field(None, gt=0, description="override the gate temperature")
+    temperature: float | None = Field(
+        None,
+        ge=MIN_GATE_TEMPERATURE,
+        le=MAX_GATE_TEMPERATURE,
+        description="override the gate temperature",
+    )
 
     _check = field_validator("composition")(classmethod(lambda cls, v: check_ref(v)))
 
@@ -124,6 +162,26 @@ class LearnedRoute(_Route):
 RouteSpec = Annotated[
     BaseRoute | SingleRoute | MixRoute | VocabRoute | LearnedRoute, Field(discriminator="kind")
 ]
+
+
+def check_route_limits(route: RouteSpec, limits: RouteLimits, vocab_size: int) -> None:
+    """Refuse a route the engine would serve badly: weights past the served bound, vocab
+    ranges outside this model's vocabulary. Raises ValueError naming the bound."""
+    if isinstance(route, MixRoute):
+        bound = limits.max_abs_mix_weight
+        for name, weight in route.weights.items():
+            if not abs(weight) <= bound:
+                raise ValueError(
+                    f"mix weight {weight} of {name!r} is outside [-{bound}, {bound}] "
+                    "(routes.max_abs_mix_weight)"
+                )
+    if isinstance(route, VocabRoute):
+        for r in route.ranges:
+            if not 0 <= r.start < r.end <= vocab_size:
+                raise ValueError(
+                    f"vocab range [{r.start}, {r.end}) is outside this model's vocabulary "
+                    f"[0, {vocab_size})"
+                )
 
 
 def parse_mix(text: str) -> MixRoute:

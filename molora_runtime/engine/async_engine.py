@@ -31,6 +31,9 @@ from molora_runtime.lora.source import AdapterSource
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 1.0  # the step thread re-checks for work (and shutdown) at least this often
+# Consecutive failed steps (each already failing every in-flight request) before the engine is
+# declared broken and the replica unhealthy.
+MAX_STEP_FAILURES = 3
 
 
 class AsyncEngine:
@@ -96,15 +99,29 @@ class AsyncEngine:
     def _run(self) -> None:
         """The step loop (its own thread): step while there is work, sleep when there is none."""
         torch.set_num_threads(self._threads)
+        failures = 0
         try:
             while not self._stopping or self.engine.has_work():
                 self._work.clear()
                 if not self.engine.has_work():
                     self._work.wait(IDLE_WAIT_S)
                     continue
-                outputs = self.engine.step()
+                try:
+                    outputs = self.engine.step()
+                    failures = 0
+                except Exception:
+                    # The engine isolates each sequence's failures itself; reaching here is a
+                    # bug outside any one request. End the in-flight requests with a generic
+                    # message (never one request's error text) and keep serving the next ones.
+                    failures += 1
+                    log.exception("engine step failed (%d in a row)", failures)
+                    if failures >= MAX_STEP_FAILURES:
+                        raise
+                    outputs = self.engine.fail_running(
+                        "internal engine error; the request was stopped"
+                    )
                 if outputs:
-                    self._post(self._dispatch, outputs)
+                    self._post(self._publish, outputs)
         except Exception as exc:  # the engine is broken: fail every stream, stay unhealthy
             log.exception("engine step loop died")
             self._failure = exc
@@ -115,15 +132,15 @@ class AsyncEngine:
         with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
             self._loop.call_soon_threadsafe(fn, arg)
 
-    def _dispatch(self, outputs: list[GenerationOutput]) -> None:
+    def _publish(self, outputs: list[GenerationOutput]) -> None:
         for out in outputs:
             queue = self._streams.get(out.request_id)
             if queue is not None:
                 queue.put_nowait(out)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail_all(self, _: BaseException) -> None:
         for queue in self._streams.values():
-            queue.put_nowait(EngineStoppedError(f"engine failure: {exc}"))
+            queue.put_nowait(EngineStoppedError("the engine failed; retry on another replica"))
 
     # ----- requests -------------------------------------------------------------------------
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationOutput]:

@@ -18,6 +18,7 @@ import torch
 
 from molora_runtime.config import EngineConfig
 from molora_runtime.engine.detokenizer import IncrementalDetokenizer
+from molora_runtime.engine.isolation import culprit_error, run_isolated, sample_isolated
 from molora_runtime.engine.sampler import sample_tokens
 from molora_runtime.engine.sequence import SeqStatus, Sequence
 from molora_runtime.engine.types import (
@@ -29,10 +30,9 @@ from molora_runtime.engine.types import (
 )
 from molora_runtime.errors import (
     AdapterLoadError,
-    AdapterNotFoundError,
     EngineOverloadedError,
-    HotSetFullError,
     InvalidRequestError,
+    SequenceStepError,
 )
 from molora_runtime.lora.composition import CompositionError, read_composition_config
 from molora_runtime.lora.context import LoRAContext
@@ -42,7 +42,7 @@ from molora_runtime.lora.source import AdapterSource
 from molora_runtime.model.attention_meta import KVCache, PrefillSegment, step_attention
 from molora_runtime.model.loader import load_model
 from molora_runtime.model.registry import resolve_model_path
-from molora_runtime.routes import LearnedRoute
+from molora_runtime.routes import LearnedRoute, check_route_limits
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,10 @@ class LLMEngine:
             self.device,
         )
         self.scratch_row = rows - 1
-        self.hot_set = HotSet(self.model, config.hot_set, source, self.device, self.dtype)
+        served = [config.model, str(self.model_path), self.arch.name_or_path]
+        self.hot_set = HotSet(
+            self.model, config.hot_set, source, self.device, self.dtype, served_names=served
+        )
         self.width = config.hot_set.max_adapters_per_token
         self._free_rows = list(range(config.max_num_seqs))
         self.waiting: deque[Sequence] = deque()
@@ -139,9 +142,13 @@ class LLMEngine:
                 )
             except Exception as exc:  # template errors are the caller's messages' fault
                 raise InvalidRequestError(f"cannot apply the chat template: {exc}") from exc
+        else:
+            assert req.prompt is not None
+            text = req.prompt
+        try:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
-        assert req.prompt is not None
-        return list(self.tokenizer.encode(req.prompt, add_special_tokens=False))
+        except Exception as exc:  # e.g. a lone surrogate: the text is not valid Unicode
+            raise InvalidRequestError(f"cannot tokenize the prompt: {type(exc).__name__}") from exc
 
     def validate_request(self, req: GenerationRequest) -> list[int]:
         """Cheap checks before queueing; returns the prompt ids."""
@@ -153,7 +160,24 @@ class LLMEngine:
                 f"the prompt has {len(ids)} tokens; this model's limit is {self.max_model_len} "
                 "tokens for prompt and completion together"
             )
+        p = req.sampling
+        if not p.clamp_to_context and len(ids) + p.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but "
+                f"{len(ids) + p.max_tokens} were requested ({len(ids)} in the prompt, "
+                f"{p.max_tokens} in max_tokens)"
+            )
+        vocab = self.arch.vocab_size
+        bad = [t for t in p.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
         route = req.route
+        try:
+            check_route_limits(route, self.config.routes, vocab)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
         for name in route.adapters():
             self.hot_set.source.adapter_path(name)  # raises AdapterNotFoundError
         comp_top_k = None
@@ -165,6 +189,11 @@ class LLMEngine:
             except CompositionError as exc:
                 raise AdapterLoadError(str(exc)) from exc
             comp_top_k = comp_config.top_k
+            if route.top_k is not None and route.top_k > len(comp_config.adapters):
+                raise InvalidRequestError(
+                    f"top_k={route.top_k} exceeds the {len(comp_config.adapters)} experts of "
+                    f"composition {route.composition!r}"
+                )
             needed = list(dict.fromkeys(needed + comp_config.adapters))
         check_route_width(route, self.width, comp_top_k)
         if len(needed) > self.hot_set.num_slots:
@@ -249,9 +278,18 @@ class LLMEngine:
         if not self.running:
             return outputs
         batch = self._form_batch()
-        logits, ctx = self._forward(batch)
-        self._after_forward(batch, logits, ctx, outputs)
-        self._prefetch()
+        run_isolated(
+            batch,
+            size=lambda b: len(b.segments),
+            forward=self._forward,
+            after=lambda b, res: self._after_forward(b, res[0], res[1], outputs),
+            fail=lambda b, exc: self._fail(b.segments[0][0], exc, outputs),
+            split=_Batch.halves,
+        )
+        try:
+            self._prefetch()
+        except Exception:  # prefetch is an optimisation: a store hiccup must not fail the step
+            log.debug("prefetch failed", exc_info=True)
         return outputs
 
     def _drain_incoming(self, outputs: list[GenerationOutput]) -> None:
@@ -285,14 +323,10 @@ class LLMEngine:
                     if len(held) >= 8:
                         break
                     continue
-            except (
-                AdapterLoadError,
-                AdapterNotFoundError,
-                HotSetFullError,
-                InvalidRequestError,
-            ) as exc:
+            except Exception as exc:  # this request's adapters, store or route: it alone fails
                 seq.status = SeqStatus.FINISHED
-                seq.error = str(exc)
+                seq.exception = exc
+                seq.error = str(exc) or type(exc).__name__
                 outputs.append(self._final(seq, "error"))
                 continue
             seq.row = self._free_rows.pop(0)
@@ -374,32 +408,46 @@ class LLMEngine:
         for seq, _, n in batch.segments:
             seq.num_computed += n
         if ctx is not None and ctx.has_learned and ctx.layer_tables:
-            self._record_gate_stats(ctx)
+            try:
+                self._record_gate_stats(ctx)
+            except Exception:  # observability only; never fails the step
+                log.debug("gate stats failed", exc_info=True)
         sampled_seqs = batch.logits_seqs
         if not sampled_seqs:
             return
-        tokens = sample_tokens(
-            logits, [s.request.sampling for s in sampled_seqs], [s.generator for s in sampled_seqs]
+        picks = sample_isolated(
+            logits,
+            sampled_seqs,
+            lambda lg, rows: sample_tokens(
+                lg[rows],
+                [sampled_seqs[r].request.sampling for r in rows],
+                [sampled_seqs[r].generator for r in rows],
+            ),
+            lambda seq, exc: self._fail(seq, exc, outputs),
         )
         now = time.monotonic()
         slot_names = (
             self._slot_names() if any(s.request.return_attribution for s in sampled_seqs) else {}
         )
-        for i, (seq, token) in enumerate(zip(sampled_seqs, tokens, strict=True)):
-            seq.output_ids.append(token)
-            if seq.first_token_at is None:
-                seq.first_token_at = now
-            if seq.request.return_attribution:
-                seq.attribution.append(
-                    self._attribution(ctx, batch.logits_index[i], token, slot_names)
-                )
-            reason = self._check_stop(seq, token)
-            if reason is not None:
-                self._finish(seq, reason, outputs)
-            else:
-                out = self._increment(seq, finished=False)
-                if out is not None:
-                    outputs.append(out)
+        for i, token in picks:
+            seq = sampled_seqs[i]
+            try:
+                seq.output_ids.append(token)
+                if seq.first_token_at is None:
+                    seq.first_token_at = now
+                if seq.request.return_attribution:
+                    seq.attribution.append(
+                        self._attribution(ctx, batch.logits_index[i], token, slot_names)
+                    )
+                reason = self._check_stop(seq, token)
+                if reason is not None:
+                    self._finish(seq, reason, outputs)
+                else:
+                    out = self._increment(seq, finished=False)
+                    if out is not None:
+                        outputs.append(out)
+            except Exception as exc:
+                self._fail(seq, exc, outputs)
 
     def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.request.sampling
@@ -443,6 +491,7 @@ class LLMEngine:
             completion_tokens=len(seq.output_ids),
             attribution=attribution,
             error=seq.error,
+            exception=seq.exception,
         )
 
     def _final(self, seq: Sequence, reason: FinishReason) -> GenerationOutput:
@@ -458,17 +507,18 @@ class LLMEngine:
             completion_tokens=len(seq.output_ids),
             attribution=[] if seq.request.return_attribution else None,
             error=seq.error,
+            exception=seq.exception,
         )
 
     def _finish(self, seq: Sequence, reason: FinishReason, outputs: list[GenerationOutput]) -> None:
         seq.finish_reason = reason
         seq.status = SeqStatus.FINISHED
-        if reason != "abort":
+        if reason not in ("abort", "error"):
             out = self._increment(seq, finished=True)
             if out is not None:
                 outputs.append(out)
         else:
-            outputs.append(self._final(seq, "abort"))
+            outputs.append(self._final(seq, reason))
         self._detok.pop(seq.request_id, None)
         self.running.remove(seq)
         self.hot_set.release(seq.adapters)
@@ -497,6 +547,35 @@ class LLMEngine:
         self._free_rows.remove(hole)
         self._free_rows.append(top.row)
         top.row = hole
+
+    def _fail(self, seq: Sequence, exc: BaseException, outputs: list[GenerationOutput]) -> None:
+        """End one running sequence with its own error; its KV row is wiped (NaN K/V would
+        survive masking in the next owner's attention) and its slot references released."""
+        if seq.status is SeqStatus.FINISHED or seq not in self.running:
+            return
+        seq.exception = culprit_error(exc)
+        seq.error = str(seq.exception)
+        if seq.row is not None:
+            self.kv.k[:, seq.row].zero_()
+            self.kv.v[:, seq.row].zero_()
+        self._finish(seq, "error", outputs)
+
+    def fail_running(self, message: str) -> list[GenerationOutput]:
+        """Last resort after a step failed outside any one sequence: end every running and
+        waiting request with `message` (never another request's error text)."""
+        outputs: list[GenerationOutput] = []
+        for seq in list(self.running):
+            self._fail(seq, SequenceStepError(message), outputs)
+        with self._lock:
+            while self._incoming:
+                self.waiting.append(self._incoming.popleft())
+        while self.waiting:
+            seq = self.waiting.popleft()
+            seq.status = SeqStatus.FINISHED
+            seq.exception = SequenceStepError(message)
+            seq.error = message
+            outputs.append(self._final(seq, "error"))
+        return outputs
 
     def _prefetch(self) -> None:
         """Warm empty slots with adapters of queued requests (never evicts)."""
@@ -545,6 +624,22 @@ class LLMEngine:
 
 class _Batch:
     """Host-side description of one step's flat token batch."""
+
+    @staticmethod
+    def halves(batch: _Batch) -> list[_Batch]:
+        """The batch's sequences in two sub-batches (decodes first in each, as `_form_batch`),
+        rebuilt from the sequences' unchanged state: nothing advances until `_after_forward`."""
+        segs = batch.segments
+        mid = len(segs) // 2
+        makes_logits = {id(s) for s in batch.logits_seqs}
+        parts = []
+        for group in (segs[:mid], segs[mid:]):
+            part = _Batch()
+            for seq, _, n in group:
+                part.add(seq, seq.num_computed, n, produces_logits=id(seq) in makes_logits)
+            part.num_decode = sum(1 for seq, _, _ in group if not seq.in_prefill)
+            parts.append(part)
+        return parts
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []

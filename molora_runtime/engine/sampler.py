@@ -6,6 +6,9 @@ import torch
 
 from molora_runtime.engine.types import SamplingParams
 
+# Below this temperature sampling is greedy (as vLLM): 1/T would overflow float32 into Inf/NaN.
+SAMPLING_EPS = 1e-5
+
 
 def sample_tokens(
     logits: torch.Tensor,
@@ -16,7 +19,7 @@ def sample_tokens(
     greedy = logits.argmax(dim=-1).tolist()
     out: list[int] = []
     for i, p in enumerate(params):
-        if p.temperature == 0.0:
+        if p.temperature < SAMPLING_EPS:
             out.append(int(greedy[i]))
             continue
         out.append(_sample_one(logits[i], p, generators[i]))
@@ -35,6 +38,9 @@ def _sample_one(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | Non
         drop = cumulative - sorted_probs > p.top_p  # keep the smallest prefix reaching top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    probs = probs / probs.sum()
+    total = probs.sum()
+    if not bool(torch.isfinite(total)) or float(total) <= 0.0:
+        raise ValueError("sampling probabilities are not finite (NaN/Inf logits)")
+    probs = probs / total
     # Generators live on the CPU so a seed gives the same tokens on any device.
     return int(torch.multinomial(probs.cpu(), 1, generator=gen))

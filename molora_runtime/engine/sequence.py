@@ -33,6 +33,7 @@ class Sequence:
     emitted_tokens: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
+    exception: BaseException | None = None  # what ended it, for the serving layer's status
     attribution: list[TokenAttribution] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from molora_runtime.routes import BaseRoute, RouteSpec
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+MAX_INT32 = 2**31 - 1
+MAX_SEED = 2**64 - 1
 
 
 class SamplingParams(BaseModel):
@@ -18,14 +20,22 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_tokens: int = Field(64, ge=1)
-    temperature: float = Field(0.0, ge=0.0, le=10.0, description="0 = greedy")
+    max_tokens: int = Field(64, ge=1, le=MAX_INT32)
+    temperature: float = Field(
+        0.0, ge=0.0, le=10.0, description="0 = greedy; below 1e-5 is greedy too"
+    )
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0, description="0 = off")
-    seed: int | None = None
+    top_k: int = Field(0, ge=0, le=MAX_INT32, description="0 = off")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="a 64-bit unsigned seed")
     stop: list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_INT32)]] = Field(
+        default_factory=list, max_length=64, description="ids inside the vocabulary"
+    )
     ignore_eos: bool = False
+    clamp_to_context: bool = Field(
+        True,
+        description="cut max_tokens to what the context leaves; False refuses the request instead",
+    )
 
     @model_validator(mode="after")
     def _finite(self) -> SamplingParams:
@@ -78,6 +88,7 @@ class GenerationOutput:
     completion_tokens: int = 0
     attribution: list[TokenAttribution] | None = None
     error: str | None = None
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 def merge_outputs(outputs: list[GenerationOutput]) -> GenerationOutput:

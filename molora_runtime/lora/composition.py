@@ -13,43 +13,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from molora_runtime.routes import check_ref
+from adapter_store import rules
 
-COMPOSITION_CONFIG = "composition.json"
-GATES_FILE = "gates.safetensors"
-FORMAT_NAME = "molora-composition"
+COMPOSITION_CONFIG = rules.COMPOSITION_CONFIG
+GATES_FILE = rules.GATES_FILE
+FORMAT_NAME = rules.COMPOSITION_FORMAT
 
 
 class CompositionError(ValueError):
     """A composition folder is missing files or disagrees with the model."""
 
 
-class CompositionConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    format: str = FORMAT_NAME
-    format_version: int = 1
-    base_model: str = Field(description="base model id the gates were trained on")
-    adapters: list[str] = Field(min_length=1, description="the K expert adapters, in gate order")
-    top_k: int = Field(2, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _check(self) -> CompositionConfig:
-        if self.format != FORMAT_NAME:
-            raise ValueError(f"format must be {FORMAT_NAME!r}, got {self.format!r}")
-        for ref in self.adapters:
-            check_ref(ref)
-        if len(set(self.adapters)) != len(self.adapters):
-            raise ValueError("a composition lists an adapter twice")
-        if self.top_k > len(self.adapters):
-            raise ValueError(f"top_k={self.top_k} exceeds the {len(self.adapters)} adapters")
-        return self
+# The format's rules live in the rulebook the store validates with (one definition).
+CompositionConfig = rules.CompositionSpec
 
 
 @dataclass
@@ -82,22 +62,26 @@ def load_composition(name: str, folder: str | Path) -> Composition:
     gates_path = folder / GATES_FILE
     if not gates_path.is_file():
         raise CompositionError(f"composition {name!r}: missing file {GATES_FILE} in {folder}")
-    tensors = load_file(str(gates_path))
-    if "gate.weight" not in tensors:
-        raise CompositionError(f"composition {name!r}: {GATES_FILE} lacks 'gate.weight'")
+    try:
+        tensors = load_file(str(gates_path))
+    except (SafetensorError, OSError) as exc:
+        raise CompositionError(f"composition {name!r}: cannot read {GATES_FILE}: {exc}") from exc
+    shapes = rules.gate_shapes(config)
+    extra = sorted(set(tensors) - set(shapes))
+    if extra or "gate.weight" not in tensors:
+        raise CompositionError(
+            f"composition {name!r}: {GATES_FILE} must hold 'gate.weight' (and optionally "
+            f"'gate.bias'); found {sorted(tensors)}"
+        )
+    for tname, t in tensors.items():
+        if tuple(t.shape) != shapes[tname]:
+            raise CompositionError(
+                f"composition {name!r}: {tname} has shape {tuple(t.shape)}, expected "
+                f"{shapes[tname]} (num_layers, K adapters, hidden_size)"
+            )
     weight = tensors["gate.weight"].float()
     bias = tensors.get("gate.bias")
-    expected = (config.num_layers, len(config.adapters), config.hidden_size)
-    if tuple(weight.shape) != expected:
-        raise CompositionError(
-            f"composition {name!r}: gate.weight has shape {tuple(weight.shape)}, expected {expected}"
-        )
-    if bias is not None:
-        bias = bias.float()
-        if tuple(bias.shape) != expected[:2]:
-            raise CompositionError(
-                f"composition {name!r}: gate.bias has shape {tuple(bias.shape)}, expected {expected[:2]}"
-            )
+    bias = bias.float() if bias is not None else None
     for tname, t in (("gate.weight", weight), ("gate.bias", bias)):
         if t is not None and not torch.isfinite(t).all():
             raise CompositionError(f"composition {name!r}: {tname} holds NaN or Inf values")

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adapter_store import rules
 from molora_runtime.config import HotSetConfig
 from molora_runtime.errors import AdapterLoadError, HotSetFullError
 from molora_runtime.lora.composition import Composition, CompositionError, load_composition
 from molora_runtime.lora.context import GateTable
-from molora_runtime.lora.peft_adapter import AdapterWeights, read_peft_adapter
+from molora_runtime.lora.peft_adapter import AdapterWeights, arch_identity, read_peft_adapter
 from molora_runtime.lora.source import AdapterSource
 from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.decoder import CausalLM
@@ -64,10 +65,13 @@ class HotSet:
         source: AdapterSource,
         device: torch.device,
         dtype: torch.dtype,
+        served_names: list[str] | None = None,
     ) -> None:
         self.arch: ModelArch = model.arch
         self.config = config
         self.source = source
+        # Names the served base model goes by (alias, folder, HF id): what adapters must declare.
+        self.served_names = [n for n in (served_names or []) if n]
         self.device, self.dtype = device, dtype
         S, L, r = config.num_slots + 1, self.arch.num_layers, config.max_rank
         self.buffers: dict[str, LoRABuffers] = {}
@@ -235,6 +239,8 @@ class HotSet:
         weights = read_peft_adapter(
             name, folder, self.arch, self.config.target_modules, self.config.max_rank
         )
+        if not self.config.allow_base_mismatch:
+            self._check_base(name, weights.base_model)
         budget = self.config.host_cache_mb * 2**20
         size = weights.nbytes()
         if size <= budget:
@@ -244,6 +250,25 @@ class HotSet:
                 _, old = self._host_cache.popitem(last=False)
                 self._host_bytes -= old.nbytes()
         return weights
+
+    def _check_base(self, name: str, declared: str | None) -> None:
+        """Refuse an adapter published for another base model (the rulebook decides)."""
+        lookup = getattr(self.source, "adapter_identity", None)
+        identity = None
+        if callable(lookup):
+            try:
+                identity = lookup(name)
+            except Exception:  # the manifest is advisory here; the files are already checked
+                identity = None
+        try:
+            rules.check_declared_base(
+                declared, identity, self.served_names or [self.arch.name_or_path],
+                arch_identity(self.arch),
+            )  # fmt: skip
+        except rules.RuleError as exc:
+            raise AdapterLoadError(
+                f"adapter {name!r} {exc} (hot_set.allow_base_mismatch=true serves it anyway)"
+            ) from None
 
     def _load(self, slot: int, name: str) -> None:
         start = time.perf_counter()

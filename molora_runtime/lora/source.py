@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from molora_runtime.errors import AdapterNotFoundError
 
-class AdapterNotFoundError(LookupError):
-    """The named adapter or composition does not exist in the source."""
+__all__ = ["AdapterNotFoundError", "AdapterSource", "DirectorySource"]
 
 
 @runtime_checkable

@@ -50,6 +50,36 @@ def _full_weight(folder: Path) -> None:
     )
 
 
+Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+
+
+def _nan(folder: Path) -> None:
+    _edit_tensors(
+        folder,
+        lambda t: (
+            t
+            | {
+                Q_A: np.where(
+                    np.arange(t[Q_A].size).reshape(t[Q_A].shape) == 3, np.nan, t[Q_A]
+                ).astype(np.float32)
+            }
+        ),
+    )
+
+
+def _inf(folder: Path) -> None:
+    _edit_tensors(folder, lambda t: t | {Q_A: np.full_like(t[Q_A], np.inf)})
+
+
+def _wrong_shape(folder: Path) -> None:
+    """One layer's q_proj A reads 65 features, the others 64: no base config needed to see it."""
+    _edit_tensors(folder, lambda t: t | {Q_A: np.zeros((t[Q_A].shape[0], 65), np.float32)})
+
+
+def _int_dtype(folder: Path) -> None:
+    _edit_tensors(folder, lambda t: t | {Q_A: t[Q_A].astype(np.int32)})
+
+
 CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "pickle-bin": (lambda f: (f / "adapter_model.bin").write_bytes(b"\x80\x04"), "pickle-based weights are refused"),
     "pickle-disguised": (_pickle_disguised, "pickles are refused"),
@@ -65,6 +95,15 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "missing-b": (_missing_b, "lacks lora_B"),
     "full-weight": (_full_weight, "is not a LoRA A/B weight"),
     "truncated": (_truncate, "bad header size|truncated or corrupted"),
+    # the rulebook's refusals, shared with the runtime loader (tests/runtime/test_bad_inputs.py)
+    "fan-in-fan-out": (lambda f: _edit_config(f, fan_in_fan_out=True), r"fan_in_fan_out \(Conv1D\)"),
+    "bias-all": (lambda f: _edit_config(f, bias="all"), "trained biases"),
+    "lora-bias": (lambda f: _edit_config(f, lora_bias=True), "lora_bias"),
+    "modules-to-save": (lambda f: _edit_config(f, modules_to_save=["lm_head"]), "modules_to_save"),
+    "nan": (_nan, "holds NaN or Inf values"),
+    "inf": (_inf, "holds NaN or Inf values"),
+    "wrong-shape": (_wrong_shape, r"inconsistent shapes|shapes disagree"),
+    "int-dtype": (_int_dtype, "non-float dtype"),
 }  # fmt: skip
 
 
@@ -82,7 +121,8 @@ def test_shapes_checked_against_base(registry: Registry, alpha: Path, base_confi
     wider = base_config | {"hidden_size": 128, "head_dim": 16}
     with pytest.raises(
         InvalidInputError,
-        match=r"down_proj: LoRA maps 128→64 but the base model's down_proj is 128→128",
+        match=r"down_proj.lora_B.weight \(64, 4\): LoRA maps 128→64 but the base model's "
+        r"down_proj is 128→128 \(base-model mismatch\)",
     ):
         registry.publish_adapter(alpha, "misfit", "1", base_config=wider)
     shallow = base_config | {"num_hidden_layers": 1}
@@ -109,3 +149,34 @@ def test_missing_base_model_id(registry: Registry, alpha: Path, tmp_path: Path) 
         registry.publish_adapter(folder, "anon", "1", base_model="org/base").base_model
         == "org/base"
     )
+
+
+def test_base_identity_recorded(registry: Registry, alpha: Path, base_config: dict) -> None:
+    from adapter_store.rules import base_identity
+
+    m = registry.publish_adapter(alpha, "ident", "1", base_config=base_config)
+    assert m.base_model_identity == base_identity(base_config)
+    assert registry.publish_adapter(alpha, "anon", "1").base_model_identity is None
+
+
+def test_verify_applies_the_rulebook(registry: Registry, alpha: Path) -> None:
+    """A version that breaks the rules (stored before they existed, or by hand) fails verify."""
+    m = registry.publish_adapter(alpha, "ok", "1")
+    assert registry.verify(m) == []
+    key = next(k for k in registry.backend.list_keys("") if k.endswith("adapter_config.json"))
+    local = registry.backend.local_path(key)
+    if local is None:
+        pytest.skip("needs a local backend to edit a stored file")
+    cfg = json.loads(local.read_text())
+    local.write_text(json.dumps(cfg | {"bias": "all"}))
+    from adapter_store.manifest import FileEntry
+    from adapter_store.validate import sha256_file
+
+    entries = [
+        FileEntry(path=e.path, sha256=sha256_file(local), size=local.stat().st_size)
+        if e.path == "adapter_config.json"
+        else e
+        for e in m.files
+    ]
+    problems = registry.verify(m.model_copy(update={"files": entries}))
+    assert len(problems) == 1 and "breaks the rules" in problems[0] and "bias" in problems[0]

@@ -1,0 +1,72 @@
+"""What a model replica streams to the ingress: one typed item per message, never a bare dict.
+
+The replica encodes with `encode` (a model, dumped once) and the ingress decodes with `decode`
+(one `validate_python` per item), so a field cannot be dropped by a misspelt key. Items:
+- `info`: first, which replica serves the request and whether its adapters were hot;
+- `delta`: the text and token ids of one or more new tokens (several when the replica coalesces
+  an engine step's outputs), their optional attribution, and the finish reason on the last;
+- `usage`: token counts, once, before the stream ends;
+- `error`: the request failed; status and message are what the client sees.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InfoItem(_Item):
+    type: Literal["info"] = "info"
+    replica: str
+    hot_set_hit: bool
+
+
+class TokenAttributionItem(_Item):
+    token_id: int
+    adapters: dict[str, float]
+
+
+class DeltaItem(_Item):
+    type: Literal["delta"] = "delta"
+    text: str = ""
+    token_ids: list[int] = Field(default_factory=list)
+    attribution: list[TokenAttributionItem] | None = Field(
+        None, description="one entry per token of token_ids, when requested"
+    )
+    finish_reason: Literal["stop", "length", "abort"] | None = Field(
+        None, description="set on the request's last delta"
+    )
+
+
+class UsageItem(_Item):
+    type: Literal["usage"] = "usage"
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+
+
+class ErrorItem(_Item):
+    type: Literal["error"] = "error"
+    status: int = Field(ge=400, le=599)
+    message: str
+    param: str | None = None
+
+
+ReplicaItem: TypeAlias = Annotated[
+    InfoItem | DeltaItem | UsageItem | ErrorItem, Field(discriminator="type")
+]
+_ITEM: TypeAdapter[InfoItem | DeltaItem | UsageItem | ErrorItem] = TypeAdapter(ReplicaItem)
+
+
+def encode(item: InfoItem | DeltaItem | UsageItem | ErrorItem) -> dict[str, object]:
+    """The wire form of an item (what crosses the deployment handle)."""
+    return item.model_dump(exclude_defaults=False)
+
+
+def decode(raw: object) -> InfoItem | DeltaItem | UsageItem | ErrorItem:
+    """Parse one wire item; a malformed item is a replica bug and raises ValidationError."""
+    return _ITEM.validate_python(raw)
