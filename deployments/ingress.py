@@ -26,7 +26,9 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments import metrics
-from deployments.config import ServeConfig
+from deployments.access import Access, AccessError
+from deployments.access import error_response as access_error_response
+from deployments.config import REPO_ROOT, ServeConfig
 from deployments.placement import adapter_key
 from deployments.protocol import (
     AssistantMessage,
@@ -57,6 +59,7 @@ from deployments.registry import (
 )
 from deployments.request_router import PLACEMENT_KWARG
 from deployments.store import load_catalog
+from deployments.tenancy import visible_routes
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 
 logger = logging.getLogger("ray.serve")
@@ -122,6 +125,7 @@ class _Tracker:
         self.last: float | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.on_done: list[Any] = []  # callbacks (tokens_used, ok): quota lease, load estimate
 
     def on_item(self, item: dict[str, Any]) -> None:
         now = time.perf_counter()
@@ -142,6 +146,8 @@ class _Tracker:
         self.last = now
 
     def done(self, status: str) -> None:
+        for callback in self.on_done:
+            callback(self.prompt_tokens + self.completion_tokens, status == "ok")
         with contextlib.suppress(Exception):
             tags = {"route_kind": self.kind, "adapter": self.label}
             metrics.requests().inc(tags={**tags, "status": status})
@@ -254,6 +260,8 @@ class Router:
             lambda: asyncio.to_thread(load_catalog, self.cfg.store), self.cfg.store.refresh_s
         )
         self._last_forced = 0.0
+        self.access = Access(self.cfg.server, self.cfg.engine.max_num_seqs, REPO_ROOT)
+        self.access.announce()
 
     # -- endpoints --------------------------------------------------------------------------
 
@@ -268,8 +276,12 @@ class Router:
         return JSONResponse({"status": "ok", **info})
 
     @app.get("/v1/models")
-    async def models(self) -> JSONResponse:
-        catalog = await self.catalog.get()
+    async def models(self, request: Request) -> JSONResponse:
+        try:
+            principal = self.access.authenticate(request)
+        except AccessError as exc:
+            return access_error_response(exc)
+        catalog = self.access.visible(principal, await self.catalog.get())
         resolver = Resolver(self.cfg, catalog)
         base = resolver.base_name
         cards: list[ModelCard] = []
@@ -302,7 +314,7 @@ class Router:
                     },
                 )
             )
-        for name, route in sorted(self.cfg.expose.routes.items()):
+        for name, route in sorted(visible_routes(resolver, self.cfg.expose.routes).items()):
             cards.append(
                 ModelCard(
                     id=name,
@@ -321,17 +333,39 @@ class Router:
     async def chat_completions(self, request: Request) -> Any:
         return await self._handle(request, chat=True)
 
+    @app.post("/v1/admin/{collection}/{name}/{action}")
+    async def admin(self, collection: str, name: str, action: str, request: Request) -> Any:
+        """Admin keys: `POST /v1/admin/adapters/NAME/yank` (or unyank; or compositions)."""
+        try:
+            principal = self.access.authenticate(request)
+            result = await self.access.admin(
+                principal, self.cfg.store, collection, name, action, await request.body()
+            )
+        except AccessError as exc:
+            return access_error_response(exc)
+        await self.catalog.get(force=True)
+        return JSONResponse(result)
+
     # -- request path -----------------------------------------------------------------------
 
     async def _handle(self, request: Request, chat: bool) -> Any:
-        retry_after = self.cfg.server.retry_after_s
+        retry_after = self.access.load.retry_after()
+        end = None
         try:
+            principal = self.access.authenticate(request)
             body = await self._parse(request, chat)
-            resolved = await self._resolve(body)
+            max_tokens = body.requested_max_tokens() or self.cfg.server.default_max_tokens
+            end = self.access.admit(principal, max_tokens)
+            resolved = await self._resolve(body, principal)
             gen_req = self._engine_request(body, resolved, chat)
+        except AccessError as exc:
+            return access_error_response(exc)
         except ApiError as exc:
+            if end is not None:
+                end(0, False)
             return error_response(exc.status, exc.message, exc.param, retry_after)
         tracker = _Tracker(resolved)
+        tracker.on_done.append(end)
         try:
             stream, first = await self._start(gen_req, resolved)
         except ApiError as exc:
@@ -365,10 +399,13 @@ class Router:
             message, param = validation_message(exc)
             raise ApiError(400, message, param) from None
 
-    async def _resolve(self, body: CompletionRequest | ChatCompletionRequest) -> Resolved:
+    async def _resolve(
+        self, body: CompletionRequest | ChatCompletionRequest, principal: Any
+    ) -> Resolved:
         explicit = body.molora.route
         for attempt in range(2):
-            resolver = Resolver(self.cfg, await self.catalog.get(force=attempt > 0))
+            catalog = await self.catalog.get(force=attempt > 0)
+            resolver = Resolver(self.cfg, self.access.visible(principal, catalog))
             try:
                 return resolver.resolve(body.model, explicit)
             except BadModelName as exc:

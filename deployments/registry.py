@@ -41,6 +41,7 @@ class AdapterEntry:
     versions: tuple[str, ...] = ()
     latest: str | None = None
     base_model: str | None = None
+    tenant: str | None = None  # owner; None = public (see deployments/tenancy.py)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class CompositionEntry:
     latest: str | None = None
     base_model: str | None = None
     top_k: int | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
