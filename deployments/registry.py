@@ -146,7 +146,11 @@ class Resolver:
         if self.config.expose.base and model == self.base_name:
             return Resolved(BaseRoute(), ())
         if model in self.config.expose.routes:
-            return self.check_route(self.config.expose.routes[model])
+            try:
+                return self.check_route(self.config.expose.routes[model])
+            except ModelNotFound:
+                raise self._not_found(model) from None  # a route over hidden names is hidden
+
         if ":" in model:
             if not self.config.expose.mixes:
                 raise BadModelName("static mixes are disabled on this server")
@@ -160,7 +164,11 @@ class Resolver:
             return self.check_route(LearnedRoute(composition=model))
         if name in self.adapters:
             return self.check_route(SingleRoute(adapter=self.adapter(model)))
-        raise ModelNotFound(
+        raise self._not_found(model)
+
+    @staticmethod
+    def _not_found(model: str) -> ModelNotFound:
+        return ModelNotFound(
             f"model {model!r} does not exist; see GET /v1/models for the base model, adapters, "
             "compositions and routes, or write a mix as 'a:0.7+b:0.3'"
         )
