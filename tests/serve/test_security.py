@@ -292,3 +292,111 @@ def test_keys_never_reach_the_logs(secured):
     for secret in secrets_:
         assert not any(secret.encode() in t for t in texts)
         assert not any(secret.split("_")[2].encode() in t for t in texts)
+
+
+# ---- what listens where ------------------------------------------------------------------------
+
+GRPC_PROBES = (  # one cheap read per Ray gRPC service; any answer but UNAUTHENTICATED is a leak
+    "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo",
+    "/ray.rpc.NodeManagerService/GetNodeStats",
+    "/ray.rpc.CoreWorkerService/GetCoreWorkerStats",
+    "/ray.rpc.ObjectManagerService/Pull",
+    "/ray.serve.ASGIService/HandleRequest",  # Serve's inter-deployment server, bound to [::]
+)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    addr = ipaddress.ip_address(host.split("%", 1)[0])
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
+
+
+def _ray_listeners() -> list[tuple[str, str, int]]:
+    """(process, host, port) of every TCP listener of this driver and its Ray descendants."""
+    import os
+
+    import psutil
+
+    me = psutil.Process(os.getpid())
+    found = []
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            name = proc.name()
+            cmdline = " ".join(proc.cmdline())
+            if proc.pid != me.pid and "ray" not in f"{name} {cmdline}":
+                continue  # another test's helper server (SeaweedFS, Prometheus)
+            conns = proc.net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        for conn in conns:
+            if conn.status == psutil.CONN_LISTEN:
+                found.append((name, conn.laddr.ip, conn.laddr.port))
+    return found
+
+
+def _http_status(host: str, port: int, path: str) -> int | None:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=3) as sock:
+            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+            head = sock.recv(64)
+    except OSError:
+        return None
+    if not head.startswith(b"HTTP/"):
+        return None
+    return int(head.split()[1])
+
+
+def rejects_unauthenticated(host: str, port: int) -> bool:
+    """An HTTP listener refuses (401/403/404) even its metrics and API without credentials;
+    a gRPC listener answers UNAUTHENTICATED to a Ray call without the cluster token."""
+    import grpc
+
+    target = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    statuses = [_http_status(target, port, p) for p in ("/", "/v1/models", "/metrics")]
+    if any(s is not None for s in statuses):
+        return all(s in (401, 403, 404) for s in statuses if s is not None)
+    with grpc.insecure_channel(f"{target}:{port}") as channel:
+        for method in GRPC_PROBES:
+            try:
+                channel.unary_unary(method)(b"", timeout=5)
+                return False
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    return True
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    return False
+    return False
+
+
+def test_every_ray_and_serve_listener_is_loopback_or_authenticated(secured):
+    _chat(secured, "acme", "math")  # replicas, proxy and controller are all up
+    listeners = _ray_listeners()
+    names = {name for name, _, _ in listeners}
+    assert {"gcs_server", "raylet"} <= names, names
+    assert any(name.startswith("ray::ServeReplica") for name in names), names
+    exposed = [
+        (name, host, port)
+        for name, host, port in listeners
+        if not _is_loopback(host) and not rejects_unauthenticated(host, port)
+    ]
+    assert exposed == [], f"reachable from the network without credentials: {exposed}"
+
+
+def test_the_rejection_probe_is_not_vacuous(ray_cluster, secured):
+    """The probe tells open from closed on this very cluster: Ray's metrics port answers anyone
+    (fine only because it is loopback), the OpenAI ingress refuses a key-less call, and with
+    token auth on the GCS refuses a token-less one."""
+    import os
+
+    assert rejects_unauthenticated("127.0.0.1", ray_cluster["metrics_port"]) is False
+    ingress = int(secured["url"].rsplit(":", 1)[1])
+    assert _http_status("127.0.0.1", ingress, "/v1/models") == 401
+    assert rejects_unauthenticated("127.0.0.1", ingress) is True
+    if os.environ.get("RAY_AUTH_MODE", "token") == "disabled":
+        pytest.skip("RAY_AUTH_MODE=disabled in this session: Ray's gRPC has no token check")
+    gcs = next(port for name, _, port in _ray_listeners() if name == "gcs_server")
+    assert rejects_unauthenticated("127.0.0.1", gcs) is True
