@@ -170,3 +170,43 @@ def test_wait_estimate_follows_queue_and_service_time() -> None:
     for s in starts[2:]:
         est.finish(s, ok=False)
     assert est.in_flight == 0 and 4 <= est.retry_after() <= 5
+
+
+def test_startup_warns_loudly_when_auth_is_off(tmp_path: Path, caplog) -> None:
+    import logging
+
+    from deployments.access import Access
+    from deployments.config import ServerConfig
+
+    logger = logging.getLogger("ray.serve")
+    logger.addHandler(caplog.handler)  # Ray may have turned propagation off
+    try:
+        with caplog.at_level(logging.INFO, logger="ray.serve"):
+            Access(ServerConfig(), slots=2, root=tmp_path).announce()
+            key, entry = new_key("acme")
+            write_keys(tmp_path / "k.json", KeyFile(keys=[entry]))
+            on = ServerConfig(auth={"enabled": True, "keys_file": "k.json"})
+            Access(on, slots=2, root=tmp_path).announce()
+    finally:
+        logger.removeHandler(caplog.handler)
+    (warning,) = {r.getMessage() for r in caplog.records if r.levelno == logging.WARNING}
+    assert "UNAUTHENTICATED" in warning
+    assert any("1 API key(s)" in r.getMessage() for r in caplog.records)
+    assert not any(key in r.getMessage() for r in caplog.records)
+    with pytest.raises(KeyFileError, match="cannot load API keys"):
+        Access(ServerConfig(auth={"enabled": True, "keys_file": "nope.json"}), 2, tmp_path)
+
+
+def test_shipped_configs_auth_off_locally_and_on_for_the_cluster() -> None:
+    import yaml
+
+    from deployments.config import REPO_ROOT, ServeConfig
+
+    def server(name: str):
+        app = yaml.safe_load((REPO_ROOT / name).read_text())["applications"][0]
+        return ServeConfig.from_args(app["args"]).server
+
+    assert server("serve_config.yaml").auth.enabled is False
+    gpu = server("serve_config.gpu.yaml")
+    assert gpu.auth.enabled and gpu.auth.keys_file == "/etc/molora/api-keys/keys.json"
+    assert gpu.quotas.default.max_concurrent is not None
