@@ -58,6 +58,7 @@ def secured(ray_cluster, tiny_assets, tmp_path_factory):
         ("globex", "globex", False),
         ("rpm", "limited", False),
         ("tpm", "limited", False),
+        ("tpm32", "limited", False),
         ("streams", "limited", False),
     ]:
         key, entry = new_key(tenant, admin=admin)
@@ -76,6 +77,7 @@ def secured(ray_cluster, tiny_assets, tmp_path_factory):
                 "keys": {
                     keys["rpm_id"]: {"requests_per_min": 8},
                     keys["tpm_id"]: {"tokens_per_min": 60},
+                    keys["tpm32_id"]: {"tokens_per_min": 60},
                     keys["streams_id"]: {"max_concurrent": 2},
                 }
             },
@@ -267,6 +269,18 @@ async def test_concurrency_quota_holds_under_32_concurrent_streams(secured):
             assert int(resp.headers["retry-after"]) >= 1
         else:
             assert resp.text.rstrip().endswith("data: [DONE]")
+
+
+async def test_token_quota_holds_under_32_concurrent_clients(secured):
+    body = {"model": "poem", "messages": MESSAGES, "max_tokens": 8, "ignore_eos": True}
+    responses = await _burst(secured, "tpm32", 32, body)
+    statuses = [r.status_code for r in responses]
+    # Each admission charges max_tokens up front: 7 x 8 = 56 of 60 fit, the 8th does not.
+    assert statuses.count(200) == 7 and statuses.count(429) == 25, statuses
+    for resp in responses:
+        if resp.status_code == 429:
+            assert "tokens/min" in _error(resp, 429)["message"]
+            assert int(resp.headers["retry-after"]) >= 1
 
 
 def test_token_quota_charges_and_settles(secured):
