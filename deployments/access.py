@@ -84,13 +84,13 @@ class Access:
 
     # -- who ------------------------------------------------------------------------------------
 
-    def authenticate(self, request: Request) -> Principal:
+    async def authenticate(self, request: Request) -> Principal:
         if self.keys is None:
             return ANONYMOUS
         key = bearer_key(request.headers.get("authorization"))
         if key is None:
             raise AccessError(401, "missing API key: send 'Authorization: Bearer <key>'", None)
-        principal = self.keys.verify(key)
+        principal = await self.keys.verify_async(key)
         if principal is None:
             raise AccessError(401, "invalid API key", None)
         return principal

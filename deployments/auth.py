@@ -13,6 +13,7 @@ rotated without a restart. No module here imports Ray, so the CLI can use it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -188,6 +189,7 @@ class KeyRing:
         self._stamp: object = None
         self._checked = 0.0
         self._lock = threading.Lock()
+        self._slow_gate = asyncio.Semaphore(2)
         self._load()
 
     def _source(self) -> tuple[object, str, str]:
@@ -226,31 +228,52 @@ class KeyRing:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def verify(self, key: str | None) -> Principal | None:
-        """The key's principal, or None for a missing, malformed, unknown or wrong key."""
+    def _fast(self, key: str | None) -> Principal | KeyEntry | None:
+        """Everything but the slow hash: a principal or None when decided, else the entry
+        whose hash must be checked."""
         if not key:
             return None
         match = KEY_RE.fullmatch(key)
         if match is None:
             return None
         self._maybe_reload()
-        key_id = match.group(1)
-        entry = self._entries.get(key_id)
+        entry = self._entries.get(match.group(1))
         if entry is None:
             return None
-        digest = hashlib.sha256(key.encode()).digest()
-        known = self._verified.get(key_id)
-        if known is not None:
-            ok = hmac.compare_digest(digest, known)
-        else:
-            ok = hmac.compare_digest(_hash(key, bytes.fromhex(entry.salt)), entry.hash)
-            if ok:
-                with self._lock:
-                    if self._entries.get(key_id) == entry:
-                        self._verified[key_id] = digest
-        return (
-            Principal(key_id=entry.key_id, tenant=entry.tenant, admin=entry.admin) if ok else None
-        )
+        known = self._verified.get(entry.key_id)
+        if known is None:
+            return entry
+        ok = hmac.compare_digest(hashlib.sha256(key.encode()).digest(), known)
+        return _principal(entry) if ok else None
+
+    def _slow(self, key: str, entry: KeyEntry) -> Principal | None:
+        if not hmac.compare_digest(_hash(key, bytes.fromhex(entry.salt)), entry.hash):
+            return None
+        with self._lock:
+            if self._entries.get(entry.key_id) == entry:
+                self._verified[entry.key_id] = hashlib.sha256(key.encode()).digest()
+        return _principal(entry)
+
+    def verify(self, key: str | None) -> Principal | None:
+        """The key's principal, or None for a missing, malformed, unknown or wrong key."""
+        found = self._fast(key)
+        if isinstance(found, KeyEntry):
+            return self._slow(key, found)  # type: ignore[arg-type]
+        return found
+
+    async def verify_async(self, key: str | None) -> Principal | None:
+        """`verify` without blocking the event loop: the slow hash (first use of a key in this
+        process, or a guess at a known key id) runs in a thread, at most two at a time, so
+        guesses cost bounded CPU and never stall other requests."""
+        found = self._fast(key)
+        if not isinstance(found, KeyEntry):
+            return found
+        async with self._slow_gate:
+            return await asyncio.to_thread(self._slow, key, found)  # type: ignore[arg-type]
+
+
+def _principal(entry: KeyEntry) -> Principal:
+    return Principal(key_id=entry.key_id, tenant=entry.tenant, admin=entry.admin)
 
 
 def dump_entry_json(entry: KeyEntry) -> str:

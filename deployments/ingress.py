@@ -278,7 +278,7 @@ class Router:
     @app.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:
         try:
-            principal = self.access.authenticate(request)
+            principal = await self.access.authenticate(request)
         except AccessError as exc:
             return access_error_response(exc)
         catalog = self.access.visible(principal, await self.catalog.get())
@@ -337,7 +337,7 @@ class Router:
     async def admin(self, collection: str, name: str, action: str, request: Request) -> Any:
         """Admin keys: `POST /v1/admin/adapters/NAME/yank` (or unyank; or compositions)."""
         try:
-            principal = self.access.authenticate(request)
+            principal = await self.access.authenticate(request)
             result = await self.access.admin(
                 principal, self.cfg.store, collection, name, action, await request.body()
             )
@@ -352,7 +352,7 @@ class Router:
         retry_after = self.access.load.retry_after()
         end = None
         try:
-            principal = self.access.authenticate(request)
+            principal = await self.access.authenticate(request)
             body = await self._parse(request, chat)
             max_tokens = body.requested_max_tokens() or self.cfg.server.default_max_tokens
             end = self.access.admit(principal, max_tokens)

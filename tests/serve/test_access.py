@@ -210,3 +210,27 @@ def test_shipped_configs_auth_off_locally_and_on_for_the_cluster() -> None:
     gpu = server("serve_config.gpu.yaml")
     assert gpu.auth.enabled and gpu.auth.keys_file == "/etc/molora/api-keys/keys.json"
     assert gpu.quotas.default.max_concurrent is not None
+
+
+async def test_first_use_of_a_key_does_not_block_the_event_loop(tmp_path: Path) -> None:
+    import asyncio
+
+    keys = [new_key("acme") for _ in range(3)]
+    write_keys(tmp_path / "k.json", KeyFile(keys=[e for _, e in keys]))
+    ring = KeyRing(AuthConfig(enabled=True, keys_file=str(tmp_path / "k.json")))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    start = asyncio.get_running_loop().time()
+    found = await asyncio.gather(*(ring.verify_async(k) for k, _ in keys))
+    took = asyncio.get_running_loop().time() - start
+    task.cancel()
+    assert [p.tenant for p in found] == ["acme"] * 3
+    assert ticks >= 0.3 * took / 0.005  # the loop kept running while scrypt did
+    assert await ring.verify_async(keys[0][0] + "x") is None
