@@ -3,7 +3,8 @@
 (No `from __future__ import annotations`: FastAPI must see the real `Request` type through
 Serve's ingress wrapper, or it takes `request` for a query parameter.)
 
-It validates the body, resolves `model` into a route against the registry, and streams the
+It authenticates the caller and takes its quota (deployments/access.py), validates the body,
+resolves `model` into a route against the registry as the caller's tenant sees it, and streams the
 request through the model handle, whose `AdapterAffinityRouter` picks the replica. It holds no
 tokenizer and no tensors; prompt-length checks happen in the replica and come back as 400s.
 """
@@ -28,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deployments import metrics
 from deployments.access import Access, AccessError
 from deployments.access import error_response as access_error_response
+from deployments.auth import Principal
 from deployments.config import REPO_ROOT, ServeConfig
 from deployments.placement import adapter_key
 from deployments.protocol import (
@@ -400,7 +402,7 @@ class Router:
             raise ApiError(400, message, param) from None
 
     async def _resolve(
-        self, body: CompletionRequest | ChatCompletionRequest, principal: Any
+        self, body: CompletionRequest | ChatCompletionRequest, principal: Principal
     ) -> Resolved:
         explicit = body.molora.route
         for attempt in range(2):

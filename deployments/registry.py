@@ -150,7 +150,6 @@ class Resolver:
                 return self.check_route(self.config.expose.routes[model])
             except ModelNotFound:
                 raise self._not_found(model) from None  # a route over hidden names is hidden
-
         if ":" in model:
             if not self.config.expose.mixes:
                 raise BadModelName("static mixes are disabled on this server")

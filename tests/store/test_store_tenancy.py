@@ -48,3 +48,18 @@ def test_composition_experts_must_be_public_or_own(
         registry.publish_composition(folder, "leak", "1", tenant="globex")
     m = registry.publish_composition(folder, "own", "1", tenant="acme")
     assert m.tenant == "acme" and m.adapters == ["alpha@1", "beta@1"]
+
+
+def test_cli_push_tenant(capsys: pytest.CaptureFixture[str], store_url: str, alpha: Path) -> None:
+    import json
+
+    from deployments.cli import main
+
+    s = ["--store", store_url, "--json"]
+    push = ["adapters", "push", str(alpha), "--name", "alpha", "--tenant", "acme"]
+    assert main([*push, "--version", "1", *s]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["manifest"]["tenant"] == "acme"
+    assert main(["adapters", "push", str(alpha), "--name", "alpha", "--version", "2", *s]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert "is tenant 'acme'" in out["message"]
