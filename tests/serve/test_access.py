@@ -34,14 +34,14 @@ def test_keys_create_stores_only_a_salted_hash(tmp_path: Path, capsys) -> None:
     assert main(["keys", "create", "--tenant", "acme", "--admin", "--file", str(path)]) == 0
     admin_key = capsys.readouterr().out.strip()
     text = path.read_text()
-    assert key not in text and key.split("_")[2] not in text
+    assert key not in text and key.split("_", 2)[2] not in text
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     entries = json.loads(text)["keys"]
     assert [(e["tenant"], e["admin"]) for e in entries] == [("acme", False), ("acme", True)]
-    assert {e["key_id"] for e in entries} == {key.split("_")[1], admin_key.split("_")[1]}
+    assert {e["key_id"] for e in entries} == {key.split("_", 2)[1], admin_key.split("_", 2)[1]}
 
     ring = KeyRing(AuthConfig(enabled=True, keys_file=str(path)))
-    assert ring.verify(key) == Principal(key.split("_")[1], "acme", False)
+    assert ring.verify(key) == Principal(key.split("_", 2)[1], "acme", False)
     assert ring.verify(admin_key).admin is True
     assert ring.verify(key) is not None  # cached path
     wrong = key[:-2] + ("AA" if not key.endswith("AA") else "BB")
