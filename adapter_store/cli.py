@@ -61,6 +61,10 @@ def _add_commands(commands: argparse._SubParsersAction, kind: Kind) -> None:
     p.add_argument("--description")
     p.add_argument("--tag", action="append", default=[], dest="tags")
     p.add_argument(
+        "--tenant",
+        help="publish private to this tenant: only its API keys see and use it (default: public)",
+    )
+    p.add_argument(
         "--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="size limit of the version"
     )
     if kind == "adapter":
@@ -149,7 +153,8 @@ def _summary(m: AnyManifest) -> str:
         if m.kind == "adapter"
         else f"adapters={','.join(m.adapters)} top_k={m.top_k}"
     )  # type: ignore[union-attr]
-    return f"{m.ref}  base={m.base_model}  {extra}  {size}  created={m.created:%Y-%m-%d %H:%M:%S}"
+    owner = f"  tenant={m.tenant}" if m.tenant else ""
+    return f"{m.ref}  base={m.base_model}  {extra}  {size}  created={m.created:%Y-%m-%d %H:%M:%S}{owner}"
 
 
 def _folder_size(path: Path) -> int:
@@ -166,12 +171,13 @@ def _push(args: argparse.Namespace, kind: Kind) -> int:
             base_config = load_base_config(args.base_config) if args.base_config else None
             manifest = registry.publish_adapter(
                 args.path, args.name, args.version_, base_model=args.base_model, base_config=base_config,
-                description=args.description, tags=args.tags, progress=progress,
+                description=args.description, tags=args.tags, tenant=args.tenant,
+                progress=progress,
             )  # fmt: skip
         else:
             manifest = registry.publish_composition(
                 args.path, args.name, args.version_, description=args.description, tags=args.tags,
-                progress=progress,
+                tenant=args.tenant, progress=progress,
             )  # fmt: skip
     _emit(
         args,

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from adapter_store.errors import IntegrityError
-from adapter_store.names import check_name, check_version, parse_ref
+from adapter_store.names import check_name, check_tenant, check_version, parse_ref
 
 MANIFEST_FORMAT = 1
 SHA256_RE = r"^[0-9a-f]{64}$"
@@ -44,8 +44,15 @@ class _Manifest(BaseModel):
     created: datetime
     description: str | None = Field(None, max_length=4000)
     tags: list[str] = Field(default_factory=list, max_length=64)
+    tenant: str | None = Field(
+        None,
+        description="owning tenant: only its API keys see and use this name; None = public",
+    )
 
     _name = field_validator("name")(classmethod(lambda cls, v: check_name(v)))
+    _tenant = field_validator("tenant")(
+        classmethod(lambda cls, v: v if v is None else check_tenant(v))
+    )
     _version = field_validator("version")(classmethod(lambda cls, v: check_version(v)))
 
     @property
@@ -117,7 +124,9 @@ def parse_manifest(data: bytes, where: str) -> AdapterManifest | CompositionMani
 
 
 def dump_manifest(manifest: AdapterManifest | CompositionManifest) -> bytes:
-    return (manifest.model_dump_json(indent=2) + "\n").encode()
+    # A public manifest is written without `tenant`, byte-identical to what older readers know.
+    exclude = {"tenant"} if manifest.tenant is None else None
+    return (manifest.model_dump_json(indent=2, exclude=exclude) + "\n").encode()
 
 
 def utcnow() -> datetime:

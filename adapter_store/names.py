@@ -36,6 +36,16 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_tenant(tenant: str) -> str:
+    """Tenant names follow the name rules, so they are safe in logs, labels and paths."""
+    if not isinstance(tenant, str) or not NAME_RE.fullmatch(tenant) or tenant in {".", ".."}:
+        raise InvalidInputError(
+            f"invalid tenant {tenant!r}: use 1-64 characters, lowercase letters, digits, '.', "
+            "'_' or '-', starting with a letter or digit"
+        )
+    return tenant
+
+
 def check_version(version: str) -> str:
     if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
         raise InvalidInputError(

@@ -42,7 +42,7 @@ from adapter_store.manifest import (
     parse_manifest,
     utcnow,
 )
-from adapter_store.names import KINDS, Kind, check_name, check_version, parse_ref
+from adapter_store.names import KINDS, Kind, check_name, check_tenant, check_version, parse_ref
 from adapter_store.validate import (
     COMPOSITION_CONFIG,
     DEFAULT_MAX_BYTES,
@@ -286,6 +286,25 @@ class Registry:
                 "immutable, choose a new version"
             )
 
+    def owner(self, kind: Kind, name: str) -> str | None:
+        """The tenant of a name (every version of a name has the same one); None = public."""
+        for info in self.versions(kind, name):
+            return self.manifest(kind, name, info.version).tenant
+        return None
+
+    def _check_tenant(self, kind: Kind, name: str, tenant: str | None) -> None:
+        """A name belongs to one tenant (or none) for good, so visibility never depends on
+        which version a request pins."""
+        if not self.versions(kind, name):
+            return
+        owner = self.owner(kind, name)
+        if owner != tenant:
+            have = f"tenant {owner!r}" if owner else "public"
+            want = f"tenant {tenant!r}" if tenant else "public"
+            raise InvalidInputError(
+                f"{kind} {name!r} is {have}; a new version cannot be {want} (pick another name)"
+            )
+
     def _upload(
         self, manifest: AnyManifest, sources: dict[str, Path], progress: Progress | None
     ) -> StagedPublish:
@@ -321,10 +340,13 @@ class Registry:
         base_config: dict[str, Any] | None = None,
         description: str | None = None,
         tags: list[str] | None = None,
+        tenant: str | None = None,
         progress: Progress | None = None,
     ) -> StagedPublish:
         check_name(name)
         check_version(version)
+        if tenant is not None:
+            check_tenant(tenant)
         info = validate_adapter(Path(folder), base_config, self.max_bytes)
         base = base_model or info.base_model
         if not base:
@@ -332,10 +354,11 @@ class Registry:
                 "adapter_config.json names no base_model_name_or_path: pass --base-model"
             )
         self._check_new("adapter", name, version)
+        self._check_tenant("adapter", name, tenant)
         entries, sources = self._entries(info.files)
         manifest = AdapterManifest(
             name=name, version=version, base_model=base, files=entries, blob_dir=self._blob_dir(),
-            created=utcnow(), description=description, tags=tags or [],
+            created=utcnow(), description=description, tags=tags or [], tenant=tenant,
             base_model_fingerprint=info.base_model_fingerprint,
             base_model_identity=info.base_model_identity, rank=info.rank, alpha=info.alpha,
             target_modules=info.target_modules, num_layers=info.num_layers, dtype=info.dtype,
@@ -347,8 +370,12 @@ class Registry:
     ) -> AnyManifest:
         return self.stage_adapter(folder, name, version, **kwargs).commit()
 
-    def pin_adapters(self, refs: list[str], base_model: str) -> list[str]:
-        """Resolve each ref to `name@version`, checking it exists and fits the base model."""
+    def pin_adapters(
+        self, refs: list[str], base_model: str, tenant: str | None = None
+    ) -> list[str]:
+        """Resolve each ref to `name@version`, checking it exists, fits the base model and is
+        public or the composition's own tenant's (a public composition over a private expert
+        would leak it)."""
         pinned = []
         for ref in refs:
             try:
@@ -361,6 +388,11 @@ class Registry:
                 raise InvalidInputError(
                     f"composition adapter {m.ref} is for base model {m.base_model!r}, not {base_model!r}"
                 )
+            if m.tenant is not None and m.tenant != tenant:
+                raise InvalidInputError(
+                    f"composition adapter {m.ref} is private to another tenant; a composition "
+                    "may only use public adapters and its own tenant's"
+                )
             pinned.append(m.ref)
         return pinned
 
@@ -372,13 +404,17 @@ class Registry:
         *,
         description: str | None = None,
         tags: list[str] | None = None,
+        tenant: str | None = None,
         progress: Progress | None = None,
     ) -> StagedPublish:
         check_name(name)
         check_version(version)
+        if tenant is not None:
+            check_tenant(tenant)
         files, cfg = read_composition(Path(folder), self.max_bytes)
         self._check_new("composition", name, version)
-        pinned = self.pin_adapters(cfg.adapters, cfg.base_model)
+        self._check_tenant("composition", name, tenant)
+        pinned = self.pin_adapters(cfg.adapters, cfg.base_model, tenant)
         with tempfile.TemporaryDirectory(prefix="molora-compose-") as tmp:
             stored_cfg = Path(tmp) / COMPOSITION_CONFIG
             stored_cfg.write_text(
@@ -389,7 +425,7 @@ class Registry:
             manifest = CompositionManifest(
                 name=name, version=version, base_model=cfg.base_model, files=entries,
                 blob_dir=self._blob_dir(), created=utcnow(), description=description,
-                tags=tags or [], adapters=pinned, top_k=cfg.top_k, temperature=cfg.temperature,
+                tags=tags or [], tenant=tenant, adapters=pinned, top_k=cfg.top_k, temperature=cfg.temperature,
                 num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
             )  # fmt: skip
             return self._upload(manifest, sources, progress)

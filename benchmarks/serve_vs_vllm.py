@@ -99,14 +99,36 @@ def make_assets(work: Path, model_dir: Path) -> Path:
     cli = [sys.executable, "-m", "deployments.cli"]
     for name in ADAPTERS:
         subprocess.run(
-            [*cli, "adapters", "push", str(work / "adapters" / name), "--name", name]
-            + ["--version", "1", "--store", str(store), "--base-config", str(model_dir)],
+            [
+                *cli,
+                "adapters",
+                "push",
+                str(work / "adapters" / name),
+                "--name",
+                name,
+                "--version",
+                "1",
+                "--store",
+                str(store),
+                "--base-config",
+                str(model_dir),
+            ],
             check=True,
             capture_output=True,
         )
     subprocess.run(
-        [*cli, "compositions", "push", str(comp_dir), "--name", "mix4", "--version", "1"]
-        + ["--store", str(store)],
+        [
+            *cli,
+            "compositions",
+            "push",
+            str(comp_dir),
+            "--name",
+            "mix4",
+            "--version",
+            "1",
+            "--store",
+            str(store),
+        ],
         check=True,
         capture_output=True,
     )

@@ -14,7 +14,7 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from deployments.config import ConfigError, ServeConfig
+from deployments.config import REPO_ROOT, ConfigError, ServeConfig
 from deployments.ingress import Router
 from deployments.replica import ModelReplica
 
@@ -48,6 +48,15 @@ def check_environment(cfg: ServeConfig) -> None:
         raise ConfigError(
             f"invalid serve config:\n  args.store.url: directory {url} does not exist"
         )
+    auth = cfg.server.auth
+    if auth.enabled and auth.keys_file:
+        keys = Path(auth.keys_file).expanduser()
+        keys = keys if keys.is_absolute() else REPO_ROOT / keys
+        if not keys.is_file():
+            raise ConfigError(
+                f"invalid serve config:\n  args.server.auth.keys_file: file {keys} does not exist"
+                " (create it with `molora keys create`)"
+            )
 
 
 def build(

@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "molora_runtime.training.cli",
     "deployments.dashboards_cli",
     "deployments.k8s_cli",
+    "deployments.keys_cli",
 )
 
 

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from deployments.auth import AuthConfig
+from deployments.quotas import QuotaConfig
 from molora_runtime.config import EngineConfig, StrictModel
 from molora_runtime.routes import RouteSpec, check_ref
 
@@ -101,8 +103,12 @@ class ServerConfig(StrictModel):
     max_json_depth: int = Field(
         32, ge=4, le=512, description="deepest JSON nesting a request body may have"
     )
-    retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429/503")
+    retry_after_s: int = Field(
+        1, ge=1, description="least Retry-After of 429/503 overload answers (the rest is estimated)"
+    )
     request_timeout_s: float = Field(600.0, gt=0)
+    auth: AuthConfig = Field(default_factory=AuthConfig, description="API keys (off by default)")
+    quotas: QuotaConfig = Field(default_factory=QuotaConfig, description="per-key limits")
 
 
 class ServeConfig(StrictModel):

@@ -3,7 +3,8 @@
 (No `from __future__ import annotations`: FastAPI must see the real `Request` type through
 Serve's ingress wrapper, or it takes `request` for a query parameter.)
 
-It validates the body, resolves `model` into a route against the registry, and streams the
+It authenticates the caller and takes its quota (deployments/access.py), validates the body,
+resolves `model` into a route against the registry as the caller's tenant sees it, and streams the
 request through the model handle, whose `AdapterAffinityRouter` picks the replica. It holds no
 tokenizer and no tensors; prompt-length checks happen in the replica and come back as 400s.
 """
@@ -26,7 +27,10 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments import metrics
-from deployments.config import ServeConfig
+from deployments.access import Access, AccessError
+from deployments.access import error_response as access_error_response
+from deployments.auth import Principal
+from deployments.config import REPO_ROOT, ServeConfig
 from deployments.json_guard import BodyError, parse_body
 from deployments.openapi_docs import body_docs
 from deployments.placement import adapter_key
@@ -68,6 +72,7 @@ from deployments.replica_protocol import (
 )
 from deployments.request_router import PLACEMENT_KWARG
 from deployments.store import load_catalog
+from deployments.tenancy import visible_routes
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 
 logger = logging.getLogger("ray.serve")
@@ -152,6 +157,7 @@ class _Tracker:
         self.last: float | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.on_done: list[Any] = []  # callbacks (tokens_used, ok): quota lease, load estimate
 
     def on_item(self, item: Item) -> None:
         if isinstance(item, UsageItem):
@@ -173,6 +179,8 @@ class _Tracker:
         self.last = now
 
     def done(self, status: str) -> None:
+        for callback in self.on_done:
+            callback(self.prompt_tokens + self.completion_tokens, status == "ok")
         with contextlib.suppress(Exception):
             tags = {"route_kind": self.kind, "adapter": self.label}
             metrics.requests().inc(tags={**tags, "status": status})
@@ -296,6 +304,8 @@ class Router:
             lambda: asyncio.to_thread(load_catalog, self.cfg.store), self.cfg.store.refresh_s
         )
         self._last_forced = 0.0
+        self.access = Access(self.cfg.server, self.cfg.engine.max_num_seqs, REPO_ROOT)
+        self.access.announce()
 
     # -- endpoints --------------------------------------------------------------------------
 
@@ -310,8 +320,12 @@ class Router:
         return JSONResponse({"status": "ok", **info})
 
     @app.get("/v1/models")
-    async def models(self) -> JSONResponse:
-        catalog = await self.catalog.get()
+    async def models(self, request: Request) -> JSONResponse:
+        try:
+            principal = await self.access.authenticate(request)
+        except AccessError as exc:
+            return access_error_response(exc)
+        catalog = self.access.visible(principal, await self.catalog.get())
         resolver = Resolver(self.cfg, catalog)
         base = resolver.base_name
         cards: list[ModelCard] = []
@@ -344,7 +358,7 @@ class Router:
                     },
                 )
             )
-        for name, route in sorted(self.cfg.expose.routes.items()):
+        for name, route in sorted(visible_routes(resolver, self.cfg.expose.routes).items()):
             cards.append(
                 ModelCard(
                     id=name,
@@ -363,17 +377,39 @@ class Router:
     async def chat_completions(self, request: Request) -> Any:
         return await self._handle(request, chat=True)
 
+    @app.post("/v1/admin/{collection}/{name}/{action}")
+    async def admin(self, collection: str, name: str, action: str, request: Request) -> Any:
+        """Admin keys: `POST /v1/admin/adapters/NAME/yank` (or unyank; or compositions)."""
+        try:
+            principal = await self.access.authenticate(request)
+            result = await self.access.admin(
+                principal, self.cfg.store, collection, name, action, await request.body()
+            )
+        except AccessError as exc:
+            return access_error_response(exc)
+        await self.catalog.get(force=True)
+        return JSONResponse(result)
+
     # -- request path -----------------------------------------------------------------------
 
     async def _handle(self, request: Request, chat: bool) -> Any:
-        retry_after = self.cfg.server.retry_after_s
+        retry_after = self.access.load.retry_after()
+        end = None
         try:
+            principal = await self.access.authenticate(request)
             body = await self._parse(request, chat)
-            resolved = await self._resolve(body)
+            max_tokens = body.requested_max_tokens() or self.cfg.server.default_max_tokens
+            end = self.access.admit(principal, max_tokens)
+            resolved = await self._resolve(body, principal)
             gen_req = self._engine_request(body, resolved, chat)
+        except AccessError as exc:
+            return access_error_response(exc)
         except ApiError as exc:
+            if end is not None:
+                end(0, False)
             return error_response(exc.status, exc.message, exc.param, retry_after)
         tracker = _Tracker(resolved)
+        tracker.on_done.append(end)
         try:
             stream, first = await self._start(gen_req, resolved)
         except ApiError as exc:
@@ -407,10 +443,13 @@ class Router:
             message, param = validation_message(exc)
             raise ApiError(400, message, param) from None
 
-    async def _resolve(self, body: CompletionRequest | ChatCompletionRequest) -> Resolved:
+    async def _resolve(
+        self, body: CompletionRequest | ChatCompletionRequest, principal: Principal
+    ) -> Resolved:
         explicit = body.molora.route
         for attempt in range(2):
-            resolver = Resolver(self.cfg, await self.catalog.get(force=attempt > 0))
+            catalog = await self.catalog.get(force=attempt > 0)
+            resolver = Resolver(self.cfg, self.access.visible(principal, catalog))
             try:
                 return resolver.resolve(body.model, explicit)
             except BadModelName as exc:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 RAY_VERSION = "2.60.0"  # must equal the `ray[serve]` pin of the `serve` extra (a test checks)
 SERVE_PORT = 8000
 METRICS_PORT = 8080
+API_KEYS_DIR = "/etc/molora/api-keys"  # where the API key Secret is mounted in every pod
 APP_LABEL = "molora-serve"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +76,12 @@ class ClusterProfile(_Strict):
     serve_autoscaling: ServeAutoscaling = ServeAutoscaling()
     store_config_map: str = "molora-adapter-store"
     s3_secret: str = "molora-s3-credentials"
+    ray_auth_secret: str = Field(
+        "molora-ray-auth-token", description="Secret with key `auth_token`: Ray's cluster token"
+    )
+    api_keys_secret: str = Field(
+        "molora-api-keys", description="Secret with key `keys.json`: the hashed API key file"
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ClusterProfile:
@@ -172,18 +179,29 @@ def _env_from(profile: ClusterProfile) -> list[dict[str, Any]]:
     ]
 
 
-def _volumes() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(profile: ClusterProfile) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     # Ray's object store lives in /dev/shm; the container default (64 MiB) is far too small.
+    # The API key file (salted hashes only) is a mounted Secret, so rotating keys is a
+    # `kubectl apply` of the Secret: the kubelet updates the file and the ingress re-reads it.
     return (
-        [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-        [{"name": "dshm", "mountPath": "/dev/shm"}],
+        [
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {
+                "name": "api-keys",
+                "secret": {"secretName": profile.api_keys_secret},
+            },
+        ],
+        [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True},
+        ],
     )
 
 
 def _container(
     name: str, profile: ClusterProfile, resources: PodResources, ports: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    volumes_mounts = _volumes()[1]
+    volumes_mounts = _volumes(profile)[1]
     return {
         "name": name,
         "image": profile.image,
@@ -219,7 +237,7 @@ def _head_group(profile: ClusterProfile) -> dict[str, Any]:
             "metadata": {"labels": _pod_labels("ray-head")},
             "spec": {
                 "containers": [_container("ray-head", profile, profile.head, ports)],
-                "volumes": _volumes()[0],
+                "volumes": _volumes(profile)[0],
             },
         },
     }
@@ -250,7 +268,7 @@ def _worker_group(profile: ClusterProfile, sized: Plan) -> dict[str, Any]:
             "metadata": {"labels": _pod_labels("ray-worker")},
             "spec": {
                 "containers": [container],
-                "volumes": _volumes()[0],
+                "volumes": _volumes(profile)[0],
                 "tolerations": [
                     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
                 ],
@@ -292,6 +310,9 @@ def rayservice(serve_config: dict[str, Any], profile: ClusterProfile = BASE) -> 
             },
             "rayClusterConfig": {
                 "rayVersion": RAY_VERSION,
+                # Every Ray API and internal gRPC call needs the cluster token: KubeRay injects
+                # RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (key `auth_token` of this Secret).
+                "authOptions": {"mode": "token", "secretName": profile.ray_auth_secret},
                 "enableInTreeAutoscaling": True,
                 "autoscalerOptions": {
                     "upscalingMode": "Default",

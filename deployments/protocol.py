@@ -301,6 +301,8 @@ class ErrorResponse(BaseModel):
 
 ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     413: "invalid_request_error",
     422: "invalid_request_error",

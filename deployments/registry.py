@@ -41,6 +41,7 @@ class AdapterEntry:
     versions: tuple[str, ...] = ()
     latest: str | None = None
     base_model: str | None = None
+    tenant: str | None = None  # owner; None = public (see deployments/tenancy.py)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class CompositionEntry:
     latest: str | None = None
     base_model: str | None = None
     top_k: int | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,10 @@ class Resolver:
         if self.config.expose.base and model == self.base_name:
             return Resolved(BaseRoute(), ())
         if model in self.config.expose.routes:
-            return self.check_route(self.config.expose.routes[model])
+            try:
+                return self.check_route(self.config.expose.routes[model])
+            except ModelNotFound:
+                raise self._not_found(model) from None  # a route over hidden names is hidden
         if ":" in model:
             if not self.config.expose.mixes:
                 raise BadModelName("static mixes are disabled on this server")
@@ -158,7 +163,11 @@ class Resolver:
             return self.check_route(LearnedRoute(composition=model))
         if name in self.adapters:
             return self.check_route(SingleRoute(adapter=self.adapter(model)))
-        raise ModelNotFound(
+        raise self._not_found(model)
+
+    @staticmethod
+    def _not_found(model: str) -> ModelNotFound:
+        return ModelNotFound(
             f"model {model!r} does not exist; see GET /v1/models for the base model, adapters, "
             "compositions and routes, or write a mix as 'a:0.7+b:0.3'"
         )

@@ -26,6 +26,7 @@ def load_catalog(cfg: StoreConfig) -> Catalog:
             versions=versions,
             latest=manifest.version,
             base_model=manifest.base_model,
+            tenant=manifest.tenant,
         )
     compositions: dict[str, CompositionEntry] = {}
     for manifest in registry.catalog("composition"):
@@ -39,6 +40,7 @@ def load_catalog(cfg: StoreConfig) -> Catalog:
             latest=manifest.version,
             base_model=manifest.base_model,
             top_k=manifest.top_k,
+            tenant=manifest.tenant,
         )
     return Catalog(adapters=adapters, compositions=compositions)
 

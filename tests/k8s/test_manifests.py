@@ -243,3 +243,55 @@ def test_real_kustomize_agrees(directory: Path) -> None:
     real = sorted((o for o in yaml.safe_load_all(out) if o), key=lambda o: o["kind"])
     ours = sorted(kustomize_build(directory), key=lambda o: o["kind"])
     assert real == ours
+
+
+@needs_crd
+def test_crd_knows_token_auth_with_a_user_secret() -> None:
+    """The KubeRay version we validate against has `authOptions` with a user-named Secret."""
+    schema = rayservice_schema()
+    auth = schema["properties"]["spec"]["properties"]["rayClusterConfig"]["properties"][
+        "authOptions"
+    ]
+    assert "token" in auth["properties"]["mode"]["enum"]
+    assert auth["properties"]["secretName"]["type"] == "string"
+    broken = {"mode": "tokn"}
+    with pytest.raises(jsonschema.ValidationError, match="tokn"):
+        jsonschema.validate(broken, auth)
+
+
+def test_ray_token_auth_and_api_keys_from_secrets(built: list[dict]) -> None:
+    (rayservice,) = _by_kind(built, "RayService")
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    (token_secret,) = load_all(BASE / "ray-auth-token.example.yaml")
+    (keys_secret,) = load_all(BASE / "api-keys.example.yaml")
+    assert cluster["authOptions"] == {
+        "mode": "token",
+        "secretName": token_secret["metadata"]["name"],
+    }
+    assert set(token_secret["stringData"]) == {"auth_token"}  # KubeRay's key name
+    # Every Ray pod mounts the API key Secret where the Serve config's auth reads it.
+    serve = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    (app,) = serve["applications"]
+    auth = app["args"]["server"]["auth"]
+    assert auth["enabled"] is True
+    keys_path = Path(auth["keys_file"])
+    assert keys_path.name in keys_secret["stringData"]
+    for name, template in pod_templates(rayservice).items():
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        (container,) = template["spec"]["containers"]
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        (volume,) = [v for v in volumes.values() if "secret" in v]
+        assert volume["secret"]["secretName"] == keys_secret["metadata"]["name"], name
+        mount = mounts[volume["name"]]
+        assert mount["readOnly"] is True and Path(mount["mountPath"]) == keys_path.parent, name
+        # No secret value is inlined in the pod spec.
+        assert "RAY_AUTH_TOKEN" not in yaml.safe_dump(container)
+
+
+@pytest.mark.parametrize("example", ["ray-auth-token.example.yaml", "api-keys.example.yaml"])
+def test_auth_secret_examples_hold_placeholders_only(example: str) -> None:
+    (secret,) = load_all(BASE / example)
+    assert lost_fields(secret, model_roundtrip(secret, "V1Secret")) == []
+    assert set(secret["stringData"].values()) == {"REPLACE_ME"}
+    kust = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    assert example not in kust["resources"]

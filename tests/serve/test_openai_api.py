@@ -249,7 +249,8 @@ async def test_overload_gets_429_with_retry_after(app_url):
     assert statuses.count(200) >= 4
     refused = [r for r in responses if r.status_code == 429]
     assert refused, statuses
-    assert refused[0].headers["retry-after"] == "1"
+    # Estimated from this ingress' queue and recent request times, in whole seconds.
+    assert 1 <= int(refused[0].headers["retry-after"]) <= 60
     assert refused[0].json()["error"]["type"] == "rate_limit_error"
 
 

@@ -1,0 +1,152 @@
+"""The ingress' trust boundary in one object: who calls (API keys), what they may see (tenancy),
+how much they may use (quotas) and when an overloaded server should be retried.
+
+The ingress calls `authenticate` first on every API route, filters the catalog through
+`visible`, `admit`s a request before it reaches a replica and calls the returned `end` when it
+finishes. Refusals are `AccessError`s, answered by `error_response` in the OpenAI error shape.
+Keys are never logged: messages name at most a key id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from deployments.admin import AdminNotFound, YankBody, set_yanked
+from deployments.auth import ANONYMOUS, KeyFileError, KeyRing, Principal, bearer_key
+from deployments.config import ServerConfig, StoreConfig
+from deployments.overload import WaitEstimator
+from deployments.protocol import error_payload
+from deployments.quotas import QuotaBook, QuotaExceeded, retry_after_header
+from deployments.registry import Catalog
+from deployments.tenancy import visible_catalog
+
+logger = logging.getLogger("ray.serve")
+
+
+class AccessError(Exception):
+    """A refusal at the trust boundary (401, 403, 404, 400 or 429)."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, retry_after: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.retry_after = (
+            status,
+            message,
+            param,
+            retry_after,
+        )
+
+
+def error_response(exc: AccessError) -> JSONResponse:
+    headers: dict[str, str] = {}
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="molora"'
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    return JSONResponse(
+        error_payload(exc.status, exc.message, exc.param), status_code=exc.status, headers=headers
+    )
+
+
+class Access:
+    """Keys, quotas, visibility and the overload estimate of one ingress replica."""
+
+    def __init__(self, server: ServerConfig, slots: int, root: Path) -> None:
+        self.auth = server.auth
+        try:
+            self.keys = KeyRing(server.auth, root) if server.auth.enabled else None
+        except (OSError, KeyFileError) as exc:
+            raise KeyFileError(f"server.auth: cannot load API keys: {exc}") from None
+        self.quotas = QuotaBook(server.quotas, lease_timeout_s=server.request_timeout_s)
+        self.load = WaitEstimator(floor_s=server.retry_after_s, slots=slots)
+
+    def announce(self) -> None:
+        """Say loudly at start when the endpoint is open to anyone who can reach it."""
+        if self.keys is None:
+            logger.warning(
+                "server.auth is disabled: the OpenAI endpoint is UNAUTHENTICATED; anyone who "
+                "can reach it may use every public adapter (enable server.auth for a shared "
+                "deployment)"
+            )
+        else:
+            source = self.auth.keys_file or f"${self.auth.keys_env}"
+            logger.info("server.auth enabled: %d API key(s) from %s", len(self.keys), source)
+
+    # -- who ------------------------------------------------------------------------------------
+
+    async def authenticate(self, request: Request) -> Principal:
+        if self.keys is None:
+            return ANONYMOUS
+        key = bearer_key(request.headers.get("authorization"))
+        if key is None:
+            raise AccessError(401, "missing API key: send 'Authorization: Bearer <key>'", None)
+        principal = await self.keys.verify_async(key)
+        if principal is None:
+            raise AccessError(401, "invalid API key", None)
+        return principal
+
+    # -- what -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def visible(principal: Principal, catalog: Catalog) -> Catalog:
+        return visible_catalog(catalog, principal.tenant)
+
+    # -- how much -------------------------------------------------------------------------------
+
+    def admit(self, principal: Principal, max_tokens: int) -> Callable[[int, bool], None]:
+        """Take the request's quota; returns `end(tokens_used, ok)` to call exactly once."""
+        try:
+            lease = self.quotas.admit(principal, max_tokens, busy_s=self.load.service_s())
+        except QuotaExceeded as exc:
+            raise AccessError(429, str(exc), None, retry_after_header(exc.retry_after_s)) from None
+        started = self.load.start()
+        ended = False
+
+        def end(tokens_used: int, ok: bool) -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            lease.release(tokens_used)
+            self.load.finish(started, ok)
+
+        return end
+
+    # -- admin ----------------------------------------------------------------------------------
+
+    async def admin(
+        self, principal: Principal, store: StoreConfig, collection: str, name: str, action: str,
+        raw: bytes,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Yank or unyank a name the admin key's tenant may see."""
+        if self.keys is None:
+            raise AccessError(403, "admin endpoints need server.auth.enabled and an admin key")
+        if not principal.admin:
+            raise AccessError(403, "this API key is not an admin key")
+        if action not in ("yank", "unyank"):
+            raise AccessError(404, f"unknown admin action {action!r}; use yank or unyank")
+        try:
+            body = YankBody.model_validate(json.loads(raw) if raw.strip() else {})
+        except (ValueError, ValidationError) as exc:
+            raise AccessError(400, f"invalid admin request body: {exc}") from None
+        try:
+            result = await asyncio.to_thread(
+                set_yanked, store, principal, collection, name, body, action == "yank"
+            )
+        except AdminNotFound as exc:
+            raise AccessError(404, str(exc), "name") from None
+        logger.info(
+            "admin %s by key %s: %s %s %s", action, principal.key_id, result.kind, name,
+            result.versions,
+        )  # fmt: skip
+        return result.model_dump()

@@ -1,0 +1,77 @@
+"""The admin API's store operations: unpublish (yank) and republish (unyank) a name.
+
+Only admin keys reach these, and only for names their tenant may see (public or its own), so
+an admin of one tenant cannot touch or even detect another tenant's private names: those
+answer the same 404 as a missing name.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deployments.auth import Principal
+from deployments.config import StoreConfig
+
+KINDS: dict[str, Literal["adapter", "composition"]] = {
+    "adapters": "adapter",
+    "compositions": "composition",
+}
+
+
+class YankBody(BaseModel):
+    """Body of `POST /v1/admin/{adapters|compositions}/{name}/{yank|unyank}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str | None = Field(None, description="one version; omitted = every version")
+    reason: str | None = Field(None, max_length=1000)
+
+
+class YankResult(BaseModel):
+    object: Literal["molora.yank"] = "molora.yank"
+    kind: str
+    name: str
+    action: Literal["yank", "unyank"]
+    versions: list[str]
+
+
+class AdminNotFound(LookupError):
+    """The name is missing or not visible to the caller (the same answer for both)."""
+
+
+def set_yanked(
+    store: StoreConfig,
+    principal: Principal,
+    collection: str,
+    name: str,
+    body: YankBody,
+    yank: bool,
+) -> YankResult:
+    from adapter_store.errors import InvalidInputError, NotFoundError
+    from adapter_store.registry import open_registry
+
+    kind = KINDS.get(collection)
+    if kind is None:
+        raise AdminNotFound(f"unknown collection {collection!r}; use adapters or compositions")
+    missing = AdminNotFound(f"{kind} {name!r} does not exist")
+    registry = open_registry(store.resolved_url(), store.endpoint_url)
+    try:
+        infos = registry.versions(kind, name)
+        owner = registry.owner(kind, name)
+    except (InvalidInputError, NotFoundError):
+        raise missing from None
+    if not infos or (owner is not None and owner != principal.tenant):
+        raise missing
+    versions = [v.version for v in infos]
+    if body.version is not None:
+        if body.version not in versions:
+            raise AdminNotFound(f"{kind} {name!r} has no version {body.version!r}")
+        versions = [body.version]
+    for version in versions:
+        if yank:
+            registry.yank(kind, name, version, body.reason)
+        else:
+            registry.unyank(kind, name, version)
+    return YankResult(kind=kind, name=name, action="yank" if yank else "unyank", versions=versions)
