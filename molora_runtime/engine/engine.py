@@ -8,6 +8,7 @@ routed-LoRA delta runs once over all of them, whatever each token's route.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -55,9 +56,22 @@ def pick_device(config: EngineConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX), where bf16 GEMMs run
+    about 3x faster than fp32 ones; elsewhere bf16 is emulated and slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
+
 def pick_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    """`auto`: bf16 on CUDA and on CPUs with native bf16 math, else fp32."""
     if config.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or cpu_has_native_bf16():
+            return torch.bfloat16
+        return torch.float32
     return _DTYPES[config.dtype]
 
 
