@@ -8,7 +8,11 @@ twice raises `ClusterStartError` with the tail of the raylet, dashboard-agent, G
 
 Auth: Ray token authentication stays on (Ray 2.60's default for a new local cluster). Without it
 every Serve replica's gRPC server, which listens on all interfaces and unpickles requests, would
-take unauthenticated calls. `RAY_AUTH_MODE=disabled` in the environment is overridden here.
+take unauthenticated calls. A `disabled` RAY_AUTH_MODE in the environment is overridden here.
+
+Ray 2.60's dashboard agent always tries its HTTP port 52365 (ray.init cannot change it); when
+another cluster on the machine holds it, the agent logs the bind error and runs on without its
+HTTP service, which nothing here needs (the metrics exporter is separate and picks its own port).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ LOG_PATTERNS = (
 
 class ClusterStartError(RuntimeError):
     """The local Ray cluster (or Serve on it) did not start, twice; the message has log tails."""
+
+    def __init__(self, error: str, tail: str = "") -> None:
+        super().__init__(f"{error}\n{tail}" if tail else error)
+        self.error, self.tail = error, tail
 
 
 @dataclass
@@ -140,7 +148,9 @@ def _start_once(
         tail = log_tail(logs)
         with contextlib.suppress(Exception):  # the start's own error is the one to report
             _stop_ray()
-        raise ClusterStartError(f"{type(exc).__name__}: {exc}\n{tail}") from exc
+        lines = f"{type(exc).__name__}: {exc}".splitlines()
+        error = "\n".join(lines[:3] + (["  ..."] if len(lines) > 15 else []) + lines[3:][-12:])
+        raise ClusterStartError(error, tail) from exc
     return cluster
 
 
@@ -156,14 +166,18 @@ def start_local_cluster(
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     require_token_auth()
     errors: list[str] = []
+    tail = ""
     for attempt in range(1, attempts + 1):
         try:
             return _start_once(num_cpus, system_config, pick_port(), ready_timeout_s)
         except ClusterStartError as exc:
-            errors.append(f"=== attempt {attempt}/{attempts}: {exc}")
-    lost = " (a port was already in use)" if ports.is_address_in_use("\n".join(errors)) else ""
+            errors.append(f"=== attempt {attempt}/{attempts}: {exc.error}")
+            tail = exc.tail
     raise ClusterStartError(
-        f"the local Ray cluster did not start in {attempts} attempts{lost}:\n" + "\n".join(errors)
+        f"the local Ray cluster did not start in {attempts} attempts (fresh ports each):\n"
+        + "\n".join(errors)
+        + "\n=== Ray's logs of the last attempt:",
+        tail,
     )
 
 
