@@ -38,10 +38,11 @@ class StartOnce:
             pytest.skip(f"{self.fixture} did not start; the error is reported at {self.failed_at}")
         try:
             self.value = self._start()
+            return self.value
         except self._errors as exc:
             self.failed_at = nodeid
-            pytest.fail(f"{self.fixture} did not start:\n{exc}", pytrace=False)
-        return self.value
+            message = f"{self.fixture} did not start:\n{exc}"
+        pytest.fail(message, pytrace=False)  # outside `except`: the message once, no chain
 
     def stop(self) -> None:
         value, self.value = self.value, None
