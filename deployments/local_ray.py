@@ -142,7 +142,7 @@ def _start_once(
             raise RuntimeError(f"Ray reports no metrics export port ({cluster.metrics_port})")
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         _wait_proxies_healthy(ready_timeout_s)
-    except BaseException as exc:
+    except Exception as exc:  # not KeyboardInterrupt: an interrupted start is not retried
         cluster.session_dir = cluster.session_dir or _session_dir(temp_dir)
         logs = cluster.session_dir / "logs" if cluster.session_dir else None
         tail = log_tail(logs)
