@@ -37,6 +37,8 @@ if [[ -n "$(git -C "$SRC" status --porcelain --untracked-files=no)" ]]; then
 fi
 
 BASE="$(mktemp -d -t molora-soak.XXXXXX)"
+# The checkout's neighbour shared/ (the KubeRay CRD the manifest tests read) beside the clones too.
+[[ -e "$(dirname "$SRC")/shared" ]] && ln -s "$(dirname "$SRC")/shared" "$BASE/shared"
 echo "soak: $N runs of '$SUITES' at ${SHA:0:12}, venv $VENV, clones under $BASE"
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 start_all=$SECONDS
@@ -86,5 +88,5 @@ done
 
 echo "=== soak summary: $ok_runs/$N runs clean at ${SHA:0:12} in $((SECONDS - start_all))s"
 printf '  %s\n' "${TALLY[@]}"
-[[ -n "${KEEP:-}" ]] || rmdir "$BASE" 2>/dev/null || true
+[[ -n "${KEEP:-}" ]] || { rm -f "$BASE/shared"; rmdir "$BASE" 2>/dev/null; } || true
 (( ok_runs == N ))
