@@ -187,19 +187,17 @@ def build_assets(args: argparse.Namespace, work: Path) -> tuple[str, Path, list[
 
 
 def launch_and_compare(args: argparse.Namespace) -> dict[str, Any]:
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
     from ray import serve
 
     from deployments.app import build
     from deployments.config import ServeConfig
+    from deployments.local_ray import start_local_cluster, stop_local_cluster
 
     work = Path(tempfile.mkdtemp(prefix="molora-bench-"))
     model, store, names = build_assets(args, work)
-    ray.init(num_cpus=8, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    url = f"http://127.0.0.1:{args.port}"
+    # Ray on loopback with token auth; Serve's port from adapter_store.ports, retried if lost.
+    cluster = start_local_cluster(num_cpus=8)
+    url = cluster.url
     results: dict[str, Any] = {}
     try:
         for policy in args.policies:
@@ -238,8 +236,7 @@ def launch_and_compare(args: argparse.Namespace) -> dict[str, Any]:
             results[policy] = asyncio.run(run_load(url, names, args))
             serve.delete(APP)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        stop_local_cluster(cluster)
     return {"model": Path(model).name, "adapters": names, "results": results}
 
 
@@ -286,7 +283,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--policies", nargs="+", default=["affinity", "default"], choices=["affinity", "default"]
     )
-    parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -302,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     else:
         report = launch_and_compare(args)
-    report["load"] = {k: v for k, v in vars(args).items() if k not in ("out", "url", "port")}
+    report["load"] = {k: v for k, v in vars(args).items() if k not in ("out", "url")}
     report["machine"] = {
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
