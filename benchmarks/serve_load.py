@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -32,6 +31,7 @@ from typing import Any
 import httpx
 
 from benchmarks.report import write_json
+from benchmarks.sse import sse_events
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"
@@ -80,10 +80,7 @@ async def one_request(http: httpx.AsyncClient, model: str, prompt: str, max_toke
             if resp.status_code != 200:
                 sample.error = f"{resp.status_code}: {(await resp.aread())[:200]!r}"
                 return sample
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            async for chunk in sse_events(resp):
                 if "error" in chunk:
                     sample.error = chunk["error"]["message"]
                     return sample

@@ -37,6 +37,7 @@ import httpx
 import yaml
 
 from benchmarks.report import write_json
+from benchmarks.sse import sse_events
 from benchmarks.vllm_env import vllm_cpu_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,10 +270,7 @@ async def one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Samp
             if resp.status_code != 200:
                 s.error = f"{resp.status_code}: {(await resp.aread())[:200]!r}"
                 return s
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
+            async for event in sse_events(resp):
                 for choice in event.get("choices") or []:
                     content = (choice.get("delta") or {}).get("content")
                     if content:
