@@ -253,6 +253,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         c = self.hot_set.counters
+        host = self.hot_set.host
         return EngineStats(
             running=len(self.running),
             waiting=len(self.waiting) + len(self._incoming),
@@ -265,6 +266,11 @@ class LLMEngine:
             hot_set_evictions=c.evictions,
             hot_set_loads=c.loads,
             compositions=self.hot_set.compositions(),
+            host_resident=sorted(host.resident()),
+            host_loading=host.loading(),
+            host_bytes=host.nbytes,
+            host_fetches=host.counters.fetches,
+            host_fetch_failures=host.counters.failures,
         )
 
     def pop_load_latencies(self) -> list[float]:
@@ -290,6 +296,8 @@ class LLMEngine:
         self._drain_incoming(outputs)
         self._admit(outputs)
         if not self.running:
+            if self.waiting:  # their adapters are loading in the background: sleep, not spin
+                self.hot_set.host.wait(0.05)
             return outputs
         batch = self._form_batch()
         run_isolated(
@@ -329,10 +337,13 @@ class LLMEngine:
         """Move waiting requests to running while KV rows and hot-set slots allow (FIFO; a
         request whose adapters cannot all be resident now waits, later ones may pass it)."""
         held: list[Sequence] = []
+        # With nothing decoding, loading an adapter inside the step stalls no one: load it
+        # now. Otherwise a cold adapter loads in the background while the batch goes on.
+        idle = not self.running
         while self.waiting and self._free_rows:
             seq = self.waiting.popleft()
             try:
-                if not self._bind_adapters(seq):
+                if not self._bind_adapters(seq, wait_for_loads=not idle):
                     held.append(seq)
                     if len(held) >= 8:
                         break
@@ -349,7 +360,7 @@ class LLMEngine:
         for seq in reversed(held):
             self.waiting.appendleft(seq)
 
-    def _bind_adapters(self, seq: Sequence) -> bool:
+    def _bind_adapters(self, seq: Sequence, wait_for_loads: bool = True) -> bool:
         comp = seq.composition
         needs = self._needs(seq)
         if comp is not None and not self.hot_set.can_hold_composition(comp):
@@ -359,6 +370,8 @@ class LLMEngine:
             needs = list(dict.fromkeys(needs + experts))
         if not self.hot_set.can_hold(needs):
             return False
+        if wait_for_loads and not self.hot_set.ready(needs):
+            return False  # parsing in the background: wait without holding back the batch
         self.hot_set.ensure(needs)
         self.hot_set.acquire(needs)
         seq.adapters = needs
