@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any, cast
@@ -79,6 +81,17 @@ def use_assigned_cores() -> int:
     return threads
 
 
+def share_the_gil_quickly() -> None:
+    """Hand the GIL over within ~0.5 ms instead of Python's default 5 ms.
+
+    The step thread runs thousands of short torch ops per step, each releasing the GIL and
+    taking it back; while the event loop streams tokens (Ray Serve's Python around every
+    item), each take-back could wait a whole switch interval, stalling the step.
+    """
+    interval = float(os.environ.get("MOLORA_GIL_SWITCH_S", "0.0005"))
+    sys.setswitchinterval(interval)
+
+
 def stats_dict(stats: EngineStats) -> dict[str, Any]:
     return asdict(stats)
 
@@ -98,6 +111,7 @@ class ModelReplica:
         from molora_runtime.engine.async_engine import AsyncEngine
 
         use_assigned_cores()
+        share_the_gil_quickly()
         self._config = ServeConfig.model_validate(config)
         self._source = open_source(self._config.store)
         self._engine = AsyncEngine(self._config.engine, self._source)
