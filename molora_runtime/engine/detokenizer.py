@@ -13,12 +13,14 @@ class IncrementalDetokenizer:
         self.stop = [s for s in stop if s]
         self.holdback = max((len(s) for s in self.stop), default=1) - 1
 
-    def update(self, output_ids: list[int]) -> tuple[str, bool]:
-        """Full text so far (cut at a stop string) and whether a stop string was hit."""
+    def update(self, output_ids: list[int], search_from: int = 0) -> tuple[str, bool]:
+        """Full text so far (cut at a stop string) and whether a stop string was hit; stop
+        strings are looked for from character `search_from` on (min_tokens: earlier ones count
+        as text)."""
         if self.tokenizer is None:
             return "", False
         text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
-        hits = [text.find(s) for s in self.stop]
+        hits = [text.find(s, search_from) for s in self.stop]
         hits = [h for h in hits if h >= 0]
         if hits:
             return text[: min(hits)], True

@@ -19,7 +19,7 @@ import torch
 from molora_runtime.config import EngineConfig
 from molora_runtime.engine.detokenizer import IncrementalDetokenizer
 from molora_runtime.engine.isolation import culprit_error, run_isolated, sample_isolated
-from molora_runtime.engine.sampler import sample_tokens
+from molora_runtime.engine.logits_processing import RowInput, sample_rows
 from molora_runtime.engine.sequence import SeqStatus, Sequence
 from molora_runtime.engine.types import (
     EngineStats,
@@ -172,6 +172,11 @@ class LLMEngine:
         if bad:
             raise InvalidRequestError(
                 f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
+        bad = [t for t in p.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
             )
         route = req.route
         try:
@@ -415,15 +420,15 @@ class LLMEngine:
         sampled_seqs = batch.logits_seqs
         if not sampled_seqs:
             return
+        logprobs: dict[int, Any] = {}
+
+        def sample(lg: torch.Tensor, rows: list[int]) -> list[int]:
+            tokens, lps = sample_rows(lg[rows], [self._row_input(sampled_seqs[r]) for r in rows])
+            logprobs.update(zip(rows, lps, strict=True))
+            return tokens
+
         picks = sample_isolated(
-            logits,
-            sampled_seqs,
-            lambda lg, rows: sample_tokens(
-                lg[rows],
-                [sampled_seqs[r].request.sampling for r in rows],
-                [sampled_seqs[r].generator for r in rows],
-            ),
-            lambda seq, exc: self._fail(seq, exc, outputs),
+            logits, sampled_seqs, sample, lambda seq, exc: self._fail(seq, exc, outputs)
         )
         now = time.monotonic()
         slot_names = (
@@ -433,6 +438,8 @@ class LLMEngine:
             seq = sampled_seqs[i]
             try:
                 seq.output_ids.append(token)
+                if logprobs.get(i) is not None:
+                    seq.logprobs.append(logprobs[i])
                 if seq.first_token_at is None:
                     seq.first_token_at = now
                 if seq.request.return_attribution:
@@ -449,15 +456,32 @@ class LLMEngine:
             except Exception as exc:
                 self._fail(seq, exc, outputs)
 
+    def _row_input(self, seq: Sequence) -> RowInput:
+        """The sampler's view of one sequence: its params, seed stream, history and masks."""
+        p = seq.request.sampling
+        banned: list[int] = []
+        if len(seq.output_ids) < p.min_tokens:
+            banned = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids))
+        return RowInput(
+            params=p,
+            generator=seq.generator,
+            prompt_ids=seq.prompt_ids,
+            output_ids=seq.output_ids,
+            banned=banned,
+        )
+
     def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.request.sampling
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
             return "stop"
         detok = self._detokenizer(seq)
-        text, hit = detok.update(seq.output_ids)
-        seq.text = text
-        if hit:
-            return "stop"
+        if len(seq.output_ids) <= p.min_tokens:  # stop strings only count after min_tokens
+            seq.text, _ = detok.update(seq.output_ids, search_from=1 << 62)
+            seq.stop_search_from = len(seq.text)
+        else:
+            seq.text, hit = detok.update(seq.output_ids, search_from=seq.stop_search_from)
+            if hit:
+                return "stop"
         if len(seq.output_ids) >= p.max_tokens or seq.total_len >= self.max_model_len:
             return "length"
         return None
@@ -479,6 +503,9 @@ class LLMEngine:
         attribution = None
         if seq.request.return_attribution:
             attribution = seq.attribution[seq.emitted_tokens : len(seq.output_ids)]
+        logprobs = None
+        if seq.request.sampling.logprobs is not None:
+            logprobs = seq.logprobs[seq.emitted_tokens : len(seq.output_ids)]
         seq.emitted_chars = max(seq.emitted_chars, safe)
         seq.emitted_tokens = len(seq.output_ids)
         return GenerationOutput(
@@ -490,6 +517,7 @@ class LLMEngine:
             prompt_tokens=len(seq.prompt_ids),
             completion_tokens=len(seq.output_ids),
             attribution=attribution,
+            logprobs=logprobs,
             error=seq.error,
             exception=seq.exception,
         )
