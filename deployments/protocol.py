@@ -20,6 +20,9 @@ from molora_runtime.routes import RouteSpec
 
 MAX_STOP_TOKEN_IDS = 64
 MAX_MESSAGES = 1024
+MAX_N = 16  # choices per request (n, best_of)
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias
+MAX_TOP_LOGPROBS = 20
 
 
 class _Payload(BaseModel):
@@ -59,26 +62,35 @@ class _SamplingFields(_Payload):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
-    presence_penalty: float = Field(0.0, allow_inf_nan=False)
-    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
-    logit_bias: dict[str, float] | None = None
+    n: int = Field(1, ge=1, le=MAX_N, description="choices to generate (seeds seed, seed+1, ...)")
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, allow_inf_nan=False, description="minus p for every seen token"
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, allow_inf_nan=False, description="minus p per occurrence"
+    )
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=10.0, allow_inf_nan=False, description="vLLM extension; 1 = off"
+    )
+    min_tokens: int = Field(
+        0, ge=0, le=MAX_INT32, description="vLLM extension: no EOS/stop before this many tokens"
+    )
+    logit_bias: (
+        dict[str, Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]] | None
+    ) = Field(None, max_length=MAX_LOGIT_BIAS, description="token id (a string) -> bias")
     user: str | None = Field(None, max_length=256)
     molora: MoloraOptions = Field(default_factory=MoloraOptions)
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0.0:
-            raise ValueError("penalties are not supported; use 0")
-        return value
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported")
+    def _bias_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isascii() or not key.isdigit() or len(key) > 10 or int(key) > MAX_INT32:
+                raise ValueError(f"logit_bias keys must be token ids, got {key[:20]!r}")
         return value
+
+    def bias_ids(self) -> dict[int, float]:
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
 
     @field_validator("stop")
     @classmethod
@@ -106,9 +118,11 @@ class CompletionRequest(_SamplingFields):
         description="text, token ids, or one text"
     )
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="top alternatives")
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1, le=1)
+    best_of: int | None = Field(
+        None, ge=1, le=MAX_N, description="samples drawn; the n with the best mean logprob return"
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -127,10 +141,18 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        for key in ("echo", "logprobs", "suffix"):
-            if getattr(self, key):
-                raise ValueError(f"{key} is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError("best_of must be at least n")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise ValueError("best_of > n cannot be streamed")
         return self
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
 
 class ContentPart(_Payload):
@@ -161,16 +183,19 @@ class ChatMessage(_Payload):
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs is not supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             raise ValueError("only response_format {'type': 'text'} is supported")
         return self
+
+    def top_logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def engine_messages(self) -> list[dict[str, str]]:
         role = {"developer": "system"}

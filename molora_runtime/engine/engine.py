@@ -116,6 +116,7 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._gate_stats: dict[str, torch.Tensor] = {}
         self._seed_gen = torch.Generator().manual_seed(config.seed)
+        self.forked_prefills = 0  # sibling choices (n > 1) that reused a prefill
         self.graph_runner = None
         if config.enable_cuda_graph and self.device.type == "cuda":
             from molora_runtime.engine.cuda_graph import CudaGraphRunner
@@ -313,6 +314,63 @@ class LLMEngine:
         for seq in [s for s in self.running if s.request_id in aborted]:
             self._finish(seq, "abort", outputs)
 
+    # ----- n > 1: one prefill, forked into the siblings' KV rows ------------------------------
+    def _fork_leader(self, seq: Sequence) -> Sequence | None:
+        """The running sibling whose prefill `seq` waits for (same prompt and route), if any."""
+        lead_id = seq.request.prefill_from
+        if lead_id is None or seq.num_computed or seq.output_ids:
+            return None
+        for lead in self.running:
+            if (
+                lead.request_id == lead_id
+                and lead.in_prefill
+                and lead.prompt_ids == seq.prompt_ids
+                and lead.route == seq.route
+            ):
+                return lead
+        return None
+
+    def _fork_prefills(self, seqs: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+        """`seqs` plus the siblings of any that just finished its prefill (their KV rows get a
+        copy of its cache), and for each, the logits row it samples from."""
+        src = list(range(len(seqs)))
+        out = list(seqs)
+        waiting = [s for s in self.running if s.request.prefill_from and s.num_computed == 0]
+        if not waiting:
+            return out, src
+        for i, lead in enumerate(seqs):
+            if lead.output_ids or lead.num_computed != len(lead.prompt_ids):
+                continue
+            for sib in waiting:
+                if (
+                    sib.request.prefill_from == lead.request_id
+                    and sib.row is not None
+                    and lead.row is not None
+                    and sib.prompt_ids == lead.prompt_ids
+                    and sib.route == lead.route
+                ):
+                    self.kv.move_row(lead.row, sib.row, lead.num_computed)
+                    sib.num_computed = lead.num_computed
+                    self.forked_prefills += 1
+                    out.append(sib)
+                    src.append(i)
+        return out, src
+
+    def _leaders_first(self) -> None:
+        """Queue a sibling group's leader ahead of its siblings, so they start together."""
+        if not any(s.request.prefill_from for s in self.waiting):
+            return
+        by_id = {s.request_id: s for s in self.waiting}
+        order: list[Sequence] = []
+        placed: set[str] = set()
+        for seq in self.waiting:
+            lead = by_id.get(seq.request.prefill_from or "")
+            for s in (lead, seq):
+                if s is not None and s.request_id not in placed:
+                    order.append(s)
+                    placed.add(s.request_id)
+        self.waiting = deque(order)
+
     def _needs(self, seq: Sequence) -> list[str]:
         return seq.route.adapters()
 
@@ -320,6 +378,7 @@ class LLMEngine:
         """Move waiting requests to running while KV rows and hot-set slots allow (FIFO; a
         request whose adapters cannot all be resident now waits, later ones may pass it)."""
         held: list[Sequence] = []
+        self._leaders_first()
         while self.waiting and self._free_rows:
             seq = self.waiting.popleft()
             try:
@@ -362,7 +421,7 @@ class LLMEngine:
         budget = self.config.max_num_batched_tokens
         # Decodes in KV-row order: rows are kept compact, so they form one span (a view).
         decodes = sorted((s for s in self.running if not s.in_prefill), key=lambda s: s.row)
-        prefills = [s for s in self.running if s.in_prefill]
+        prefills = [s for s in self.running if s.in_prefill and self._fork_leader(s) is None]
         batch = _Batch()
         for seq in decodes:
             batch.add(seq, seq.num_computed, 1, produces_logits=True)
@@ -417,9 +476,11 @@ class LLMEngine:
                 self._record_gate_stats(ctx)
             except Exception:  # observability only; never fails the step
                 log.debug("gate stats failed", exc_info=True)
-        sampled_seqs = batch.logits_seqs
+        sampled_seqs, src = self._fork_prefills(batch.logits_seqs)
         if not sampled_seqs:
             return
+        if len(src) != len(batch.logits_seqs):
+            logits = logits[torch.tensor(src, dtype=torch.long, device=logits.device)]
         logprobs: dict[int, Any] = {}
 
         def sample(lg: torch.Tensor, rows: list[int]) -> list[int]:
@@ -444,7 +505,7 @@ class LLMEngine:
                     seq.first_token_at = now
                 if seq.request.return_attribution:
                     seq.attribution.append(
-                        self._attribution(ctx, batch.logits_index[i], token, slot_names)
+                        self._attribution(ctx, batch.logits_index[src[i]], token, slot_names)
                     )
                 reason = self._check_stop(seq, token)
                 if reason is not None:

@@ -93,6 +93,11 @@ class GenerationRequest(BaseModel):
     route: RouteSpec = Field(default_factory=BaseRoute)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     return_attribution: bool = Field(False, description="report the adapters behind each token")
+    prefill_from: str | None = Field(
+        None,
+        description="id of a sibling request with the same prompt and route (n > 1): when both "
+        "are admitted together, the prompt is prefilled once and its KV row copied",
+    )
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerationRequest:

@@ -108,3 +108,31 @@ def test_logit_bias_outside_vocab_is_refused(tiny_engine_factory) -> None:
     sp = SamplingParams(logit_bias={10_000: 1.0})
     with pytest.raises(InvalidRequestError, match="logit_bias"):
         tiny_engine_factory().add_request(request("x", [1, 2], sampling=sp))
+
+
+def test_n_choices_share_one_prefill_and_match_running_alone(tiny_engine_factory) -> None:
+    prompt = random_prompts(1, 256, [9], seed=8)[0]
+    sp = SamplingParams(max_tokens=6, temperature=1.0, seed=41)
+    alone = {
+        i: run_to_completion(
+            tiny_engine_factory(),
+            [request("x", prompt, "b", sampling=sp.model_copy(update={"seed": 41 + i}))],
+        )["x"]["tokens"]
+        for i in range(3)
+    }
+    engine = tiny_engine_factory()
+    reqs = [
+        request(
+            f"r.{i}",
+            prompt,
+            "b",
+            sampling=sp.model_copy(update={"seed": 41 + i}),
+            prefill_from="r.0" if i else None,
+        )
+        for i in range(3)
+    ]
+    got = run_to_completion(engine, reqs[::-1])  # siblings queued first: the leader goes first
+    assert engine.forked_prefills == 2
+    for i in range(3):
+        assert got[f"r.{i}"]["tokens"] == alone[i]
+    assert len({tuple(t) for t in alone.values()}) > 1  # the seeds matter
