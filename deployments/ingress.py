@@ -32,6 +32,7 @@ from deployments.access import error_response as access_error_response
 from deployments.auth import Principal
 from deployments.config import REPO_ROOT, ServeConfig
 from deployments.json_guard import BodyError, parse_body
+from deployments.logprobs import chat_logprobs, completion_logprobs, mean_logprob
 from deployments.openapi_docs import body_docs
 from deployments.placement import adapter_key
 from deployments.protocol import (
@@ -190,16 +191,34 @@ class _Tracker:
                 metrics.tokens().inc(self.completion_tokens, tags={**tags, "kind": "completion"})
 
 
+def choices_asked(body: Any) -> tuple[int, int]:
+    """(choices returned, choices generated): n, and best_of for completions."""
+    n = body.n
+    best_of = getattr(body, "best_of", None) or n
+    return n, best_of
+
+
 class _Shaper:
-    """Turns replica items into OpenAI responses and chunks."""
+    """Turns replica items into OpenAI responses and chunks (choices by their `index`)."""
 
     def __init__(self, body: Any, resolved: Resolved, chat: bool, request_id: str) -> None:
         self.body, self.resolved, self.chat, self.id = body, resolved, chat, request_id
         self.model = body.model
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.usage = Usage()
-        self.sent_role = False
+        self.sent_role: set[int] = set()
         self.info: InfoItem | None = None
+        self.want_logprobs = body.top_logprobs_wanted() is not None
+        self.n, self.best_of = choices_asked(body)
+        self.offsets: dict[int, int] = {}  # completions' text_offset per choice (streaming)
+
+    def _logprobs(self, deltas: list[DeltaItem], offset: int = 0) -> dict[str, Any] | None:
+        if not self.want_logprobs:
+            return None
+        items = [lp for d in deltas for lp in d.logprobs or []]
+        if self.chat:
+            return chat_logprobs(items)
+        return completion_logprobs(list(items), [i.token for i in items], offset)
 
     def _usage(self, item: UsageItem) -> None:
         p, c = item.prompt_tokens, item.completion_tokens
@@ -221,32 +240,52 @@ class _Shaper:
         )
 
     def full(self, items: list[Item]) -> dict[str, Any]:
-        deltas = [i for i in items if isinstance(i, DeltaItem)]
+        by_index: dict[int, list[DeltaItem]] = {}
         for item in items:
             if isinstance(item, InfoItem):
                 self.info = item
             elif isinstance(item, UsageItem):
                 self._usage(item)
-        text = "".join(d.text for d in deltas)
-        finish = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
+            elif isinstance(item, DeltaItem):
+                by_index.setdefault(item.index, []).append(item)
+        order = sorted(by_index)
+        if self.best_of > self.n:  # best_of: the n choices with the best mean token logprob
+            score = {
+                i: mean_logprob([lp for d in by_index[i] for lp in d.logprobs or []]) for i in order
+            }
+            order = sorted(order, key=lambda i: -score[i])[: self.n]
+        chat_choices: list[ChatChoice] = []
+        text_choices: list[CompletionChoice] = []
         attribution = None
-        if self.body.molora.return_attribution:
-            attribution = [a for d in deltas for a in d.attribution or []]
+        for out_index, i in enumerate(order):
+            deltas = by_index[i]
+            text = "".join(d.text for d in deltas)
+            finish = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
+            if self.body.molora.return_attribution and out_index == 0:
+                attribution = [a for d in deltas for a in d.attribution or []]
+            logprobs = self._logprobs(deltas)
+            if self.chat:
+                chat_choices.append(
+                    ChatChoice(
+                        index=out_index,
+                        message=AssistantMessage(content=text),
+                        finish_reason=finish,
+                        logprobs=logprobs,
+                    )
+                )
+            else:
+                text_choices.append(
+                    CompletionChoice(
+                        index=out_index, text=text, finish_reason=finish, logprobs=logprobs
+                    )
+                )
         info = self._info(True, attribution)
         if self.chat:
             return ChatCompletionResponse(
-                id=self.id,
-                model=self.model,
-                choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)],
-                usage=self.usage,
-                molora=info,
+                id=self.id, model=self.model, choices=chat_choices, usage=self.usage, molora=info
             ).model_dump(exclude_none=True)
         return CompletionResponse(
-            id=self.id,
-            model=self.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish)],
-            usage=self.usage,
-            molora=info,
+            id=self.id, model=self.model, choices=text_choices, usage=self.usage, molora=info
         ).model_dump(exclude_none=True)
 
     def chunks(self, item: Item) -> list[dict[str, Any]]:
@@ -258,13 +297,17 @@ class _Shaper:
             return []
         if not isinstance(item, DeltaItem):
             return []
-        text, finish = item.text, item.finish_reason
-        first = not self.sent_role
-        if not text and finish is None and not first:
+        text, finish, index = item.text, item.finish_reason, item.index
+        first = index not in self.sent_role
+        if not text and finish is None and not first and not item.logprobs:
             return []
         info = None
-        if first or item.attribution:
-            info = self._info(first, item.attribution)
+        if (first and not self.sent_role) or item.attribution:
+            info = self._info(not self.sent_role, item.attribution)
+        offset = self.offsets.get(index, 0)
+        logprobs = self._logprobs([item], offset) if item.logprobs or finish else None
+        if logprobs is not None and not self.chat:
+            self.offsets[index] = offset + sum(len(lp.token) for lp in item.logprobs or [])
         if self.chat:
             delta = DeltaMessage(content=text)
             if first:
@@ -272,17 +315,25 @@ class _Shaper:
             chunk: Any = ChatCompletionChunk(
                 id=self.id,
                 model=self.model,
-                choices=[ChatChunkChoice(delta=delta, finish_reason=finish)],
+                choices=[
+                    ChatChunkChoice(
+                        index=index, delta=delta, finish_reason=finish, logprobs=logprobs
+                    )
+                ],
                 molora=info,
             )
         else:
             chunk = CompletionChunk(
                 id=self.id,
                 model=self.model,
-                choices=[CompletionChoice(text=text, finish_reason=finish)],
+                choices=[
+                    CompletionChoice(
+                        index=index, text=text, finish_reason=finish, logprobs=logprobs
+                    )
+                ],
                 molora=info,
             )
-        self.sent_role = True
+        self.sent_role.add(index)
         return [chunk.model_dump(exclude_none=True)]
 
     def usage_chunk(self) -> dict[str, Any]:
@@ -411,7 +462,7 @@ class Router:
         tracker = _Tracker(resolved)
         tracker.on_done.append(end)
         try:
-            stream, first = await self._start(gen_req, resolved)
+            stream, first = await self._start(gen_req, resolved, choices_asked(body)[1])
         except ApiError as exc:
             tracker.done(str(exc.status))
             return error_response(exc.status, exc.message, exc.param, retry_after)
@@ -480,6 +531,12 @@ class Router:
                 stop=body.stop_list(),
                 stop_token_ids=body.stop_token_ids,
                 ignore_eos=body.ignore_eos,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                repetition_penalty=body.repetition_penalty,
+                logit_bias=body.bias_ids(),
+                min_tokens=body.min_tokens,
+                logprobs=self._logprobs_asked(body),
             )
             prompt: dict[str, Any]
             if isinstance(body, ChatCompletionRequest):
@@ -501,14 +558,27 @@ class Router:
             message, param = validation_message(exc)
             raise ApiError(400, message, param) from None
 
-    async def _start(self, req: GenerationRequest, resolved: Resolved) -> tuple[Any, list[Item]]:
+    @staticmethod
+    def _logprobs_asked(body: CompletionRequest | ChatCompletionRequest) -> int | None:
+        """Top alternatives the engine reports; best_of > n needs the sampled token's logprob
+        to rank the choices even when the client asked for none."""
+        asked = body.top_logprobs_wanted()
+        n, best_of = choices_asked(body)
+        if asked is None and best_of > n:
+            return 0
+        return asked
+
+    async def _start(
+        self, req: GenerationRequest, resolved: Resolved, n: int = 1
+    ) -> tuple[Any, list[Item]]:
         """Send the request and wait for its first output (past `info`), so errors — an adapter
         that cannot load included — still get a real status before any header is sent."""
         payload = req.model_dump(mode="json")
         placement = {"adapters": list(resolved.placement_adapters)}
+        extra = {"n": n} if n > 1 else {}
         for attempt in range(2):
             stream = self.model.options(stream=True).generate.remote(
-                payload, **{PLACEMENT_KWARG: placement}
+                payload, **{PLACEMENT_KWARG: placement}, **extra
             )
             head: list[Item] = []
             try:
