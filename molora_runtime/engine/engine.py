@@ -21,6 +21,7 @@ from molora_runtime.engine.detokenizer import IncrementalDetokenizer
 from molora_runtime.engine.isolation import culprit_error, run_isolated, sample_isolated
 from molora_runtime.engine.logits_processing import RowInput, sample_rows
 from molora_runtime.engine.sequence import SeqStatus, Sequence
+from molora_runtime.engine.structured import GrammarCompiler
 from molora_runtime.engine.types import (
     EngineStats,
     FinishReason,
@@ -116,6 +117,7 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._gate_stats: dict[str, torch.Tensor] = {}
         self._seed_gen = torch.Generator().manual_seed(config.seed)
+        self.grammars = GrammarCompiler(self.tokenizer, self.arch.vocab_size, sorted(self.eos_ids))
         self.forked_prefills = 0  # sibling choices (n > 1) that reused a prefill
         self.graph_runner = None
         if config.enable_cuda_graph and self.device.type == "cuda":
@@ -179,6 +181,8 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
             )
+        if req.response_format is not None:
+            self.grammars.compile(req.response_format)  # an invalid schema fails here: a 400
         route = req.route
         try:
             check_route_limits(route, self.config.routes, vocab)
@@ -225,7 +229,10 @@ class LLMEngine:
                 if seed is None:
                     seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
                 gen = torch.Generator().manual_seed(seed)
-            self._incoming.append(Sequence(request=req, prompt_ids=prompt_ids, generator=gen))
+            seq = Sequence(request=req, prompt_ids=prompt_ids, generator=gen)
+            if req.response_format is not None:
+                seq.grammar = self.grammars.new_state(req.response_format)
+            self._incoming.append(seq)
 
     def has_room(self) -> bool:
         """Whether `add_request` would accept one more request now (not overloaded)."""
@@ -499,6 +506,8 @@ class LLMEngine:
             seq = sampled_seqs[i]
             try:
                 seq.output_ids.append(token)
+                if seq.grammar is not None:
+                    seq.grammar.accept(token)
                 if logprobs.get(i) is not None:
                     seq.logprobs.append(logprobs[i])
                 if seq.first_token_at is None:
@@ -529,11 +538,15 @@ class LLMEngine:
             prompt_ids=seq.prompt_ids,
             output_ids=seq.output_ids,
             banned=banned,
+            allowed=seq.grammar.allowed() if seq.grammar is not None else None,
         )
 
     def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.request.sampling
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+            return "stop"
+        if seq.grammar is not None and seq.grammar.terminated:
+            seq.text, _ = self._detokenizer(seq).update(seq.output_ids, search_from=1 << 62)
             return "stop"
         detok = self._detokenizer(seq)
         if len(seq.output_ids) <= p.min_tokens:  # stop strings only count after min_tokens

@@ -8,6 +8,7 @@ from enum import Enum
 
 import torch
 
+from molora_runtime.engine.structured import GrammarState
 from molora_runtime.engine.types import (
     FinishReason,
     GenerationRequest,
@@ -35,6 +36,7 @@ class Sequence:
     adapters: list[str] = field(default_factory=list)  # hot-set adapters held while running
     text: str = ""  # detokenized output so far (stop strings already cut)
     emitted_chars: int = 0
+    grammar: GrammarState | None = None  # response_format's matcher
     stop_search_from: int = 0  # stop strings count from this character on (min_tokens)
     emitted_tokens: int = 0
     finish_reason: FinishReason | None = None

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from molora_runtime.engine.structured import ResponseFormat
 from molora_runtime.routes import BaseRoute, RouteSpec
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -93,6 +94,9 @@ class GenerationRequest(BaseModel):
     route: RouteSpec = Field(default_factory=BaseRoute)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     return_attribution: bool = Field(False, description="report the adapters behind each token")
+    response_format: ResponseFormat | None = Field(
+        None, description="constrain the output to JSON (optionally matching a JSON Schema)"
+    )
     prefill_from: str | None = Field(
         None,
         description="id of a sibling request with the same prompt and route (n > 1): when both "
