@@ -551,6 +551,7 @@ class Router:
                 request_id=new_id("chatcmpl" if chat else "cmpl"),
                 route=resolved.route,
                 sampling=sampling,
+                response_format=body.engine_format(),
                 return_attribution=body.molora.return_attribution,
                 **prompt,
             )

@@ -43,6 +43,34 @@ class MoloraOptions(_Payload):
     )
 
 
+class JsonSchemaSpec(_Payload):
+    """OpenAI's `response_format.json_schema`: a named JSON Schema."""
+
+    name: str = Field("response", min_length=1, max_length=64)
+    description: str | None = Field(None, max_length=4096)
+    schema_: dict[str, Any] = Field(alias="schema", description="the JSON Schema to follow")
+    strict: bool | None = Field(None, description="accepted; the schema is always enforced")
+
+
+class ResponseFormatText(_Payload):
+    type: Literal["text"]
+
+
+class ResponseFormatJsonObject(_Payload):
+    type: Literal["json_object"]
+
+
+class ResponseFormatJsonSchema(_Payload):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormatBody = Annotated[
+    ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
+    Field(discriminator="type"),
+]
+
+
 class StreamOptions(_Payload):
     include_usage: bool = False
 
@@ -78,6 +106,9 @@ class _SamplingFields(_Payload):
     logit_bias: (
         dict[str, Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]] | None
     ) = Field(None, max_length=MAX_LOGIT_BIAS, description="token id (a string) -> bias")
+    response_format: ResponseFormatBody | None = Field(
+        None, description="JSON output: json_object, or json_schema (a grammar-masked decode)"
+    )
     user: str | None = Field(None, max_length=256)
     molora: MoloraOptions = Field(default_factory=MoloraOptions)
 
@@ -88,6 +119,15 @@ class _SamplingFields(_Payload):
             if not key.isascii() or not key.isdigit() or len(key) > 10 or int(key) > MAX_INT32:
                 raise ValueError(f"logit_bias keys must be token ids, got {key[:20]!r}")
         return value
+
+    def engine_format(self) -> dict[str, Any] | None:
+        """The engine's `ResponseFormat` (as a dict), or None for plain text."""
+        fmt = self.response_format
+        if isinstance(fmt, ResponseFormatJsonObject):
+            return {"type": "json_object"}
+        if isinstance(fmt, ResponseFormatJsonSchema):
+            return {"type": "json_schema", "json_schema": fmt.json_schema.schema_}
+        return None
 
     def bias_ids(self) -> dict[int, float]:
         return {int(k): v for k, v in (self.logit_bias or {}).items()}
@@ -184,14 +224,11 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError("only response_format {'type': 'text'} is supported")
         return self
 
     def top_logprobs_wanted(self) -> int | None:

@@ -201,3 +201,56 @@ def test_out_of_vocab_bias_and_top_logprobs_without_logprobs(app_url):
         timeout=30,
     )
     assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"]
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "color": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["ok", "color"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("model", ["tiny-base", "math", "math:0.5+code:0.5", "mathcode"])
+def test_json_schema_output_validates_on_every_route_kind(client, model):
+    import json
+
+    import jsonschema
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+    resp = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=60, temperature=1.0, seed=5, n=2,
+        response_format=fmt,
+    )  # fmt: skip
+    for choice in resp.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+    stream = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=60, temperature=0, response_format=fmt,
+        stream=True,
+    )  # fmt: skip
+    streamed = "".join(ch.delta.content or "" for chunk in stream for ch in chunk.choices)
+    jsonschema.validate(json.loads(streamed), SCHEMA)
+
+
+def test_json_object_and_bad_schemas(app_url, client):
+    resp = client.completions.create(
+        model="code", prompt="JSON:", max_tokens=40, temperature=0,
+        extra_body={"response_format": {"type": "json_object"}},
+    )  # fmt: skip
+    assert resp.choices[0].text.lstrip().startswith("{")
+    for fmt, where in [
+        ({"type": "json_schema", "json_schema": {"schema": {"type": "frobnicate"}}}, "schema"),
+        ({"type": "json_schema"}, "response_format"),
+        ({"type": "yaml"}, "response_format"),
+    ]:
+        r = httpx.post(
+            f"{app_url}/v1/chat/completions",
+            json={"model": "math", "messages": MESSAGES, "response_format": fmt},
+            timeout=30,
+        )
+        assert r.status_code == 400, r.text
+        assert where in r.json()["error"]["message"]
