@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 from ray.serve.exceptions import BackPressureError
@@ -31,6 +31,7 @@ from deployments.access import Access, AccessError
 from deployments.access import error_response as access_error_response
 from deployments.auth import Principal
 from deployments.config import REPO_ROOT, ServeConfig
+from deployments.errors import status_of
 from deployments.json_guard import BodyError, parse_body
 from deployments.logprobs import chat_logprobs, completion_logprobs, mean_logprob
 from deployments.openapi_docs import body_docs
@@ -440,6 +441,32 @@ class Router:
             return access_error_response(exc)
         await self.catalog.get(force=True)
         return JSONResponse(result)
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(self, request: Request) -> Any:
+        """vLLM's runtime LoRA load: publishes `lora_path` to the store as `lora_name`."""
+        return await self._lora(request, "load")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(self, request: Request) -> Any:
+        """vLLM's runtime LoRA unload: yanks every version of `lora_name`."""
+        return await self._lora(request, "unload")
+
+    async def _lora(self, request: Request, action: str) -> Any:
+        try:
+            principal = await self.access.authenticate(request)
+            result = await self.access.lora(
+                principal, self.cfg, action, await request.body(), REPO_ROOT
+            )
+        except AccessError as exc:
+            return access_error_response(exc)
+        except Exception as exc:  # the store: down (503) or answering garbage (502)
+            status = status_of(exc)
+            return error_response(
+                status, f"{type(exc).__name__}: {exc}" if status >= 500 else str(exc)
+            )
+        await self.catalog.get(force=True)
+        return PlainTextResponse(result["message"])  # vLLM answers with this sentence
 
     # -- request path -----------------------------------------------------------------------
 
