@@ -34,6 +34,7 @@ from deployments.config import REPO_ROOT, ServeConfig
 from deployments.errors import status_of
 from deployments.json_guard import BodyError, parse_body
 from deployments.logprobs import chat_logprobs, completion_logprobs, mean_logprob
+from deployments.lora_admin import LoadLoraBody, UnloadLoraBody
 from deployments.openapi_docs import body_docs
 from deployments.placement import adapter_key
 from deployments.protocol import (
@@ -442,12 +443,12 @@ class Router:
         await self.catalog.get(force=True)
         return JSONResponse(result)
 
-    @app.post("/v1/load_lora_adapter")
+    @app.post("/v1/load_lora_adapter", openapi_extra=body_docs(LoadLoraBody))
     async def load_lora_adapter(self, request: Request) -> Any:
         """vLLM's runtime LoRA load: publishes `lora_path` to the store as `lora_name`."""
         return await self._lora(request, "load")
 
-    @app.post("/v1/unload_lora_adapter")
+    @app.post("/v1/unload_lora_adapter", openapi_extra=body_docs(UnloadLoraBody))
     async def unload_lora_adapter(self, request: Request) -> Any:
         """vLLM's runtime LoRA unload: yanks every version of `lora_name`."""
         return await self._lora(request, "unload")
