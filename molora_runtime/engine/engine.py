@@ -19,7 +19,7 @@ import torch
 from molora_runtime.config import EngineConfig
 from molora_runtime.engine.detokenizer import IncrementalDetokenizer
 from molora_runtime.engine.isolation import culprit_error, run_isolated, sample_isolated
-from molora_runtime.engine.logits_processing import RowInput, sample_rows
+from molora_runtime.engine.logits_processing import RowInput, sample_rows, token_logprob
 from molora_runtime.engine.sequence import SeqStatus, Sequence
 from molora_runtime.engine.structured import GrammarCompiler
 from molora_runtime.engine.types import (
@@ -464,7 +464,10 @@ class LLMEngine:
         meta = step_attention(
             batch.rows, batch.positions, batch.num_decode, batch.prefill_segments, dev
         )
-        logits_index = torch.tensor(batch.logits_index, dtype=torch.long, device=dev)
+        # Prompt positions of requests asking for prompt logprobs ride after the sampled rows.
+        logits_index = torch.tensor(
+            batch.logits_index + batch.prompt_logits_index, dtype=torch.long, device=dev
+        )
         with torch.inference_mode():
             logits = self.model(ids, meta, self.kv, ctx, logits_index)
         return logits, ctx
@@ -478,6 +481,10 @@ class LLMEngine:
     ) -> None:
         for seq, _, n in batch.segments:
             seq.num_computed += n
+        if batch.prompt_logits_index:
+            sampled_rows = len(batch.logits_index)
+            self._record_prompt_logprobs(batch, logits[sampled_rows:])
+            logits = logits[:sampled_rows]
         if ctx is not None and ctx.has_learned and ctx.layer_tables:
             try:
                 self._record_gate_stats(ctx)
@@ -525,6 +532,13 @@ class LLMEngine:
                         outputs.append(out)
             except Exception as exc:
                 self._fail(seq, exc, outputs)
+
+    def _record_prompt_logprobs(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Logprob of each prompt token given the ones before it (raw logits, k top ones)."""
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        for row, (seq, pos) in enumerate(batch.prompt_logits_owner):
+            k = seq.request.sampling.prompt_logprobs or 0
+            seq.prompt_logprobs.append(token_logprob(lp[row], seq.prompt_ids[pos + 1], k))
 
     def _row_input(self, seq: Sequence) -> RowInput:
         """The sampler's view of one sequence: its params, seed stream, history and masks."""
@@ -580,6 +594,10 @@ class LLMEngine:
         logprobs = None
         if seq.request.sampling.logprobs is not None:
             logprobs = seq.logprobs[seq.emitted_tokens : len(seq.output_ids)]
+        prompt_logprobs = None
+        if seq.request.sampling.prompt_logprobs is not None and not seq.prompt_logprobs_sent:
+            prompt_logprobs = seq.prompt_logprobs
+            seq.prompt_logprobs_sent = True
         seq.emitted_chars = max(seq.emitted_chars, safe)
         seq.emitted_tokens = len(seq.output_ids)
         return GenerationOutput(
@@ -592,6 +610,7 @@ class LLMEngine:
             completion_tokens=len(seq.output_ids),
             attribution=attribution,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             error=seq.error,
             exception=seq.exception,
         )
@@ -751,6 +770,8 @@ class _Batch:
         self.prefill_segments: list[PrefillSegment] = []
         self.logits_index: list[int] = []
         self.logits_seqs: list[Sequence] = []
+        self.prompt_logits_index: list[int] = []  # prompt_logprobs: batch index of position p
+        self.prompt_logits_owner: list[tuple[Sequence, int]] = []  # (seq, p)
         self.num_decode = 0
 
     def add(self, seq: Sequence, pos: int, n: int, produces_logits: bool) -> None:
@@ -762,6 +783,12 @@ class _Batch:
         self.segments.append((seq, start, n))
         if seq.in_prefill:
             self.prefill_segments.append(PrefillSegment(start, n, seq.row, pos))
+            if seq.request.sampling.prompt_logprobs is not None:
+                last = len(seq.prompt_ids) - 1  # its logits sample the first output token
+                for i in range(n):
+                    if pos + i < last:
+                        self.prompt_logits_index.append(start + i)
+                        self.prompt_logits_owner.append((seq, pos + i))
         if produces_logits:
             self.logits_index.append(start + n - 1)
             self.logits_seqs.append(seq)

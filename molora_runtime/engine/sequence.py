@@ -44,6 +44,8 @@ class Sequence:
     exception: BaseException | None = None  # what ended it, for the serving layer's status
     attribution: list[TokenAttribution] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, if asked
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
+    prompt_logprobs_sent: bool = False
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
 

@@ -54,6 +54,12 @@ class SamplingParams(BaseModel):
     logprobs: int | None = Field(
         None, ge=0, le=20, description="report the sampled token's logprob and this many top ones"
     )
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        description="logprob of every prompt token (raw model logits) and this many top ones",
+    )
     clamp_to_context: bool = Field(
         True,
         description="cut max_tokens to what the context leaves; False refuses the request instead",
@@ -141,6 +147,8 @@ class GenerationOutput:
     completion_tokens: int = 0
     attribution: list[TokenAttribution] | None = None
     logprobs: list[TokenLogprob] | None = None
+    # Once, on the first output that carries tokens; the first prompt token has none (None).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     error: str | None = None
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
@@ -153,6 +161,7 @@ def merge_outputs(outputs: list[GenerationOutput]) -> GenerationOutput:
     attribution = None
     if any(o.attribution is not None for o in outputs):
         attribution = [a for o in outputs for a in o.attribution or []]
+    prompt_logprobs = next((o.prompt_logprobs for o in outputs if o.prompt_logprobs), None)
     logprobs = None
     if any(o.logprobs is not None for o in outputs):
         logprobs = [lp for o in outputs for lp in o.logprobs or []]
@@ -166,6 +175,7 @@ def merge_outputs(outputs: list[GenerationOutput]) -> GenerationOutput:
         completion_tokens=last.completion_tokens,
         attribution=attribution,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         error=last.error,
     )
 

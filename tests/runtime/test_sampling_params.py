@@ -136,3 +136,19 @@ def test_n_choices_share_one_prefill_and_match_running_alone(tiny_engine_factory
     for i in range(3):
         assert got[f"r.{i}"]["tokens"] == alone[i]
     assert len({tuple(t) for t in alone.values()}) > 1  # the seeds matter
+
+
+def test_prompt_logprobs_over_chunked_prefill(tiny_engine_factory) -> None:
+    prompt = random_prompts(1, 256, [40], seed=12)[0]
+    engine = tiny_engine_factory(max_num_batched_tokens=16)  # the prompt spans three chunks
+    sp = SamplingParams(max_tokens=2, prompt_logprobs=2)
+    got = run_to_completion(engine, [request("p", prompt, "c", sampling=sp)])["p"]
+    plps = next(o.prompt_logprobs for o in got["outputs"] if o.prompt_logprobs)
+    assert len(plps) == len(prompt) and plps[0] is None
+    ref = torch.log_softmax(engine_prefill_logits(engine, "c", prompt).float(), -1)
+    for pos in range(1, len(prompt)):
+        lp = plps[pos]
+        assert lp is not None and lp.token_id == prompt[pos]
+        assert lp.logprob == pytest.approx(float(ref[pos - 1, prompt[pos]]), abs=1e-4)
+        assert [t for t, _ in lp.top] == torch.topk(ref[pos - 1], 2).indices.tolist()
+    assert sum(1 for o in got["outputs"] if o.prompt_logprobs) == 1  # sent once
