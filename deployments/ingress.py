@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deployments import metrics
 from deployments.access import Access, AccessError
 from deployments.access import error_response as access_error_response
+from deployments.admin import YankBody
 from deployments.auth import Principal
 from deployments.config import REPO_ROOT, ServeConfig
 from deployments.errors import status_of
@@ -68,6 +69,7 @@ from deployments.replica_protocol import (
     DeltaItem,
     ErrorItem,
     InfoItem,
+    LogprobItem,
     ReplicaItem,
     TokenAttributionItem,
     UsageItem,
@@ -213,14 +215,25 @@ class _Shaper:
         self.want_logprobs = body.top_logprobs_wanted() is not None
         self.n, self.best_of = choices_asked(body)
         self.offsets: dict[int, int] = {}  # completions' text_offset per choice (streaming)
+        self.echo = bool(getattr(body, "echo", False))
 
-    def _logprobs(self, deltas: list[DeltaItem], offset: int = 0) -> dict[str, Any] | None:
+    def _echo(self, deltas: list[DeltaItem]) -> tuple[str, list[LogprobItem]]:
+        """Echo's prompt text and its logprob items (from the choice's first delta)."""
+        items = next((d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), [])
+        text = self.body.prompt_text()
+        if text is None:
+            text = "".join(i.token for i in items)
+        return text, items
+
+    def _logprobs(
+        self, deltas: list[DeltaItem], offset: int = 0, prompt: list[LogprobItem] | None = None
+    ) -> dict[str, Any] | None:
         if not self.want_logprobs:
             return None
         items = [lp for d in deltas for lp in d.logprobs or []]
         if self.chat:
             return chat_logprobs(items)
-        return completion_logprobs(list(items), [i.token for i in items], offset)
+        return completion_logprobs([*(prompt or []), *items], offset)
 
     def _usage(self, item: UsageItem) -> None:
         p, c = item.prompt_tokens, item.completion_tokens
@@ -265,7 +278,11 @@ class _Shaper:
             finish = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
             if self.body.molora.return_attribution and out_index == 0:
                 attribution = [a for d in deltas for a in d.attribution or []]
-            logprobs = self._logprobs(deltas)
+            prompt: list[LogprobItem] = []
+            if self.echo:
+                prompt_text, prompt = self._echo(deltas)
+                text = prompt_text + text
+            logprobs = self._logprobs(deltas, 0, prompt)
             if self.chat:
                 chat_choices.append(
                     ChatChoice(
@@ -307,9 +324,17 @@ class _Shaper:
         if (first and not self.sent_role) or item.attribution:
             info = self._info(not self.sent_role, item.attribution)
         offset = self.offsets.get(index, 0)
-        logprobs = self._logprobs([item], offset) if item.logprobs or finish else None
+        prompt: list[LogprobItem] = []
+        if self.echo and first:
+            prompt_text, prompt = self._echo([item])
+            text = prompt_text + text
+        logprobs = None
+        if item.logprobs or finish or prompt:
+            logprobs = self._logprobs([item], offset, prompt)
         if logprobs is not None and not self.chat:
-            self.offsets[index] = offset + sum(len(lp.token) for lp in item.logprobs or [])
+            self.offsets[index] = offset + sum(
+                len(lp.token) for lp in [*prompt, *(item.logprobs or [])]
+            )
         if self.chat:
             delta = DeltaMessage(content=text)
             if first:
@@ -430,7 +455,7 @@ class Router:
     async def chat_completions(self, request: Request) -> Any:
         return await self._handle(request, chat=True)
 
-    @app.post("/v1/admin/{collection}/{name}/{action}")
+    @app.post("/v1/admin/{collection}/{name}/{action}", openapi_extra=body_docs(YankBody))
     async def admin(self, collection: str, name: str, action: str, request: Request) -> Any:
         """Admin keys: `POST /v1/admin/adapters/NAME/yank` (or unyank; or compositions)."""
         try:
@@ -565,6 +590,9 @@ class Router:
                 logit_bias=body.bias_ids(),
                 min_tokens=body.min_tokens,
                 logprobs=self._logprobs_asked(body),
+                prompt_logprobs=(body.logprobs or 0)
+                if isinstance(body, CompletionRequest) and body.echo
+                else None,
             )
             prompt: dict[str, Any]
             if isinstance(body, ChatCompletionRequest):

@@ -40,12 +40,36 @@ def logprob_items(lps: list[TokenLogprob], tokenizer: Any) -> list[LogprobItem]:
     ]
 
 
+def prompt_items(
+    ids: list[int], lps: list[TokenLogprob | None], tokenizer: Any
+) -> list[LogprobItem]:
+    """Every prompt token with its text; the first (and any without logits) has logprob None."""
+    out = []
+    for i, token_id in enumerate(ids):
+        lp = lps[i] if i < len(lps) else None
+        out.append(
+            LogprobItem(
+                token_id=token_id,
+                token=_text(tokenizer, token_id),
+                logprob=None if lp is None else lp.logprob,
+                top=[]
+                if lp is None
+                else [
+                    TopLogprobItem(token_id=t, token=_text(tokenizer, t), logprob=v)
+                    for t, v in lp.top
+                ],
+            )
+        )
+    return out
+
+
 def finite(value: float) -> float:
     return value if math.isfinite(value) else NEG_INF_LOGPROB
 
 
-def _entry(token: str, logprob: float) -> dict[str, Any]:
-    return {"token": token, "logprob": finite(logprob), "bytes": list(token.encode("utf-8"))}
+def _entry(token: str, logprob: float | None) -> dict[str, Any]:
+    value = NEG_INF_LOGPROB if logprob is None else finite(logprob)
+    return {"token": token, "logprob": value, "bytes": list(token.encode("utf-8"))}
 
 
 def chat_logprobs(items: list[LogprobItem]) -> dict[str, Any]:
@@ -61,21 +85,20 @@ def chat_logprobs(items: list[LogprobItem]) -> dict[str, Any]:
     }
 
 
-def completion_logprobs(
-    items: list[LogprobItem | None], tokens: list[str], text_offset: int = 0
-) -> dict[str, Any]:
-    """OpenAI completions `logprobs`; `items[i]` None for a token with no logprob (the first
-    echoed prompt token), `tokens[i]` its text; offsets count from `text_offset`."""
+def completion_logprobs(items: list[LogprobItem], text_offset: int = 0) -> dict[str, Any]:
+    """OpenAI completions `logprobs`; an item with logprob None (the first echoed prompt
+    token) has null entries; offsets count from `text_offset`."""
     offsets: list[int] = []
     pos = text_offset
-    for token in tokens:
+    for item in items:
         offsets.append(pos)
-        pos += len(token)
+        pos += len(item.token)
     return {
-        "tokens": tokens,
-        "token_logprobs": [None if i is None else finite(i.logprob) for i in items],
+        "tokens": [i.token for i in items],
+        "token_logprobs": [None if i.logprob is None else finite(i.logprob) for i in items],
         "top_logprobs": [
-            None if i is None else {t.token: finite(t.logprob) for t in i.top} for i in items
+            None if i.logprob is None else {t.token: finite(t.logprob) for t in i.top}
+            for i in items
         ],
         "text_offset": offsets,
     }
@@ -83,6 +106,7 @@ def completion_logprobs(
 
 def mean_logprob(items: list[LogprobItem]) -> float:
     """best_of's ranking score: the mean token logprob of a choice (-inf when empty)."""
-    if not items:
+    values = [i.logprob for i in items if i.logprob is not None]
+    if not values:
         return -math.inf
-    return sum(i.logprob for i in items) / len(items)
+    return sum(values) / len(values)

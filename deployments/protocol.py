@@ -183,8 +183,6 @@ class CompletionRequest(_SamplingFields):
     def _unsupported(self) -> CompletionRequest:
         if self.suffix:
             raise ValueError("suffix is not supported")
-        if self.echo:
-            raise ValueError("echo is not supported")
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError("best_of must be at least n")
         if self.best_of is not None and self.best_of > self.n and self.stream:
@@ -193,6 +191,14 @@ class CompletionRequest(_SamplingFields):
 
     def top_logprobs_wanted(self) -> int | None:
         return self.logprobs
+
+    def prompt_text(self) -> str | None:
+        """The prompt as text for echo (None for token ids: the replica's token texts)."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if isinstance(self.prompt[0], str):
+            return str(self.prompt[0])
+        return None
 
 
 class ContentPart(_Payload):

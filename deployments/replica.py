@@ -24,7 +24,7 @@ from deployments import metrics
 from deployments.choices import choice_requests, merged_choices
 from deployments.config import ServeConfig
 from deployments.errors import error_item, output_error
-from deployments.logprobs import logprob_items
+from deployments.logprobs import logprob_items, prompt_items
 from deployments.placement import base_name
 from deployments.replica_protocol import (
     DeltaItem,
@@ -56,9 +56,13 @@ def delta_item(out: GenerationOutput, index: int = 0, tokenizer: Any = None) -> 
         ]
     reason = out.finish_reason if out.finished else None
     logprobs = None if out.logprobs is None else logprob_items(out.logprobs, tokenizer)
+    prompt = None
+    if out.prompt_logprobs is not None and out.prompt_token_ids is not None:
+        prompt = prompt_items(out.prompt_token_ids, out.prompt_logprobs, tokenizer)
     return DeltaItem(
         index=index,
         logprobs=logprobs,
+        prompt_logprobs=prompt,
         text=out.text_delta,
         token_ids=list(out.new_token_ids),
         attribution=attribution,

@@ -41,7 +41,7 @@ class TopLogprobItem(_Item):
 class LogprobItem(_Item):
     token_id: int
     token: str
-    logprob: float
+    logprob: float | None = Field(description="None only for the first prompt token")
     top: list[TopLogprobItem] = Field(default_factory=list)
 
 
@@ -55,6 +55,9 @@ class DeltaItem(_Item):
     )
     logprobs: list[LogprobItem] | None = Field(
         None, description="one entry per token of token_ids, when requested"
+    )
+    prompt_logprobs: list[LogprobItem] | None = Field(
+        None, description="every prompt token (echo), once, on the choice's first delta"
     )
     finish_reason: Literal["stop", "length", "abort"] | None = Field(
         None, description="set on the request's last delta"

@@ -358,6 +358,7 @@ class LLMEngine:
                 ):
                     self.kv.move_row(lead.row, sib.row, lead.num_computed)
                     sib.num_computed = lead.num_computed
+                    sib.prompt_logprobs = list(lead.prompt_logprobs)
                     self.forked_prefills += 1
                     out.append(sib)
                     src.append(i)
@@ -611,6 +612,7 @@ class LLMEngine:
             attribution=attribution,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            prompt_token_ids=list(seq.prompt_ids) if prompt_logprobs is not None else None,
             error=seq.error,
             exception=seq.exception,
         )

@@ -149,6 +149,7 @@ class GenerationOutput:
     logprobs: list[TokenLogprob] | None = None
     # Once, on the first output that carries tokens; the first prompt token has none (None).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_token_ids: list[int] | None = None  # with prompt_logprobs
     error: str | None = None
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
@@ -176,6 +177,7 @@ def merge_outputs(outputs: list[GenerationOutput]) -> GenerationOutput:
         attribution=attribution,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        prompt_token_ids=next((o.prompt_token_ids for o in outputs if o.prompt_token_ids), None),
         error=last.error,
     )
 

@@ -254,3 +254,40 @@ def test_json_object_and_bad_schemas(app_url, client):
         )
         assert r.status_code == 400, r.text
         assert where in r.json()["error"]["message"]
+
+
+def test_echo_with_prompt_logprobs(client, hf_model, tiny_assets):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_assets["model"]))
+    resp = client.completions.create(
+        model="tiny-base", prompt=PROMPT_IDS, max_tokens=3, temperature=0, logprobs=2, echo=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    choice = resp.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(PROMPT_IDS) + 3
+    assert lp.tokens[: len(PROMPT_IDS)] == [tok.decode([t]) for t in PROMPT_IDS]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([PROMPT_IDS])).logits[0].float(), -1)
+    for pos in range(1, len(PROMPT_IDS)):
+        assert lp.token_logprobs[pos] == pytest.approx(
+            float(ref[pos - 1, PROMPT_IDS[pos]]), abs=1e-4
+        )
+        assert len(lp.top_logprobs[pos]) <= 2
+    prompt_text = "".join(lp.tokens[: len(PROMPT_IDS)])
+    assert choice.text.startswith(prompt_text)
+    assert lp.text_offset[len(PROMPT_IDS)] == len(prompt_text)
+    plain = client.completions.create(
+        model="math", prompt="Once upon", max_tokens=3, temperature=0, echo=True, n=2
+    )
+    assert all(c.text.startswith("Once upon") and c.logprobs is None for c in plain.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="math", prompt="Once upon", max_tokens=3, temperature=0, echo=True, stream=True
+        )
+        if c.choices
+    )
+    assert streamed == plain.choices[0].text
