@@ -503,7 +503,8 @@ class Router:
             principal = await self.access.authenticate(request)
             body = await self._parse(request, chat)
             max_tokens = body.requested_max_tokens() or self.cfg.server.default_max_tokens
-            end = self.access.admit(principal, max_tokens)
+            # Every choice may run to max_tokens: the token quota is charged for all of them.
+            end = self.access.admit(principal, max_tokens * choices_asked(body)[1])
             resolved = await self._resolve(body, principal)
             gen_req = self._engine_request(body, resolved, chat)
         except AccessError as exc:
