@@ -24,8 +24,10 @@ models: install
 	$(VENV)/bin/molora models prepare
 
 serve: models
-	# A local single-machine server: Ray on loopback, no cluster auth token.
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled $(VENV)/bin/serve run serve_config.yaml
+	# A local single-machine server: Ray on loopback with Ray's token auth, on by default for a new
+	# local cluster (Ray writes its token to ~/.ray/auth_token). Never turn it off: Serve replicas'
+	# gRPC servers listen on every interface and unpickle what they are sent.
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 $(VENV)/bin/serve run serve_config.yaml
 
 test: models
 	bash scripts/test_services.sh

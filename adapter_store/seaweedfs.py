@@ -11,11 +11,12 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from adapter_store import ports
 
 PORT_FLAGS = (
     "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "volume.port.public",
@@ -36,36 +37,10 @@ def weed_binary() -> str:
     return found
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _ephemeral_low() -> int:
-    """First port the kernel hands out for outgoing connections (those can take ours)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
 def free_ports(n: int) -> list[int]:
     """Ports p with p and p+10000 free (some SeaweedFS parts derive gRPC ports as +10000),
-    below the ephemeral range so no outgoing connection grabs one before weed binds it."""
-    chosen: list[int] = []
-    rng = secrets.SystemRandom()
-    high = max(10100, _ephemeral_low() - 10000)
-    while len(chosen) < n:
-        port = rng.randrange(10000, high)
-        if port in chosen or port + 10000 in chosen:
-            continue
-        if _bindable(port) and _bindable(port + 10000):
-            chosen.append(port)
-    return chosen
+    outside the ephemeral range so no outgoing connection grabs one before weed binds it."""
+    return ports.free_ports(n, offsets=(0, 10000))
 
 
 class SeaweedFS:
@@ -95,8 +70,9 @@ class SeaweedFS:
         for attempt in range(attempts):
             try:
                 return self._start_once(timeout_s)
-            except RuntimeError:
-                lost_port = "address already in use" in self.log_path.read_text(errors="replace")
+            except (RuntimeError, TimeoutError):
+                self.stop()
+                lost_port = ports.is_address_in_use(self.log_path.read_text(errors="replace"))
                 if not lost_port or attempt == attempts - 1:
                     raise
         raise AssertionError("unreachable")

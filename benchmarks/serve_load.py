@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -32,6 +31,7 @@ from typing import Any
 import httpx
 
 from benchmarks.report import write_json
+from benchmarks.sse import sse_events
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"
@@ -80,10 +80,7 @@ async def one_request(http: httpx.AsyncClient, model: str, prompt: str, max_toke
             if resp.status_code != 200:
                 sample.error = f"{resp.status_code}: {(await resp.aread())[:200]!r}"
                 return sample
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            async for chunk in sse_events(resp):
                 if "error" in chunk:
                     sample.error = chunk["error"]["message"]
                     return sample
@@ -187,19 +184,17 @@ def build_assets(args: argparse.Namespace, work: Path) -> tuple[str, Path, list[
 
 
 def launch_and_compare(args: argparse.Namespace) -> dict[str, Any]:
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
     from ray import serve
 
     from deployments.app import build
     from deployments.config import ServeConfig
+    from deployments.local_ray import start_local_cluster, stop_local_cluster
 
     work = Path(tempfile.mkdtemp(prefix="molora-bench-"))
     model, store, names = build_assets(args, work)
-    ray.init(num_cpus=8, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    url = f"http://127.0.0.1:{args.port}"
+    # Ray on loopback with token auth; Serve's port from adapter_store.ports, retried if lost.
+    cluster = start_local_cluster(num_cpus=8)
+    url = cluster.url
     results: dict[str, Any] = {}
     try:
         for policy in args.policies:
@@ -238,8 +233,7 @@ def launch_and_compare(args: argparse.Namespace) -> dict[str, Any]:
             results[policy] = asyncio.run(run_load(url, names, args))
             serve.delete(APP)
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        stop_local_cluster(cluster)
     return {"model": Path(model).name, "adapters": names, "results": results}
 
 
@@ -286,7 +280,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--policies", nargs="+", default=["affinity", "default"], choices=["affinity", "default"]
     )
-    parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -302,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     else:
         report = launch_and_compare(args)
-    report["load"] = {k: v for k, v in vars(args).items() if k not in ("out", "url", "port")}
+    report["load"] = {k: v for k, v in vars(args).items() if k not in ("out", "url")}
     report["machine"] = {
         "cpus": os.cpu_count(),
         "platform": platform.platform(),

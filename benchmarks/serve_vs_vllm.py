@@ -37,6 +37,8 @@ import httpx
 import yaml
 
 from benchmarks.report import write_json
+from benchmarks.sse import sse_events
+from benchmarks.vllm_env import vllm_cpu_env
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_vs_vllm.json"
@@ -170,18 +172,7 @@ def stop(proc: subprocess.Popen, grace_s: float = 20) -> None:
 
 
 def start_vllm(python: Path, model_dir: Path, work: Path, dtype: str, log: Path):
-    ncpu = os.cpu_count() or 1
-    env = {
-        **os.environ,
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": "2",
-        "VLLM_CPU_OMP_THREADS_BIND": f"0-{ncpu - 1}",  # every core; its default is one
-        "OMP_NUM_THREADS": str(ncpu),
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
+    env = vllm_cpu_env()  # threads bound to every core
     modules = [f"{n}={work / 'adapters' / n}" for n in ADAPTERS]
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     cmd += ["--host", "127.0.0.1", "--port", str(VLLM_PORT), "--served-model-name", "base"]
@@ -279,10 +270,7 @@ async def one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Samp
             if resp.status_code != 200:
                 s.error = f"{resp.status_code}: {(await resp.aread())[:200]!r}"
                 return s
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
+            async for event in sse_events(resp):
                 for choice in event.get("choices") or []:
                     content = (choice.get("delta") or {}).get("content")
                     if content:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from benchmarks.report import write_json
+from benchmarks.vllm_env import vllm_cpu_env
 from molora_runtime.config import LORA_TARGET_MODULES
 from molora_runtime.engine.llm import LLM
 from molora_runtime.engine.types import SamplingParams
@@ -144,6 +145,7 @@ def run_vllm(
         capture_output=True,
         text=True,
         timeout=3600,
+        env=vllm_cpu_env(),  # every core, as the endpoint benchmark runs it
     )
     Path(f.name).unlink(missing_ok=True)
     for line in proc.stdout.splitlines():

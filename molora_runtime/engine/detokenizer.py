@@ -1,8 +1,17 @@
-"""Incremental detokenization with stop strings that never leak into the streamed text."""
+"""Incremental detokenization with stop strings that never leak into the streamed text.
+
+Each update decodes only a short window of the newest tokens (vLLM's prefix/read offsets):
+`decode(ids[prefix:])` minus `decode(ids[prefix:read])` is the new text, correct for byte-level
+and SentencePiece tokenizers alike because both windows start at the same token. Re-decoding the
+whole output every token would make a long completion quadratic. A window that ends inside a
+multi-byte character (it decodes to U+FFFD) is held until the character completes.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
@@ -12,6 +21,14 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self.holdback = max((len(s) for s in self.stop), default=1) - 1
+        self.text = ""  # settled text (every character complete)
+        self._prefix = 0  # first id of the context window
+        self._read = 0  # ids before this are in `text`
+        self._prefix_text = ""  # decode(ids[_prefix:_read])
+        self._searched = 0  # stop strings cannot start before this index of `text`
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def update(self, output_ids: list[int], search_from: int = 0) -> tuple[str, bool]:
         """Full text so far (cut at a stop string) and whether a stop string was hit; stop
@@ -19,18 +36,27 @@ class IncrementalDetokenizer:
         as text)."""
         if self.tokenizer is None:
             return "", False
-        text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
-        hits = [text.find(s, search_from) for s in self.stop]
-        hits = [h for h in hits if h >= 0]
-        if hits:
-            return text[: min(hits)], True
-        return text, False
+        window = self._decode(output_ids[self._prefix :])
+        pending = window[len(self._prefix_text) :]
+        if pending and not window.endswith(REPLACEMENT):
+            self.text += pending
+            self._prefix, self._read = self._read, len(output_ids)
+            self._prefix_text = self._decode(output_ids[self._prefix : self._read])
+            pending = ""
+        full = self.text + pending
+        if self.stop:
+            start = max(0, self._searched - self.holdback, search_from)
+            hits = [h for h in (full.find(s, start) for s in self.stop) if h >= 0]
+            if hits:
+                return full[: min(hits)], True
+            self._searched = len(self.text)
+        return full, False
 
     def safe_length(self, text: str, finished: bool) -> int:
         """Characters that may be emitted now (hold back a possible stop-string prefix)."""
         if finished:
             return len(text)
         n = len(text)
-        while n and text[n - 1] == "\ufffd":  # an incomplete UTF-8 sequence
+        while n and text[n - 1] == REPLACEMENT:  # an incomplete UTF-8 sequence
             n -= 1
         return max(0, n - self.holdback)

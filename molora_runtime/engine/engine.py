@@ -8,6 +8,7 @@ routed-LoRA delta runs once over all of them, whatever each token's route.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -56,9 +57,22 @@ def pick_device(config: EngineConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX), where bf16 GEMMs run
+    about 3x faster than fp32 ones; elsewhere bf16 is emulated and slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
+
 def pick_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    """`auto`: bf16 on CUDA and on CPUs with native bf16 math, else fp32."""
     if config.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or cpu_has_native_bf16():
+            return torch.bfloat16
+        return torch.float32
     return _DTYPES[config.dtype]
 
 
@@ -252,6 +266,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         c = self.hot_set.counters
+        host = self.hot_set.host
         return EngineStats(
             running=len(self.running),
             waiting=len(self.waiting) + len(self._incoming),
@@ -264,6 +279,11 @@ class LLMEngine:
             hot_set_evictions=c.evictions,
             hot_set_loads=c.loads,
             compositions=self.hot_set.compositions(),
+            host_resident=sorted(host.resident()),
+            host_loading=host.loading(),
+            host_bytes=host.nbytes,
+            host_fetches=host.counters.fetches,
+            host_fetch_failures=host.counters.failures,
         )
 
     def pop_load_latencies(self) -> list[float]:
@@ -289,6 +309,8 @@ class LLMEngine:
         self._drain_incoming(outputs)
         self._admit(outputs)
         if not self.running:
+            if self.waiting:  # their adapters are loading in the background: sleep, not spin
+                self.hot_set.host.wait(0.05)
             return outputs
         batch = self._form_batch()
         run_isolated(
@@ -387,10 +409,13 @@ class LLMEngine:
         request whose adapters cannot all be resident now waits, later ones may pass it)."""
         held: list[Sequence] = []
         self._leaders_first()
+        # With nothing decoding, loading an adapter inside the step stalls no one: load it
+        # now. Otherwise a cold adapter loads in the background while the batch goes on.
+        idle = not self.running
         while self.waiting and self._free_rows:
             seq = self.waiting.popleft()
             try:
-                if not self._bind_adapters(seq):
+                if not self._bind_adapters(seq, wait_for_loads=not idle):
                     held.append(seq)
                     if len(held) >= 8:
                         break
@@ -407,7 +432,7 @@ class LLMEngine:
         for seq in reversed(held):
             self.waiting.appendleft(seq)
 
-    def _bind_adapters(self, seq: Sequence) -> bool:
+    def _bind_adapters(self, seq: Sequence, wait_for_loads: bool = True) -> bool:
         comp = seq.composition
         needs = self._needs(seq)
         if comp is not None and not self.hot_set.can_hold_composition(comp):
@@ -417,6 +442,8 @@ class LLMEngine:
             needs = list(dict.fromkeys(needs + experts))
         if not self.hot_set.can_hold(needs):
             return False
+        if wait_for_loads and not self.hot_set.ready(needs):
+            return False  # parsing in the background: wait without holding back the batch
         self.hot_set.ensure(needs)
         self.hot_set.acquire(needs)
         seq.adapters = needs

@@ -210,3 +210,9 @@ class EngineStats:
     hot_set_evictions: int = 0
     hot_set_loads: int = 0
     compositions: list[str] = field(default_factory=list)
+    # the host tier (parsed adapters in memory, fetched beside the step)
+    host_resident: list[str] = field(default_factory=list)
+    host_loading: list[str] = field(default_factory=list)
+    host_bytes: int = 0
+    host_fetches: int = 0
+    host_fetch_failures: int = 0

@@ -10,7 +10,6 @@ compositions get the same treatment in a small table of gate slots.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ from molora_runtime.config import HotSetConfig
 from molora_runtime.errors import AdapterLoadError, HotSetFullError
 from molora_runtime.lora.composition import Composition, CompositionError, load_composition
 from molora_runtime.lora.context import GateTable
+from molora_runtime.lora.host_tier import HostTier
 from molora_runtime.lora.peft_adapter import AdapterWeights, arch_identity, read_peft_adapter
 from molora_runtime.lora.source import AdapterSource
 from molora_runtime.model.arch import ModelArch
@@ -100,8 +100,8 @@ class HotSet:
         self._comp_slots = [_CompSlot() for _ in range(config.max_compositions)]
         self._by_name: dict[str, int] = {}
         self._comp_by_name: dict[str, int] = {}
-        self._host_cache: OrderedDict[str, AdapterWeights] = OrderedDict()
-        self._host_bytes = 0
+        # store -> disk -> parsed in host memory, off the step (see `host_tier`)
+        self.host = HostTier(self._fetch, config.host_cache_mb * 2**20)
         self._clock = 0
         self.counters = HotSetCounters()
         for name in config.pinned:
@@ -180,13 +180,15 @@ class HotSet:
         return out
 
     def prefetch(self, names: Iterable[str]) -> None:
-        """Load adapters into empty slots only (never evicts); errors surface at admission."""
+        """Fetch queued requests' adapters in the background, and copy those already parsed
+        into empty slots (never evicts); errors surface at admission."""
         for name in names:
-            if name in self._by_name or self.free_slots() == 0:
+            if name in self._by_name:
                 continue
             try:
-                self._load(self._victim(set()), name)
-            except (AdapterLoadError, LookupError):
+                if self.host.warm(name) and self.free_slots() > 0:
+                    self._load(self._victim(set()), name)
+            except Exception:  # the request that needs it reports the error
                 continue
 
     def acquire(self, names: Iterable[str]) -> None:
@@ -230,25 +232,27 @@ class HotSet:
         self.counters.evictions += 1
         return slot
 
+    def ready(self, names: Iterable[str]) -> bool:
+        """Whether every adapter in `names` can be put in a slot now (resident or parsed in
+        host memory); missing ones start loading in the background. Raises the load error
+        of an adapter that failed, for the request that needs it."""
+        waiting = False
+        for name in names:
+            if name not in self._by_name and not self.host.ready(name):
+                waiting = True
+        return not waiting
+
     def _read(self, name: str) -> AdapterWeights:
-        cached = self._host_cache.get(name)
-        if cached is not None:
-            self._host_cache.move_to_end(name)
-            return cached
+        return self.host.read_now(name)
+
+    def _fetch(self, name: str) -> AdapterWeights:
+        """Store -> local folder -> parsed weights (runs in the host tier's workers)."""
         folder = self.source.adapter_path(name)
         weights = read_peft_adapter(
             name, folder, self.arch, self.config.target_modules, self.config.max_rank
         )
         if not self.config.allow_base_mismatch:
             self._check_base(name, weights.base_model)
-        budget = self.config.host_cache_mb * 2**20
-        size = weights.nbytes()
-        if size <= budget:
-            self._host_cache[name] = weights
-            self._host_bytes += size
-            while self._host_bytes > budget:
-                _, old = self._host_cache.popitem(last=False)
-                self._host_bytes -= old.nbytes()
         return weights
 
     def _check_base(self, name: str, declared: str | None) -> None:

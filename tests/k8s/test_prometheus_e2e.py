@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,9 +21,12 @@ import httpx
 import pytest
 import torch
 from dashboard_queries import exported_names, metric_names, targets
+from start_once import StartOnce
 
+from adapter_store.ports import free_port, retry_on_address_in_use
 from deployments import dashboard
 from deployments import metric_names as m
+from deployments.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -36,10 +38,17 @@ COMPOSITION = "duo"
 APP = "molora"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _start_ray() -> Any:
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("a Ray cluster is already running in this process")
+    return start_local_cluster(num_cpus=4, system_config={"metrics_report_interval_ms": 1000})
+
+
+# Started by tests/conftest.py's setup hook for the first test that needs `serving`: a start that
+# fails (twice: it is retried on fresh ports) is one error with Ray's log tails.
+RAY = StartOnce("serving", _start_ray, stop_local_cluster, errors=(ClusterStartError,))
 
 
 def _wait(what: str, check: Any, timeout: float, interval: float = 0.5) -> Any:
@@ -86,30 +95,18 @@ def _make_store(root: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    import ray
+def serving(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     from ray import serve
 
-    if ray.is_initialized():
-        pytest.skip("a Ray cluster is already running in this process")
+    cluster = RAY.ensure(request.node.nodeid)
     root = tmp_path_factory.mktemp("e2e")
-    model_dir, store = _make_store(root)
-    metrics_port = _free_port()
-    ray.init(
-        num_cpus=4,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        _metrics_export_port=metrics_port,
-        _system_config={"metrics_report_interval_ms": 1000},
-        log_to_driver=False,
-        configure_logging=False,
-    )
     try:
+        model_dir, store = _make_store(root)
         from deployments.app import build
         from deployments.config import ServeConfig
 
-        http_port = _free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         cfg = ServeConfig.from_args(
             {
                 "engine": {
@@ -130,12 +127,11 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         scaling = {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 4}
         app = build(cfg, replica_options={"autoscaling_config": scaling})
         serve.run(app, name=APP, route_prefix="/", blocking=False)
-        url = f"http://127.0.0.1:{http_port}"
+        url = cluster.url
         _wait("app healthy", lambda: httpx.get(f"{url}/v1/models", timeout=10).is_success, 240)
-        yield {"url": url, "metrics_port": metrics_port}
+        yield {"url": url, "metrics_port": cluster.metrics_port}
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        RAY.stop()
 
 
 @pytest.fixture(scope="module")
@@ -147,32 +143,52 @@ def prometheus(serving: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
         "scrape_configs:\n  - job_name: ray\n    static_configs:\n"
         f"      - targets: ['127.0.0.1:{serving['metrics_port']}']\n"
     )
-    port = _free_port()
     assert PROMETHEUS is not None
-    log = (root / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={root / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "HOME": str(root)},
-    )
-    url = f"http://127.0.0.1:{port}"
+    log_path = root / "prometheus.log"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> str:
+        port = free_port()
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    PROMETHEUS,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={root / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "HOME": str(root)},
+            )
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            if proc.poll() is not None:  # exited: say why (a lost port is retried)
+                raise RuntimeError(f"prometheus exited: {log_path.read_text(errors='replace')}")
+            return httpx.get(f"{url}/-/ready", timeout=5).is_success
+
+        _wait("prometheus ready", ready, 60)
+        return url
+
     try:
-        _wait("prometheus ready", lambda: httpx.get(f"{url}/-/ready", timeout=5).is_success, 60)
-        yield url
+        yield retry_on_address_in_use(start, cleanup=lambda: _stop(procs[-1]))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        for proc in procs:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=20)
 
 
 def _chat(url: str, model: str, *, stream: bool = False) -> httpx.Response:

@@ -15,6 +15,7 @@ from molora_runtime.engine.types import GenerationOutput, GenerationRequest, Sam
 from molora_runtime.lora.composition import CompositionConfig, save_composition
 from molora_runtime.lora.source import DirectorySource
 from molora_runtime.model.arch import load_arch
+from molora_runtime.routes import LearnedRoute, MixRoute
 
 ALL_TARGETS = list(LORA_TARGET_MODULES)
 
@@ -197,7 +198,6 @@ def engine_prefill_logits(engine: LLMEngine, route: Any, prompt: list[int]) -> t
     from molora_runtime.engine.llm import as_route
     from molora_runtime.lora.routing import RouteSegment, build_lora_context
     from molora_runtime.model.attention_meta import CacheAttention, PrefillSegment
-    from molora_runtime.routes import LearnedRoute
 
     assert not engine.running, "the engine must be idle"
     route = as_route(route)
@@ -222,3 +222,12 @@ def engine_prefill_logits(engine: LLMEngine, route: Any, prompt: list[int]) -> t
     )
     with torch.inference_mode():
         return engine.model(ids, meta, engine.kv, ctx)
+
+
+# Routes of well-behaved bystander requests (one of each kind) in the failure-isolation tests.
+GOOD_ROUTES = {
+    "g-a": "a",
+    "g-base": None,
+    "g-mix": MixRoute(weights={"b": 0.6, "c": 0.4}),
+    "g-learned": LearnedRoute(composition="moe"),
+}

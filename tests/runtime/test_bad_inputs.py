@@ -14,7 +14,13 @@ from molora_runtime.errors import AdapterLoadError, InvalidRequestError
 from molora_runtime.lora.source import AdapterNotFoundError
 from molora_runtime.model.tiny import make_tiny_model
 from molora_runtime.routes import LearnedRoute, MixRoute
-from tests.runtime.rt_util import make_peft_adapter, random_prompts, request, run_to_completion
+from tests.runtime.rt_util import (
+    GOOD_ROUTES,
+    make_peft_adapter,
+    random_prompts,
+    request,
+    run_to_completion,
+)
 
 WEIGHTS = "adapter_model.safetensors"
 Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
@@ -91,12 +97,7 @@ CASES = {
     "pickle": ["adapter_model.bin", "pickle"],
 }
 
-GOOD = {
-    "g-a": "a",
-    "g-base": None,
-    "g-mix": MixRoute(weights={"b": 0.6, "c": 0.4}),
-    "g-learned": LearnedRoute(composition="moe"),
-}
+GOOD = GOOD_ROUTES
 
 
 @pytest.fixture(scope="module")

@@ -17,17 +17,18 @@ from molora_runtime.engine.isolation import sample_isolated
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.errors import NonFiniteLogitsError, SequenceStepError
 from molora_runtime.lora.source import DirectorySource
-from molora_runtime.routes import LearnedRoute, MixRoute, VocabRange, VocabRoute
-from tests.runtime.rt_util import engine_config, random_prompts, request, run_to_completion
+from molora_runtime.routes import VocabRange, VocabRoute
+from tests.runtime.rt_util import (
+    GOOD_ROUTES,
+    engine_config,
+    random_prompts,
+    request,
+    run_to_completion,
+)
 
 WEIGHTS = "adapter_model.safetensors"
 
-GOOD = {
-    "g-a": "a",
-    "g-base": None,
-    "g-mix": MixRoute(weights={"b": 0.6, "c": 0.4}),
-    "g-learned": LearnedRoute(composition="moe"),
-}
+GOOD = GOOD_ROUTES
 
 
 @pytest.fixture(scope="module")

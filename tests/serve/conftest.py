@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from serve_assets import make_store, make_tiny_model
+from start_once import StartOnce
 
+from deployments.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Started by tests/conftest.py's setup hook for the first test that needs `ray_cluster`; a start
+# that fails (twice: it is retried on fresh ports) is one error with Ray's log tails.
+RAY = StartOnce(
+    "ray_cluster",
+    lambda: start_local_cluster(num_cpus=8),
+    stop_local_cluster,
+    errors=(ClusterStartError,),
+)
 
 
 @pytest.fixture(scope="session")
@@ -29,23 +33,7 @@ def tiny_assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[dict[str, Any]]:
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    import ray
-    from ray import serve
-
-    metrics_port = free_port()
-    ray.init(
-        num_cpus=8,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        _metrics_export_port=metrics_port,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    http_port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": http_port})
-    yield {"url": f"http://127.0.0.1:{http_port}", "metrics_port": metrics_port}
-    serve.shutdown()
-    ray.shutdown()
+def ray_cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    cluster = RAY.ensure(request.node.nodeid)
+    yield {"url": cluster.url, "metrics_port": cluster.metrics_port}
+    RAY.stop()

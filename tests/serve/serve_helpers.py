@@ -18,6 +18,9 @@ def shipped_args(tiny_assets: dict[str, Path], **overrides: Any) -> dict[str, An
     app = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
     args = app["args"]
     args["engine"]["model"] = str(tiny_assets["model"])
+    # Tests compare texts token for token across batch compositions: fp32 keeps that exact
+    # (the shipped default is `auto`, bf16 on CPUs with native bf16 math).
+    args["engine"]["dtype"] = "float32"
     args["store"] = {"url": str(tiny_assets["store"]), "cache_dir": str(tiny_assets["cache"])}
     args["served_model_name"] = "tiny-base"
     for key, value in overrides.items():

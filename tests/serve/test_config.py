@@ -35,8 +35,10 @@ def test_default_config_is_cpu_loopback_embedded_model():
     assert cfg.engine.model == "smollm2-135m-instruct"
     assert cfg.store.url == "deployments/default_store"
     replica = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
-    assert replica["autoscaling_config"]["min_replicas"] == 1
-    assert replica["autoscaling_config"]["max_replicas"] == 2
+    # One replica owning every core of the 2-core default box from the first request.
+    assert replica["num_replicas"] == 1 and "autoscaling_config" not in replica
+    assert replica["ray_actor_options"]["num_cpus"] == 2
+    assert cfg.engine.max_num_seqs >= 32
 
 
 def test_gpu_config_uses_gpus_and_s3():

@@ -135,11 +135,11 @@ def test_concurrent_pullers_across_processes(
 def _dead_backend():  # type: ignore[no-untyped-def]
     """An S3 backend whose endpoint refuses connections (nothing listens there)."""
     from adapter_store.backends.s3 import S3Backend
-    from adapter_store.seaweedfs import free_ports
+    from adapter_store.ports import free_port
 
     return S3Backend(
         "gone",
-        endpoint_url=f"http://127.0.0.1:{free_ports(1)[0]}",
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
         max_attempts=1,
         connect_timeout=1,
     )

@@ -1,0 +1,188 @@
+"""A throwaway single-machine Ray cluster with Serve on loopback, for tests and benchmarks.
+
+Ports: Ray's own servers (GCS, raylet, agents, the Prometheus metrics exporter) pick their ports
+themselves and report them back, so no number is handed to Ray; Serve's HTTP port is drawn by
+`adapter_store.ports` (outside the ephemeral range, checked bindable) and a start that fails (a
+port lost to a race, or anything else) is retried once, whole, on fresh ports. A start that fails
+twice raises `ClusterStartError` with the tail of the raylet, dashboard-agent, GCS and proxy logs.
+
+Auth: Ray token authentication stays on (Ray 2.60's default for a new local cluster). Without it
+every Serve replica's gRPC server, which listens on all interfaces and unpickles requests, would
+take unauthenticated calls. A `disabled` RAY_AUTH_MODE in the environment is overridden here.
+
+Ray 2.60's dashboard agent always tries its HTTP port 52365 (ray.init cannot change it); when
+another cluster on the machine holds it, the agent logs the bind error and runs on without its
+HTTP service, which nothing here needs (the metrics exporter is separate and picks its own port).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adapter_store import ports
+
+# Newest first in the report: the logs that say why a local cluster did not come up.
+LOG_PATTERNS = (
+    "raylet.out", "raylet.err", "dashboard_agent.log", "dashboard_agent.err", "gcs_server.out",
+    "gcs_server.err", "serve/proxy_*.log", "serve/controller_*.log",
+)  # fmt: skip
+
+
+class ClusterStartError(RuntimeError):
+    """The local Ray cluster (or Serve on it) did not start, twice; the message has log tails."""
+
+    def __init__(self, error: str, tail: str = "") -> None:
+        super().__init__(f"{error}\n{tail}" if tail else error)
+        self.error, self.tail = error, tail
+
+
+@dataclass
+class LocalCluster:
+    http_port: int
+    metrics_port: int
+    temp_dir: Path
+    session_dir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+
+def require_token_auth() -> None:
+    """Token auth on for the cluster this process starts (Ray's default; `disabled` refused)."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:  # Ray caches its config: refresh it so this process sees token mode too
+        from ray._raylet import Config
+
+        Config.initialize("")
+    except (ImportError, AttributeError):
+        pass
+
+
+def log_tail(logs_dir: Path | None, lines: int = 30) -> str:
+    """The last lines of the logs that explain a failed start (raylet, agent, GCS, proxy)."""
+    if logs_dir is None or not logs_dir.is_dir():
+        return f"(no Ray log directory found at {logs_dir})"
+    parts: list[str] = []
+    for pattern in LOG_PATTERNS:
+        for path in sorted(logs_dir.glob(pattern)):
+            text = path.read_text(errors="replace").splitlines()
+            if text:
+                parts.append(f"--- {path} (last {min(lines, len(text))} lines) ---")
+                parts.extend(text[-lines:])
+    return "\n".join(parts) or f"(no logs in {logs_dir})"
+
+
+def _session_dir(temp_dir: Path) -> Path | None:
+    latest = temp_dir / "session_latest"
+    if latest.exists():
+        return latest.resolve()
+    sessions = sorted(temp_dir.glob("session_2*"))
+    return sessions[-1] if sessions else None
+
+
+def _wait_proxies_healthy(timeout_s: float) -> None:
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    proxies: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        proxies = serve.status().proxies
+        if proxies and all(str(getattr(s, "value", s)) == "HEALTHY" for s in proxies.values()):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"Serve's HTTP proxy not healthy after {timeout_s}s: {proxies}")
+
+
+def _stop_ray() -> None:
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def _start_once(
+    num_cpus: int, system_config: dict[str, Any] | None, http_port: int, ready_timeout_s: float
+) -> LocalCluster:
+    import ray
+    from ray import serve
+
+    temp_dir = Path(tempfile.mkdtemp(prefix="molora-ray-"))  # its own logs; short socket paths
+    cluster = LocalCluster(http_port=http_port, metrics_port=-1, temp_dir=temp_dir)
+    try:
+        context = ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            _temp_dir=str(temp_dir),
+            _system_config=system_config or None,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+        cluster.session_dir = Path(context.address_info["session_dir"])
+        # Ray's metrics exporter bound a port of its own choosing; read it back.
+        cluster.metrics_port = int(context.address_info.get("metrics_export_port") or -1)
+        if cluster.metrics_port <= 0:
+            raise RuntimeError(f"Ray reports no metrics export port ({cluster.metrics_port})")
+        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+        _wait_proxies_healthy(ready_timeout_s)
+    except Exception as exc:  # not KeyboardInterrupt: an interrupted start is not retried
+        cluster.session_dir = cluster.session_dir or _session_dir(temp_dir)
+        logs = cluster.session_dir / "logs" if cluster.session_dir else None
+        tail = log_tail(logs)
+        with contextlib.suppress(Exception):  # the start's own error is the one to report
+            _stop_ray()
+        lines = f"{type(exc).__name__}: {exc}".splitlines()
+        error = "\n".join(lines[:3] + (["  ..."] if len(lines) > 15 else []) + lines[3:][-12:])
+        raise ClusterStartError(error, tail) from exc
+    return cluster
+
+
+def start_local_cluster(
+    num_cpus: int = 8,
+    *,
+    system_config: dict[str, Any] | None = None,
+    attempts: int = 2,
+    ready_timeout_s: float = 90.0,
+    pick_port: Callable[[], int] = ports.free_port,
+) -> LocalCluster:
+    """Start Ray (head on 127.0.0.1) and Serve's HTTP proxy; retried once on fresh ports."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    require_token_auth()
+    errors: list[str] = []
+    tail = ""
+    for attempt in range(1, attempts + 1):
+        try:
+            return _start_once(num_cpus, system_config, pick_port(), ready_timeout_s)
+        except ClusterStartError as exc:
+            errors.append(f"=== attempt {attempt}/{attempts}: {exc.error}")
+            tail = exc.tail
+    raise ClusterStartError(
+        f"the local Ray cluster did not start in {attempts} attempts (fresh ports each):\n"
+        + "\n".join(errors)
+        + "\n=== Ray's logs of the last attempt:",
+        tail,
+    )
+
+
+def stop_local_cluster(cluster: LocalCluster | None = None) -> None:
+    """Shut Serve and Ray down; the cluster's temp dir (sockets, logs) is removed."""
+    _stop_ray()
+    if cluster is not None:
+        shutil.rmtree(cluster.temp_dir, ignore_errors=True)

@@ -1,0 +1,158 @@
+"""The host tier: parsed adapters in host memory, fetched by background workers.
+
+A miss in the hot-set used to fetch the adapter (store download, checksum, safetensors parse)
+inside the engine step, so every running sequence waited for one request's cold adapter.
+Here a miss starts a background fetch instead; the request waits in the queue without holding
+back the batch, and once the parsed weights are in host memory the step only copies them into
+a slot. A failed fetch fails only the requests that need that adapter.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from molora_runtime.lora.peft_adapter import AdapterWeights
+
+Reader = Callable[[str], AdapterWeights]
+
+
+@dataclass
+class HostTierCounters:
+    hits: int = 0
+    misses: int = 0
+    fetches: int = 0
+    failures: int = 0
+    evictions: int = 0
+    fetch_seconds: list[float] = field(default_factory=list)  # drained by the metrics exporter
+
+
+class HostTier:
+    """LRU of parsed adapters within a byte budget, filled by `workers` background threads."""
+
+    def __init__(
+        self,
+        read: Reader,
+        budget_bytes: int,
+        workers: int = 2,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
+        self._read = read
+        self.budget_bytes = budget_bytes
+        self.on_ready = on_ready  # called from a worker when a fetch ends (wakes the step loop)
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, AdapterWeights] = OrderedDict()
+        self._bytes = 0
+        self._loading: set[str] = set()
+        self._failed: dict[str, BaseException] = {}
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="molora-fetch")
+        self._done = threading.Event()
+        self.counters = HostTierCounters()
+
+    # ----- queries ---------------------------------------------------------------------------
+    def get(self, name: str) -> AdapterWeights | None:
+        """The parsed adapter if resident (marks it recently used)."""
+        with self._lock:
+            weights = self._cache.get(name)
+            if weights is not None:
+                self._cache.move_to_end(name)
+                self.counters.hits += 1
+            return weights
+
+    def resident(self) -> list[str]:
+        with self._lock:
+            return list(self._cache)
+
+    def loading(self) -> list[str]:
+        with self._lock:
+            return sorted(self._loading)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    # ----- fetching --------------------------------------------------------------------------
+    def ready(self, name: str) -> bool:
+        """True when `name` is parsed in host memory; else start fetching it and say False.
+
+        Raises the fetch's error (once) when the last fetch of `name` failed, so the request
+        that needs it fails with the reason and a later request tries the store again.
+        """
+        with self._lock:
+            if name in self._cache:
+                return True
+            failure = self._failed.pop(name, None)
+            if failure is not None:
+                raise failure
+            if name not in self._loading:
+                self._loading.add(name)
+                self.counters.misses += 1
+                self._pool.submit(self._fetch, name)
+            return False
+
+    def warm(self, name: str) -> bool:
+        """Like `ready` for a queued request's adapter, but never raises: a failure stays
+        recorded for the request that needs it (and is not fetched again until then)."""
+        with self._lock:
+            if name in self._cache:
+                return True
+            if name in self._failed or name in self._loading:
+                return False
+        return self.ready(name)
+
+    def read_now(self, name: str) -> AdapterWeights:
+        """Fetch synchronously (start-up pinning, offline use); the result is kept."""
+        cached = self.get(name)
+        if cached is not None:
+            return cached
+        weights = self._read(name)
+        with self._lock:
+            self._keep(name, weights)
+        return weights
+
+    def _fetch(self, name: str) -> None:
+        start = time.perf_counter()
+        try:
+            weights = self._read(name)
+        except BaseException as exc:
+            with self._lock:
+                self._loading.discard(name)
+                self._failed[name] = exc
+                self.counters.failures += 1
+        else:
+            with self._lock:
+                self._loading.discard(name)
+                self._keep(name, weights)
+                self.counters.fetches += 1
+                self.counters.fetch_seconds.append(time.perf_counter() - start)
+        self._done.set()
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def wait(self, timeout: float) -> bool:
+        """Block until some fetch ends (or `timeout`): a step loop with nothing else to do
+        sleeps here instead of spinning."""
+        with self._lock:
+            if not self._loading:
+                return False
+            self._done.clear()
+        return self._done.wait(timeout)
+
+    def _keep(self, name: str, weights: AdapterWeights) -> None:
+        """Insert under the byte budget (caller holds the lock). An adapter larger than the
+        whole budget is still kept alone, or it could never reach a slot."""
+        if name in self._cache:
+            return
+        self._cache[name] = weights
+        self._bytes += weights.nbytes()
+        while self._bytes > self.budget_bytes and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._bytes -= old.nbytes()
+            self.counters.evictions += 1
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
