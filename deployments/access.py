@@ -150,3 +150,54 @@ class Access:
             result.versions,
         )  # fmt: skip
         return result.model_dump()
+
+    # -- runtime LoRA (vLLM's load/unload endpoints) --------------------------------------------
+
+    async def lora(
+        self, principal: Principal, cfg: Any, action: str, raw: bytes, root: Path
+    ) -> dict[str, Any]:
+        """Load (publish) or unload (yank) an adapter; admin keys only when auth is on."""
+        from deployments.lora_admin import (
+            LoadLoraBody,
+            LoraAdminError,
+            UnloadLoraBody,
+            load_lora,
+            unload_lora,
+        )
+
+        runtime = cfg.server.runtime_lora
+        if not runtime.enabled:
+            raise AccessError(403, "runtime LoRA loading is disabled (server.runtime_lora)")
+        if self.keys is not None and not principal.admin:
+            raise AccessError(403, "this API key is not an admin key")
+        model = LoadLoraBody if action == "load" else UnloadLoraBody
+        try:
+            body = model.model_validate(json.loads(raw) if raw.strip() else {})
+        except (ValueError, ValidationError) as exc:
+            raise AccessError(400, f"invalid request body: {exc}") from None
+        tenant = principal.tenant if self.keys is not None else None
+        try:
+            if isinstance(body, LoadLoraBody):
+                load_dir = (root / runtime.load_dir) if runtime.load_dir else None
+                base = await asyncio.to_thread(_base_config, cfg)
+                result = await asyncio.to_thread(load_lora, cfg.store, load_dir, base, tenant, body)
+            else:
+                result = await asyncio.to_thread(unload_lora, cfg.store, tenant, body)
+        except LoraAdminError as exc:
+            raise AccessError(exc.status, exc.message, exc.param) from None
+        logger.info(
+            "lora %s by key %s: %s %s", action, principal.key_id, result.name, result.versions
+        )
+        return result.model_dump()
+
+
+def _base_config(cfg: Any) -> dict[str, Any] | None:
+    """The served model's config.json, which the rulebook checks loaded adapters against."""
+    from adapter_store.validate import load_base_config
+    from molora_runtime.model.registry import resolve_model_path
+
+    try:
+        return load_base_config(resolve_model_path(cfg.engine.model))
+    except Exception:  # the model is not on this node: the replicas still check at load
+        logger.warning("lora load: base model config unavailable; shapes checked at load only")
+        return None

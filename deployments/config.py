@@ -95,6 +95,17 @@ class ExposeConfig(StrictModel):
         return value
 
 
+class RuntimeLoraConfig(StrictModel):
+    """vLLM's `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` (publish/yank in the store)."""
+
+    enabled: bool = Field(True, description="serve the two endpoints (admin keys only with auth)")
+    load_dir: str | None = Field(
+        None,
+        description="lora_path folders must lie inside this directory (relative to the repo); "
+        "unset = loading from paths is refused, only 'store:NAME[@VERSION]' references load",
+    )
+
+
 class ServerConfig(StrictModel):
     """Limits applied by the ingress before a request reaches a replica."""
 
@@ -109,6 +120,9 @@ class ServerConfig(StrictModel):
     request_timeout_s: float = Field(600.0, gt=0)
     auth: AuthConfig = Field(default_factory=AuthConfig, description="API keys (off by default)")
     quotas: QuotaConfig = Field(default_factory=QuotaConfig, description="per-key limits")
+    runtime_lora: RuntimeLoraConfig = Field(
+        default_factory=RuntimeLoraConfig, description="vLLM-compatible LoRA load/unload"
+    )
 
 
 class ServeConfig(StrictModel):

@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 from ray.serve.exceptions import BackPressureError
@@ -29,9 +29,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deployments import metrics
 from deployments.access import Access, AccessError
 from deployments.access import error_response as access_error_response
+from deployments.admin import YankBody
 from deployments.auth import Principal
 from deployments.config import REPO_ROOT, ServeConfig
+from deployments.errors import status_of
 from deployments.json_guard import BodyError, parse_body
+from deployments.logprobs import chat_logprobs, completion_logprobs, mean_logprob
+from deployments.lora_admin import LoadLoraBody, UnloadLoraBody
 from deployments.openapi_docs import body_docs
 from deployments.placement import adapter_key
 from deployments.protocol import (
@@ -65,6 +69,7 @@ from deployments.replica_protocol import (
     DeltaItem,
     ErrorItem,
     InfoItem,
+    LogprobItem,
     ReplicaItem,
     TokenAttributionItem,
     UsageItem,
@@ -190,16 +195,45 @@ class _Tracker:
                 metrics.tokens().inc(self.completion_tokens, tags={**tags, "kind": "completion"})
 
 
+def choices_asked(body: Any) -> tuple[int, int]:
+    """(choices returned, choices generated): n, and best_of for completions."""
+    n = body.n
+    best_of = getattr(body, "best_of", None) or n
+    return n, best_of
+
+
 class _Shaper:
-    """Turns replica items into OpenAI responses and chunks."""
+    """Turns replica items into OpenAI responses and chunks (choices by their `index`)."""
 
     def __init__(self, body: Any, resolved: Resolved, chat: bool, request_id: str) -> None:
         self.body, self.resolved, self.chat, self.id = body, resolved, chat, request_id
         self.model = body.model
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.usage = Usage()
-        self.sent_role = False
+        self.sent_role: set[int] = set()
         self.info: InfoItem | None = None
+        self.want_logprobs = body.top_logprobs_wanted() is not None
+        self.n, self.best_of = choices_asked(body)
+        self.offsets: dict[int, int] = {}  # completions' text_offset per choice (streaming)
+        self.echo = bool(getattr(body, "echo", False))
+
+    def _echo(self, deltas: list[DeltaItem]) -> tuple[str, list[LogprobItem]]:
+        """Echo's prompt text and its logprob items (from the choice's first delta)."""
+        items = next((d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), [])
+        text = self.body.prompt_text()
+        if text is None:
+            text = "".join(i.token for i in items)
+        return text, items
+
+    def _logprobs(
+        self, deltas: list[DeltaItem], offset: int = 0, prompt: list[LogprobItem] | None = None
+    ) -> dict[str, Any] | None:
+        if not self.want_logprobs:
+            return None
+        items = [lp for d in deltas for lp in d.logprobs or []]
+        if self.chat:
+            return chat_logprobs(items)
+        return completion_logprobs([*(prompt or []), *items], offset)
 
     def _usage(self, item: UsageItem) -> None:
         p, c = item.prompt_tokens, item.completion_tokens
@@ -221,32 +255,56 @@ class _Shaper:
         )
 
     def full(self, items: list[Item]) -> dict[str, Any]:
-        deltas = [i for i in items if isinstance(i, DeltaItem)]
+        by_index: dict[int, list[DeltaItem]] = {}
         for item in items:
             if isinstance(item, InfoItem):
                 self.info = item
             elif isinstance(item, UsageItem):
                 self._usage(item)
-        text = "".join(d.text for d in deltas)
-        finish = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
+            elif isinstance(item, DeltaItem):
+                by_index.setdefault(item.index, []).append(item)
+        order = sorted(by_index)
+        if self.best_of > self.n:  # best_of: the n choices with the best mean token logprob
+            score = {
+                i: mean_logprob([lp for d in by_index[i] for lp in d.logprobs or []]) for i in order
+            }
+            order = sorted(order, key=lambda i: -score[i])[: self.n]
+        chat_choices: list[ChatChoice] = []
+        text_choices: list[CompletionChoice] = []
         attribution = None
-        if self.body.molora.return_attribution:
-            attribution = [a for d in deltas for a in d.attribution or []]
+        for out_index, i in enumerate(order):
+            deltas = by_index[i]
+            text = "".join(d.text for d in deltas)
+            finish = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
+            if self.body.molora.return_attribution and out_index == 0:
+                attribution = [a for d in deltas for a in d.attribution or []]
+            prompt: list[LogprobItem] = []
+            if self.echo:
+                prompt_text, prompt = self._echo(deltas)
+                text = prompt_text + text
+            logprobs = self._logprobs(deltas, 0, prompt)
+            if self.chat:
+                chat_choices.append(
+                    ChatChoice(
+                        index=out_index,
+                        message=AssistantMessage(content=text),
+                        finish_reason=finish,
+                        logprobs=logprobs,
+                    )
+                )
+            else:
+                text_choices.append(
+                    CompletionChoice(
+                        index=out_index, text=text, finish_reason=finish, logprobs=logprobs
+                    )
+                )
         info = self._info(True, attribution)
         if self.chat:
             return ChatCompletionResponse(
-                id=self.id,
-                model=self.model,
-                choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)],
-                usage=self.usage,
-                molora=info,
+                id=self.id, model=self.model, choices=chat_choices, usage=self.usage, molora=info
             ).model_dump(exclude_none=True)
         return CompletionResponse(
-            id=self.id,
-            model=self.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish)],
-            usage=self.usage,
-            molora=info,
+            id=self.id, model=self.model, choices=text_choices, usage=self.usage, molora=info
         ).model_dump(exclude_none=True)
 
     def chunks(self, item: Item) -> list[dict[str, Any]]:
@@ -258,13 +316,25 @@ class _Shaper:
             return []
         if not isinstance(item, DeltaItem):
             return []
-        text, finish = item.text, item.finish_reason
-        first = not self.sent_role
-        if not text and finish is None and not first:
+        text, finish, index = item.text, item.finish_reason, item.index
+        first = index not in self.sent_role
+        if not text and finish is None and not first and not item.logprobs:
             return []
         info = None
-        if first or item.attribution:
-            info = self._info(first, item.attribution)
+        if (first and not self.sent_role) or item.attribution:
+            info = self._info(not self.sent_role, item.attribution)
+        offset = self.offsets.get(index, 0)
+        prompt: list[LogprobItem] = []
+        if self.echo and first:
+            prompt_text, prompt = self._echo([item])
+            text = prompt_text + text
+        logprobs = None
+        if item.logprobs or finish or prompt:
+            logprobs = self._logprobs([item], offset, prompt)
+        if logprobs is not None and not self.chat:
+            self.offsets[index] = offset + sum(
+                len(lp.token) for lp in [*prompt, *(item.logprobs or [])]
+            )
         if self.chat:
             delta = DeltaMessage(content=text)
             if first:
@@ -272,17 +342,25 @@ class _Shaper:
             chunk: Any = ChatCompletionChunk(
                 id=self.id,
                 model=self.model,
-                choices=[ChatChunkChoice(delta=delta, finish_reason=finish)],
+                choices=[
+                    ChatChunkChoice(
+                        index=index, delta=delta, finish_reason=finish, logprobs=logprobs
+                    )
+                ],
                 molora=info,
             )
         else:
             chunk = CompletionChunk(
                 id=self.id,
                 model=self.model,
-                choices=[CompletionChoice(text=text, finish_reason=finish)],
+                choices=[
+                    CompletionChoice(
+                        index=index, text=text, finish_reason=finish, logprobs=logprobs
+                    )
+                ],
                 molora=info,
             )
-        self.sent_role = True
+        self.sent_role.add(index)
         return [chunk.model_dump(exclude_none=True)]
 
     def usage_chunk(self) -> dict[str, Any]:
@@ -377,7 +455,7 @@ class Router:
     async def chat_completions(self, request: Request) -> Any:
         return await self._handle(request, chat=True)
 
-    @app.post("/v1/admin/{collection}/{name}/{action}")
+    @app.post("/v1/admin/{collection}/{name}/{action}", openapi_extra=body_docs(YankBody))
     async def admin(self, collection: str, name: str, action: str, request: Request) -> Any:
         """Admin keys: `POST /v1/admin/adapters/NAME/yank` (or unyank; or compositions)."""
         try:
@@ -390,6 +468,32 @@ class Router:
         await self.catalog.get(force=True)
         return JSONResponse(result)
 
+    @app.post("/v1/load_lora_adapter", openapi_extra=body_docs(LoadLoraBody))
+    async def load_lora_adapter(self, request: Request) -> Any:
+        """vLLM's runtime LoRA load: publishes `lora_path` to the store as `lora_name`."""
+        return await self._lora(request, "load")
+
+    @app.post("/v1/unload_lora_adapter", openapi_extra=body_docs(UnloadLoraBody))
+    async def unload_lora_adapter(self, request: Request) -> Any:
+        """vLLM's runtime LoRA unload: yanks every version of `lora_name`."""
+        return await self._lora(request, "unload")
+
+    async def _lora(self, request: Request, action: str) -> Any:
+        try:
+            principal = await self.access.authenticate(request)
+            result = await self.access.lora(
+                principal, self.cfg, action, await request.body(), REPO_ROOT
+            )
+        except AccessError as exc:
+            return access_error_response(exc)
+        except Exception as exc:  # the store: down (503) or answering garbage (502)
+            status = status_of(exc)
+            return error_response(
+                status, f"{type(exc).__name__}: {exc}" if status >= 500 else str(exc)
+            )
+        await self.catalog.get(force=True)
+        return PlainTextResponse(result["message"])  # vLLM answers with this sentence
+
     # -- request path -----------------------------------------------------------------------
 
     async def _handle(self, request: Request, chat: bool) -> Any:
@@ -399,7 +503,8 @@ class Router:
             principal = await self.access.authenticate(request)
             body = await self._parse(request, chat)
             max_tokens = body.requested_max_tokens() or self.cfg.server.default_max_tokens
-            end = self.access.admit(principal, max_tokens)
+            # Every choice may run to max_tokens: the token quota is charged for all of them.
+            end = self.access.admit(principal, max_tokens * choices_asked(body)[1])
             resolved = await self._resolve(body, principal)
             gen_req = self._engine_request(body, resolved, chat)
         except AccessError as exc:
@@ -411,7 +516,7 @@ class Router:
         tracker = _Tracker(resolved)
         tracker.on_done.append(end)
         try:
-            stream, first = await self._start(gen_req, resolved)
+            stream, first = await self._start(gen_req, resolved, choices_asked(body)[1])
         except ApiError as exc:
             tracker.done(str(exc.status))
             return error_response(exc.status, exc.message, exc.param, retry_after)
@@ -480,6 +585,15 @@ class Router:
                 stop=body.stop_list(),
                 stop_token_ids=body.stop_token_ids,
                 ignore_eos=body.ignore_eos,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                repetition_penalty=body.repetition_penalty,
+                logit_bias=body.bias_ids(),
+                min_tokens=body.min_tokens,
+                logprobs=self._logprobs_asked(body),
+                prompt_logprobs=(body.logprobs or 0)
+                if isinstance(body, CompletionRequest) and body.echo
+                else None,
             )
             prompt: dict[str, Any]
             if isinstance(body, ChatCompletionRequest):
@@ -494,6 +608,7 @@ class Router:
                 request_id=new_id("chatcmpl" if chat else "cmpl"),
                 route=resolved.route,
                 sampling=sampling,
+                response_format=body.engine_format(),
                 return_attribution=body.molora.return_attribution,
                 **prompt,
             )
@@ -501,14 +616,27 @@ class Router:
             message, param = validation_message(exc)
             raise ApiError(400, message, param) from None
 
-    async def _start(self, req: GenerationRequest, resolved: Resolved) -> tuple[Any, list[Item]]:
+    @staticmethod
+    def _logprobs_asked(body: CompletionRequest | ChatCompletionRequest) -> int | None:
+        """Top alternatives the engine reports; best_of > n needs the sampled token's logprob
+        to rank the choices even when the client asked for none."""
+        asked = body.top_logprobs_wanted()
+        n, best_of = choices_asked(body)
+        if asked is None and best_of > n:
+            return 0
+        return asked
+
+    async def _start(
+        self, req: GenerationRequest, resolved: Resolved, n: int = 1
+    ) -> tuple[Any, list[Item]]:
         """Send the request and wait for its first output (past `info`), so errors — an adapter
         that cannot load included — still get a real status before any header is sent."""
         payload = req.model_dump(mode="json")
         placement = {"adapters": list(resolved.placement_adapters)}
+        extra = {"n": n} if n > 1 else {}
         for attempt in range(2):
             stream = self.model.options(stream=True).generate.remote(
-                payload, **{PLACEMENT_KWARG: placement}
+                payload, **{PLACEMENT_KWARG: placement}, **extra
             )
             head: list[Item] = []
             try:

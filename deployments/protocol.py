@@ -20,6 +20,9 @@ from molora_runtime.routes import RouteSpec
 
 MAX_STOP_TOKEN_IDS = 64
 MAX_MESSAGES = 1024
+MAX_N = 16  # choices per request (n, best_of)
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias
+MAX_TOP_LOGPROBS = 20
 
 
 class _Payload(BaseModel):
@@ -38,6 +41,34 @@ class MoloraOptions(_Payload):
         description="when prompt + max_tokens exceed the context, cut max_tokens instead of "
         "answering 400",
     )
+
+
+class JsonSchemaSpec(_Payload):
+    """OpenAI's `response_format.json_schema`: a named JSON Schema."""
+
+    name: str = Field("response", min_length=1, max_length=64)
+    description: str | None = Field(None, max_length=4096)
+    schema_: dict[str, Any] = Field(alias="schema", description="the JSON Schema to follow")
+    strict: bool | None = Field(None, description="accepted; the schema is always enforced")
+
+
+class ResponseFormatText(_Payload):
+    type: Literal["text"]
+
+
+class ResponseFormatJsonObject(_Payload):
+    type: Literal["json_object"]
+
+
+class ResponseFormatJsonSchema(_Payload):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormatBody = Annotated[
+    ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
+    Field(discriminator="type"),
+]
 
 
 class StreamOptions(_Payload):
@@ -59,26 +90,47 @@ class _SamplingFields(_Payload):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
-    presence_penalty: float = Field(0.0, allow_inf_nan=False)
-    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
-    logit_bias: dict[str, float] | None = None
+    n: int = Field(1, ge=1, le=MAX_N, description="choices to generate (seeds seed, seed+1, ...)")
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, allow_inf_nan=False, description="minus p for every seen token"
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, allow_inf_nan=False, description="minus p per occurrence"
+    )
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=10.0, allow_inf_nan=False, description="vLLM extension; 1 = off"
+    )
+    min_tokens: int = Field(
+        0, ge=0, le=MAX_INT32, description="vLLM extension: no EOS/stop before this many tokens"
+    )
+    logit_bias: (
+        dict[str, Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]] | None
+    ) = Field(None, max_length=MAX_LOGIT_BIAS, description="token id (a string) -> bias")
+    response_format: ResponseFormatBody | None = Field(
+        None, description="JSON output: json_object, or json_schema (a grammar-masked decode)"
+    )
     user: str | None = Field(None, max_length=256)
     molora: MoloraOptions = Field(default_factory=MoloraOptions)
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float) -> float:
-        if value != 0.0:
-            raise ValueError("penalties are not supported; use 0")
-        return value
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported")
+    def _bias_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isascii() or not key.isdigit() or len(key) > 10 or int(key) > MAX_INT32:
+                raise ValueError(f"logit_bias keys must be token ids, got {key[:20]!r}")
         return value
+
+    def engine_format(self) -> dict[str, Any] | None:
+        """The engine's `ResponseFormat` (as a dict), or None for plain text."""
+        fmt = self.response_format
+        if isinstance(fmt, ResponseFormatJsonObject):
+            return {"type": "json_object"}
+        if isinstance(fmt, ResponseFormatJsonSchema):
+            return {"type": "json_schema", "json_schema": fmt.json_schema.schema_}
+        return None
+
+    def bias_ids(self) -> dict[int, float]:
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
 
     @field_validator("stop")
     @classmethod
@@ -106,9 +158,11 @@ class CompletionRequest(_SamplingFields):
         description="text, token ids, or one text"
     )
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="top alternatives")
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1, le=1)
+    best_of: int | None = Field(
+        None, ge=1, le=MAX_N, description="samples drawn; the n with the best mean logprob return"
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -127,10 +181,24 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _unsupported(self) -> CompletionRequest:
-        for key in ("echo", "logprobs", "suffix"):
-            if getattr(self, key):
-                raise ValueError(f"{key} is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError("best_of must be at least n")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise ValueError("best_of > n cannot be streamed")
         return self
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
+
+    def prompt_text(self) -> str | None:
+        """The prompt as text for echo (None for token ids: the replica's token texts)."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if isinstance(self.prompt[0], str):
+            return str(self.prompt[0])
+        return None
 
 
 class ContentPart(_Payload):
@@ -161,16 +229,16 @@ class ChatMessage(_Payload):
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: dict[str, Any] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs is not supported")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError("only response_format {'type': 'text'} is supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    def top_logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def engine_messages(self) -> list[dict[str, str]]:
         role = {"developer": "system"}
@@ -204,7 +272,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -226,7 +294,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -248,7 +316,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -23,8 +23,10 @@ import ray
 from ray import serve
 
 from deployments import metrics
+from deployments.choices import choice_requests, merged_choices
 from deployments.config import ServeConfig
 from deployments.errors import error_item, output_error
+from deployments.logprobs import logprob_items, prompt_items
 from deployments.placement import base_name
 from deployments.replica_protocol import (
     DeltaItem,
@@ -38,7 +40,6 @@ from molora_runtime.engine.types import (
     EngineStats,
     GenerationOutput,
     GenerationRequest,
-    merge_outputs,
 )
 from molora_runtime.errors import EngineStoppedError
 
@@ -47,15 +48,23 @@ logger = logging.getLogger("ray.serve")
 METRICS_PERIOD_S = 1.0
 
 
-def delta_item(out: GenerationOutput) -> DeltaItem:
-    """One engine increment (one or more tokens) as a delta; errors never come through here."""
+def delta_item(out: GenerationOutput, index: int = 0, tokenizer: Any = None) -> DeltaItem:
+    """One engine increment (one or more tokens) of choice `index` as a delta; errors never
+    come through here."""
     attribution = None
     if out.attribution is not None:
         attribution = [
             TokenAttributionItem(token_id=a.token_id, adapters=a.adapters) for a in out.attribution
         ]
     reason = out.finish_reason if out.finished else None
+    logprobs = None if out.logprobs is None else logprob_items(out.logprobs, tokenizer)
+    prompt = None
+    if out.prompt_logprobs is not None and out.prompt_token_ids is not None:
+        prompt = prompt_items(out.prompt_token_ids, out.prompt_logprobs, tokenizer)
     return DeltaItem(
+        index=index,
+        logprobs=logprobs,
+        prompt_logprobs=prompt,
         text=out.text_delta,
         token_ids=list(out.new_token_ids),
         attribution=attribution,
@@ -128,11 +137,15 @@ class ModelReplica:
     # -- serving ----------------------------------------------------------------------------
 
     async def generate(
-        self, request: dict[str, Any], placement: dict[str, Any] | None = None
+        self, request: dict[str, Any], placement: dict[str, Any] | None = None, n: int = 1
     ) -> AsyncIterator[dict[str, Any]]:
-        """Stream one request; `placement` (the adapter set) is read by the router, not here."""
+        """Stream one request of `n` choices; `placement` (the adapter set) is read by the
+        router, not here."""
         try:
             req = GenerationRequest.model_validate(request)
+            if not isinstance(n, int) or not 1 <= n <= 64:
+                raise ValueError(f"n={n!r} is not a choice count")
+            reqs = choice_requests(req, n)
         except Exception as exc:
             yield encode(error_item(exc))
             return
@@ -141,23 +154,27 @@ class ModelReplica:
         # The engine validates (tokenizes) once, off the event loop; its errors arrive here
         # before any output. Outputs that queued up while Ray sent the previous item travel
         # together as one delta.
-        stream = self._engine.stream(req)
+        stream = merged_choices(self._engine, reqs)
+        tokenizer = self._engine.tokenizer
         sent_info = False
+        completion: dict[int, int] = {}
         try:
-            async for outs in stream:
-                out = merge_outputs(outs)
+            async for index, out in stream:
                 if out.finish_reason == "error":
                     yield encode(output_error(out))
                     return
                 if not sent_info:
                     yield encode(info)
                     sent_info = True
-                yield encode(delta_item(out))
+                yield encode(delta_item(out, index, tokenizer))
                 if out.finished:
-                    usage = UsageItem(
-                        prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens
-                    )
-                    yield encode(usage)
+                    completion[index] = out.completion_tokens
+                    if len(completion) == len(reqs):
+                        usage = UsageItem(
+                            prompt_tokens=out.prompt_tokens,
+                            completion_tokens=sum(completion.values()),
+                        )
+                        yield encode(usage)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -168,8 +185,9 @@ class ModelReplica:
             # Closing the engine stream aborts the request; abort again in case it never started.
             with contextlib.suppress(Exception):
                 await stream.aclose()
-            with contextlib.suppress(Exception):
-                await self._engine.abort(req.request_id)
+            for r in reqs:
+                with contextlib.suppress(Exception):
+                    await self._engine.abort(r.request_id)
 
     def _hot_names(self) -> set[str]:
         """Hot adapters and gate slots, named as placement names them."""

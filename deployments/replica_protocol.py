@@ -4,8 +4,9 @@ The replica encodes with `encode` (a model, dumped once) and the ingress decodes
 (one `validate_python` per item), so a field cannot be dropped by a misspelt key. Items:
 - `info`: first, which replica serves the request and whether its adapters were hot;
 - `delta`: the text and token ids of one or more new tokens (several when the replica coalesces
-  an engine step's outputs), their optional attribution, and the finish reason on the last;
-- `usage`: token counts, once, before the stream ends;
+  an engine step's outputs) of choice `index` (0 .. n-1), their optional attribution and
+  logprobs, and the finish reason on that choice's last;
+- `usage`: token counts, once, before the stream ends (completion tokens of every choice);
 - `error`: the request failed; status and message are what the client sees.
 """
 
@@ -31,12 +32,32 @@ class TokenAttributionItem(_Item):
     adapters: dict[str, float]
 
 
+class TopLogprobItem(_Item):
+    token_id: int
+    token: str = Field(description="the token's text (decoded alone)")
+    logprob: float = Field(description="-inf for a masked token")
+
+
+class LogprobItem(_Item):
+    token_id: int
+    token: str
+    logprob: float | None = Field(description="None only for the first prompt token")
+    top: list[TopLogprobItem] = Field(default_factory=list)
+
+
 class DeltaItem(_Item):
     type: Literal["delta"] = "delta"
+    index: int = Field(0, ge=0, description="the choice (n > 1)")
     text: str = ""
     token_ids: list[int] = Field(default_factory=list)
     attribution: list[TokenAttributionItem] | None = Field(
         None, description="one entry per token of token_ids, when requested"
+    )
+    logprobs: list[LogprobItem] | None = Field(
+        None, description="one entry per token of token_ids, when requested"
+    )
+    prompt_logprobs: list[LogprobItem] | None = Field(
+        None, description="every prompt token (echo), once, on the choice's first delta"
     )
     finish_reason: Literal["stop", "length", "abort"] | None = Field(
         None, description="set on the request's last delta"

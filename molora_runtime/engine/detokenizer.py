@@ -30,8 +30,10 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def update(self, output_ids: list[int]) -> tuple[str, bool]:
-        """Full text so far (cut at a stop string) and whether a stop string was hit."""
+    def update(self, output_ids: list[int], search_from: int = 0) -> tuple[str, bool]:
+        """Full text so far (cut at a stop string) and whether a stop string was hit; stop
+        strings are looked for from character `search_from` on (min_tokens: earlier ones count
+        as text)."""
         if self.tokenizer is None:
             return "", False
         window = self._decode(output_ids[self._prefix :])
@@ -43,7 +45,7 @@ class IncrementalDetokenizer:
             pending = ""
         full = self.text + pending
         if self.stop:
-            start = max(0, self._searched - self.holdback)
+            start = max(0, self._searched - self.holdback, search_from)
             hits = [h for h in (full.find(s, start) for s in self.stop) if h >= 0]
             if hits:
                 return full[: min(hits)], True

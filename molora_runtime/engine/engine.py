@@ -20,8 +20,9 @@ import torch
 from molora_runtime.config import EngineConfig
 from molora_runtime.engine.detokenizer import IncrementalDetokenizer
 from molora_runtime.engine.isolation import culprit_error, run_isolated, sample_isolated
-from molora_runtime.engine.sampler import sample_tokens
+from molora_runtime.engine.logits_processing import RowInput, sample_rows, token_logprob
 from molora_runtime.engine.sequence import SeqStatus, Sequence
+from molora_runtime.engine.structured import GrammarCompiler
 from molora_runtime.engine.types import (
     EngineStats,
     FinishReason,
@@ -130,6 +131,8 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._gate_stats: dict[str, torch.Tensor] = {}
         self._seed_gen = torch.Generator().manual_seed(config.seed)
+        self.grammars = GrammarCompiler(self.tokenizer, self.arch.vocab_size, sorted(self.eos_ids))
+        self.forked_prefills = 0  # sibling choices (n > 1) that reused a prefill
         self.graph_runner = None
         if config.enable_cuda_graph and self.device.type == "cuda":
             from molora_runtime.engine.cuda_graph import CudaGraphRunner
@@ -187,6 +190,13 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})"
             )
+        bad = [t for t in p.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
+        if req.response_format is not None:
+            self.grammars.compile(req.response_format)  # an invalid schema fails here: a 400
         route = req.route
         try:
             check_route_limits(route, self.config.routes, vocab)
@@ -233,7 +243,10 @@ class LLMEngine:
                 if seed is None:
                     seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
                 gen = torch.Generator().manual_seed(seed)
-            self._incoming.append(Sequence(request=req, prompt_ids=prompt_ids, generator=gen))
+            seq = Sequence(request=req, prompt_ids=prompt_ids, generator=gen)
+            if req.response_format is not None:
+                seq.grammar = self.grammars.new_state(req.response_format)
+            self._incoming.append(seq)
 
     def has_room(self) -> bool:
         """Whether `add_request` would accept one more request now (not overloaded)."""
@@ -330,6 +343,64 @@ class LLMEngine:
         for seq in [s for s in self.running if s.request_id in aborted]:
             self._finish(seq, "abort", outputs)
 
+    # ----- n > 1: one prefill, forked into the siblings' KV rows ------------------------------
+    def _fork_leader(self, seq: Sequence) -> Sequence | None:
+        """The running sibling whose prefill `seq` waits for (same prompt and route), if any."""
+        lead_id = seq.request.prefill_from
+        if lead_id is None or seq.num_computed or seq.output_ids:
+            return None
+        for lead in self.running:
+            if (
+                lead.request_id == lead_id
+                and lead.in_prefill
+                and lead.prompt_ids == seq.prompt_ids
+                and lead.route == seq.route
+            ):
+                return lead
+        return None
+
+    def _fork_prefills(self, seqs: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+        """`seqs` plus the siblings of any that just finished its prefill (their KV rows get a
+        copy of its cache), and for each, the logits row it samples from."""
+        src = list(range(len(seqs)))
+        out = list(seqs)
+        waiting = [s for s in self.running if s.request.prefill_from and s.num_computed == 0]
+        if not waiting:
+            return out, src
+        for i, lead in enumerate(seqs):
+            if lead.output_ids or lead.num_computed != len(lead.prompt_ids):
+                continue
+            for sib in waiting:
+                if (
+                    sib.request.prefill_from == lead.request_id
+                    and sib.row is not None
+                    and lead.row is not None
+                    and sib.prompt_ids == lead.prompt_ids
+                    and sib.route == lead.route
+                ):
+                    self.kv.move_row(lead.row, sib.row, lead.num_computed)
+                    sib.num_computed = lead.num_computed
+                    sib.prompt_logprobs = list(lead.prompt_logprobs)
+                    self.forked_prefills += 1
+                    out.append(sib)
+                    src.append(i)
+        return out, src
+
+    def _leaders_first(self) -> None:
+        """Queue a sibling group's leader ahead of its siblings, so they start together."""
+        if not any(s.request.prefill_from for s in self.waiting):
+            return
+        by_id = {s.request_id: s for s in self.waiting}
+        order: list[Sequence] = []
+        placed: set[str] = set()
+        for seq in self.waiting:
+            lead = by_id.get(seq.request.prefill_from or "")
+            for s in (lead, seq):
+                if s is not None and s.request_id not in placed:
+                    order.append(s)
+                    placed.add(s.request_id)
+        self.waiting = deque(order)
+
     def _needs(self, seq: Sequence) -> list[str]:
         return seq.route.adapters()
 
@@ -337,6 +408,7 @@ class LLMEngine:
         """Move waiting requests to running while KV rows and hot-set slots allow (FIFO; a
         request whose adapters cannot all be resident now waits, later ones may pass it)."""
         held: list[Sequence] = []
+        self._leaders_first()
         # With nothing decoding, loading an adapter inside the step stalls no one: load it
         # now. Otherwise a cold adapter loads in the background while the batch goes on.
         idle = not self.running
@@ -384,7 +456,7 @@ class LLMEngine:
         budget = self.config.max_num_batched_tokens
         # Decodes in KV-row order: rows are kept compact, so they form one span (a view).
         decodes = sorted((s for s in self.running if not s.in_prefill), key=lambda s: s.row)
-        prefills = [s for s in self.running if s.in_prefill]
+        prefills = [s for s in self.running if s.in_prefill and self._fork_leader(s) is None]
         batch = _Batch()
         for seq in decodes:
             batch.add(seq, seq.num_computed, 1, produces_logits=True)
@@ -420,7 +492,10 @@ class LLMEngine:
         meta = step_attention(
             batch.rows, batch.positions, batch.num_decode, batch.prefill_segments, dev
         )
-        logits_index = torch.tensor(batch.logits_index, dtype=torch.long, device=dev)
+        # Prompt positions of requests asking for prompt logprobs ride after the sampled rows.
+        logits_index = torch.tensor(
+            batch.logits_index + batch.prompt_logits_index, dtype=torch.long, device=dev
+        )
         with torch.inference_mode():
             logits = self.model(ids, meta, self.kv, ctx, logits_index)
         return logits, ctx
@@ -434,23 +509,29 @@ class LLMEngine:
     ) -> None:
         for seq, _, n in batch.segments:
             seq.num_computed += n
+        if batch.prompt_logits_index:
+            sampled_rows = len(batch.logits_index)
+            self._record_prompt_logprobs(batch, logits[sampled_rows:])
+            logits = logits[:sampled_rows]
         if ctx is not None and ctx.has_learned and ctx.layer_tables:
             try:
                 self._record_gate_stats(ctx)
             except Exception:  # observability only; never fails the step
                 log.debug("gate stats failed", exc_info=True)
-        sampled_seqs = batch.logits_seqs
+        sampled_seqs, src = self._fork_prefills(batch.logits_seqs)
         if not sampled_seqs:
             return
+        if len(src) != len(batch.logits_seqs):
+            logits = logits[torch.tensor(src, dtype=torch.long, device=logits.device)]
+        logprobs: dict[int, Any] = {}
+
+        def sample(lg: torch.Tensor, rows: list[int]) -> list[int]:
+            tokens, lps = sample_rows(lg[rows], [self._row_input(sampled_seqs[r]) for r in rows])
+            logprobs.update(zip(rows, lps, strict=True))
+            return tokens
+
         picks = sample_isolated(
-            logits,
-            sampled_seqs,
-            lambda lg, rows: sample_tokens(
-                lg[rows],
-                [sampled_seqs[r].request.sampling for r in rows],
-                [sampled_seqs[r].generator for r in rows],
-            ),
-            lambda seq, exc: self._fail(seq, exc, outputs),
+            logits, sampled_seqs, sample, lambda seq, exc: self._fail(seq, exc, outputs)
         )
         now = time.monotonic()
         slot_names = (
@@ -460,11 +541,15 @@ class LLMEngine:
             seq = sampled_seqs[i]
             try:
                 seq.output_ids.append(token)
+                if seq.grammar is not None:
+                    seq.grammar.accept(token)
+                if logprobs.get(i) is not None:
+                    seq.logprobs.append(logprobs[i])
                 if seq.first_token_at is None:
                     seq.first_token_at = now
                 if seq.request.return_attribution:
                     seq.attribution.append(
-                        self._attribution(ctx, batch.logits_index[i], token, slot_names)
+                        self._attribution(ctx, batch.logits_index[src[i]], token, slot_names)
                     )
                 reason = self._check_stop(seq, token)
                 if reason is not None:
@@ -476,15 +561,43 @@ class LLMEngine:
             except Exception as exc:
                 self._fail(seq, exc, outputs)
 
+    def _record_prompt_logprobs(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Logprob of each prompt token given the ones before it (raw logits, k top ones)."""
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        for row, (seq, pos) in enumerate(batch.prompt_logits_owner):
+            k = seq.request.sampling.prompt_logprobs or 0
+            seq.prompt_logprobs.append(token_logprob(lp[row], seq.prompt_ids[pos + 1], k))
+
+    def _row_input(self, seq: Sequence) -> RowInput:
+        """The sampler's view of one sequence: its params, seed stream, history and masks."""
+        p = seq.request.sampling
+        banned: list[int] = []
+        if len(seq.output_ids) < p.min_tokens:
+            banned = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else self.eos_ids))
+        return RowInput(
+            params=p,
+            generator=seq.generator,
+            prompt_ids=seq.prompt_ids,
+            output_ids=seq.output_ids,
+            banned=banned,
+            allowed=seq.grammar.allowed() if seq.grammar is not None else None,
+        )
+
     def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.request.sampling
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
             return "stop"
-        detok = self._detokenizer(seq)
-        text, hit = detok.update(seq.output_ids)
-        seq.text = text
-        if hit:
+        if seq.grammar is not None and seq.grammar.terminated:
+            seq.text, _ = self._detokenizer(seq).update(seq.output_ids, search_from=1 << 62)
             return "stop"
+        detok = self._detokenizer(seq)
+        if len(seq.output_ids) <= p.min_tokens:  # stop strings only count after min_tokens
+            seq.text, _ = detok.update(seq.output_ids, search_from=1 << 62)
+            seq.stop_search_from = len(seq.text)
+        else:
+            seq.text, hit = detok.update(seq.output_ids, search_from=seq.stop_search_from)
+            if hit:
+                return "stop"
         if len(seq.output_ids) >= p.max_tokens or seq.total_len >= self.max_model_len:
             return "length"
         return None
@@ -506,6 +619,13 @@ class LLMEngine:
         attribution = None
         if seq.request.return_attribution:
             attribution = seq.attribution[seq.emitted_tokens : len(seq.output_ids)]
+        logprobs = None
+        if seq.request.sampling.logprobs is not None:
+            logprobs = seq.logprobs[seq.emitted_tokens : len(seq.output_ids)]
+        prompt_logprobs = None
+        if seq.request.sampling.prompt_logprobs is not None and not seq.prompt_logprobs_sent:
+            prompt_logprobs = seq.prompt_logprobs
+            seq.prompt_logprobs_sent = True
         seq.emitted_chars = max(seq.emitted_chars, safe)
         seq.emitted_tokens = len(seq.output_ids)
         return GenerationOutput(
@@ -517,6 +637,9 @@ class LLMEngine:
             prompt_tokens=len(seq.prompt_ids),
             completion_tokens=len(seq.output_ids),
             attribution=attribution,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            prompt_token_ids=list(seq.prompt_ids) if prompt_logprobs is not None else None,
             error=seq.error,
             exception=seq.exception,
         )
@@ -676,6 +799,8 @@ class _Batch:
         self.prefill_segments: list[PrefillSegment] = []
         self.logits_index: list[int] = []
         self.logits_seqs: list[Sequence] = []
+        self.prompt_logits_index: list[int] = []  # prompt_logprobs: batch index of position p
+        self.prompt_logits_owner: list[tuple[Sequence, int]] = []  # (seq, p)
         self.num_decode = 0
 
     def add(self, seq: Sequence, pos: int, n: int, produces_logits: bool) -> None:
@@ -687,6 +812,12 @@ class _Batch:
         self.segments.append((seq, start, n))
         if seq.in_prefill:
             self.prefill_segments.append(PrefillSegment(start, n, seq.row, pos))
+            if seq.request.sampling.prompt_logprobs is not None:
+                last = len(seq.prompt_ids) - 1  # its logits sample the first output token
+                for i in range(n):
+                    if pos + i < last:
+                        self.prompt_logits_index.append(start + i)
+                        self.prompt_logits_owner.append((seq, pos + i))
         if produces_logits:
             self.logits_index.append(start + n - 1)
             self.logits_seqs.append(seq)

@@ -115,6 +115,8 @@ def _accumulate(result: CompletionResult, out: GenerationOutput) -> None:
     result.token_ids.extend(out.new_token_ids)
     if out.attribution is not None and result.attribution is not None:
         result.attribution.extend(out.attribution)
+    if out.logprobs is not None:  # SamplingParams(logprobs=k)
+        result.logprobs = (result.logprobs or []) + out.logprobs
     if out.finished:
         result.finish_reason = out.finish_reason
         if out.error:

@@ -22,11 +22,12 @@ def sample_tokens(
         if p.temperature < SAMPLING_EPS:
             out.append(int(greedy[i]))
             continue
-        out.append(_sample_one(logits[i], p, generators[i]))
+        out.append(sample_one(logits[i], p, generators[i]))
     return out
 
 
-def _sample_one(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+def sample_one(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+    """Temperature, top-k, top-p, then one draw from `gen` (a row of -inf-masked logits too)."""
     row = row.float() / p.temperature
     if p.top_k and p.top_k < row.shape[-1]:
         kth = torch.topk(row, p.top_k).values[-1]

@@ -8,7 +8,13 @@ from enum import Enum
 
 import torch
 
-from molora_runtime.engine.types import FinishReason, GenerationRequest, TokenAttribution
+from molora_runtime.engine.structured import GrammarState
+from molora_runtime.engine.types import (
+    FinishReason,
+    GenerationRequest,
+    TokenAttribution,
+    TokenLogprob,
+)
 from molora_runtime.routes import LearnedRoute, RouteSpec
 
 
@@ -30,11 +36,16 @@ class Sequence:
     adapters: list[str] = field(default_factory=list)  # hot-set adapters held while running
     text: str = ""  # detokenized output so far (stop strings already cut)
     emitted_chars: int = 0
+    grammar: GrammarState | None = None  # response_format's matcher
+    stop_search_from: int = 0  # stop strings count from this character on (min_tokens)
     emitted_tokens: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
     exception: BaseException | None = None  # what ended it, for the serving layer's status
     attribution: list[TokenAttribution] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, if asked
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
+    prompt_logprobs_sent: bool = False
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
 

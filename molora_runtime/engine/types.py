@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from molora_runtime.engine.structured import ResponseFormat
 from molora_runtime.routes import BaseRoute, RouteSpec
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -32,6 +33,33 @@ class SamplingParams(BaseModel):
         default_factory=list, max_length=64, description="ids inside the vocabulary"
     )
     ignore_eos: bool = False
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="subtracted once from every token already generated"
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="subtracted per occurrence in the generated tokens"
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0.0,
+        le=10.0,
+        description="divides positive (multiplies negative) logits of prompt and output tokens",
+    )
+    logit_bias: dict[Annotated[int, Field(ge=0, le=MAX_INT32)], float] = Field(
+        default_factory=dict, max_length=1024, description="token id -> bias in [-100, 100]"
+    )
+    min_tokens: int = Field(
+        0, ge=0, le=MAX_INT32, description="EOS and stop_token_ids are masked until this many"
+    )
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="report the sampled token's logprob and this many top ones"
+    )
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        description="logprob of every prompt token (raw model logits) and this many top ones",
+    )
     clamp_to_context: bool = Field(
         True,
         description="cut max_tokens to what the context leaves; False refuses the request instead",
@@ -39,9 +67,23 @@ class SamplingParams(BaseModel):
 
     @model_validator(mode="after")
     def _finite(self) -> SamplingParams:
-        if not math.isfinite(self.temperature):
-            raise ValueError("temperature must be finite")
+        for name in ("temperature", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite")
+        if any(not math.isfinite(b) or abs(b) > 100.0 for b in self.logit_bias.values()):
+            raise ValueError("logit_bias values must be finite and within [-100, 100]")
         return self
+
+    def needs_processing(self) -> bool:
+        """Whether sampling must look beyond the raw logits (the common case stays fast)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_tokens
+            or self.logprobs is not None
+        )
 
 
 class GenerationRequest(BaseModel):
@@ -58,6 +100,14 @@ class GenerationRequest(BaseModel):
     route: RouteSpec = Field(default_factory=BaseRoute)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     return_attribution: bool = Field(False, description="report the adapters behind each token")
+    response_format: ResponseFormat | None = Field(
+        None, description="constrain the output to JSON (optionally matching a JSON Schema)"
+    )
+    prefill_from: str | None = Field(
+        None,
+        description="id of a sibling request with the same prompt and route (n > 1): when both "
+        "are admitted together, the prompt is prefilled once and its KV row copied",
+    )
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerationRequest:
@@ -65,6 +115,15 @@ class GenerationRequest(BaseModel):
         if sum(given) != 1:
             raise ValueError("give exactly one of prompt, prompt_token_ids or messages")
         return self
+
+
+@dataclass
+class TokenLogprob:
+    """The sampled token's logprob and the `top` most likely (token id, logprob) pairs."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -87,6 +146,10 @@ class GenerationOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     attribution: list[TokenAttribution] | None = None
+    logprobs: list[TokenLogprob] | None = None
+    # Once, on the first output that carries tokens; the first prompt token has none (None).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt_token_ids: list[int] | None = None  # with prompt_logprobs
     error: str | None = None
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
@@ -99,6 +162,10 @@ def merge_outputs(outputs: list[GenerationOutput]) -> GenerationOutput:
     attribution = None
     if any(o.attribution is not None for o in outputs):
         attribution = [a for o in outputs for a in o.attribution or []]
+    prompt_logprobs = next((o.prompt_logprobs for o in outputs if o.prompt_logprobs), None)
+    logprobs = None
+    if any(o.logprobs is not None for o in outputs):
+        logprobs = [lp for o in outputs for lp in o.logprobs or []]
     return GenerationOutput(
         request_id=last.request_id,
         new_token_ids=[t for o in outputs for t in o.new_token_ids],
@@ -108,6 +175,9 @@ def merge_outputs(outputs: list[GenerationOutput]) -> GenerationOutput:
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
         attribution=attribution,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        prompt_token_ids=next((o.prompt_token_ids for o in outputs if o.prompt_token_ids), None),
         error=last.error,
     )
 
@@ -122,6 +192,7 @@ class CompletionResult:
     prompt_token_ids: list[int]
     finish_reason: FinishReason | None
     attribution: list[TokenAttribution] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass

@@ -179,7 +179,7 @@ def _post(url, path, body, raw=None):
             "temperature",
             "less than or equal",
         ),
-        ({"model": "math", "prompt": "x", "n": 3}, 400, "n", ""),
+        ({"model": "math", "prompt": "x", "n": 17}, 400, "n", ""),
         ({"model": "math", "prompt": "x", "frobnicate": 1}, 400, "frobnicate", "unknown parameter"),
         ({"model": "math", "prompt": ""}, 400, "prompt", "empty"),
         ({"model": "math", "prompt": [1, 99999999]}, 400, None, "vocabulary"),

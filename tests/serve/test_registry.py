@@ -93,7 +93,7 @@ def test_requests_reject_unknown_and_unsupported_parameters():
         )
     message, param = validation_message(info.value)
     assert param == "temprature" and "unknown parameter" in message
-    for bad in ({"n": 2}, {"presence_penalty": 1.0}, {"temperature": -1}, {"max_tokens": 0}):
+    for bad in ({"n": 17}, {"presence_penalty": 3.0}, {"temperature": -1}, {"max_tokens": 0}):
         with pytest.raises(ValidationError):
             CompletionRequest.model_validate({"model": "m", "prompt": "x", **bad})
     with pytest.raises(ValidationError):

@@ -1,0 +1,233 @@
+"""vLLM-compatible runtime LoRA admin: `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`.
+
+Operators used to vLLM send `{"lora_name", "lora_path"}` and `{"lora_name"}`. Here loading
+*publishes* to the adapter store (validated by the store's rulebook against the served base
+model), so every replica and router sees it, and unloading yanks every version of the name.
+
+`lora_path` is either a store reference, `store:NAME[@VERSION]` (its files are republished
+under `lora_name`; the same name unyanks that version), or a folder inside
+`server.runtime_lora.load_dir`. Without that setting loading from paths is refused (403). A path
+is resolved (symlinks followed) and must stay inside the directory; the folder's files are then
+read through a directory descriptor with O_NOFOLLOW (a symlink inside is refused, so swapping
+one in after the check cannot escape), copied, and the copy is what is validated and published.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deployments.config import StoreConfig
+
+STORE_PREFIX = "store:"
+MAX_FILES = 16
+
+
+class LoadLoraBody(BaseModel):
+    """vLLM's `LoadLoRAAdapterRequest`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    lora_name: str = Field(min_length=1, max_length=128)
+    lora_path: str = Field(min_length=1, max_length=4096)
+    load_inplace: bool = Field(False, description="replace an adapter of the same name")
+
+
+class UnloadLoraBody(BaseModel):
+    """vLLM's `UnloadLoRAAdapterRequest`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    lora_name: str = Field(min_length=1, max_length=128)
+    lora_int_id: int | None = Field(None, description="accepted for vLLM clients; unused")
+
+
+class LoraAdminError(Exception):
+    """Answered in the OpenAI error shape with `status`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+class LoraResult(BaseModel):
+    object: Literal["molora.lora_adapter"] = "molora.lora_adapter"
+    action: Literal["load", "unload"]
+    name: str
+    versions: list[str]
+    message: str
+
+
+def _outside(param: str = "lora_path") -> LoraAdminError:
+    return LoraAdminError(
+        400, "lora_path must name an adapter folder inside server.runtime_lora.load_dir", param
+    )
+
+
+def resolve_inside(root: Path, given: str) -> Path:
+    """`given` (relative to `root`, or absolute) resolved; it must be a folder inside `root`.
+    Missing and outside answer the same, so the endpoint reveals nothing about other paths."""
+    if "\x00" in given:
+        raise _outside()
+    root_real = root.resolve(strict=True)
+    candidate = Path(given)
+    candidate = candidate if candidate.is_absolute() else root_real / candidate
+    try:
+        real = candidate.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise _outside() from None
+    if real == root_real or not real.is_relative_to(root_real) or not real.is_dir():
+        raise _outside()
+    return real
+
+
+def copy_folder(folder: Path, dest: Path, max_bytes: int) -> None:
+    """Copy the regular files of `folder` into `dest` without following any symlink."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    dfd = os.open(folder, flags | getattr(os, "O_DIRECTORY", 0))
+    try:
+        names = os.listdir(dfd)
+        if len(names) > MAX_FILES:
+            raise LoraAdminError(400, f"the adapter folder holds more than {MAX_FILES} entries")
+        total = 0
+        for name in names:
+            try:
+                fd = os.open(name, flags, dir_fd=dfd)
+            except OSError:
+                raise LoraAdminError(
+                    400, f"{name!r} in the adapter folder is a symlink or unreadable", "lora_path"
+                ) from None
+            with os.fdopen(fd, "rb") as src:
+                info = os.fstat(src.fileno())
+                if stat.S_ISDIR(info.st_mode):
+                    continue  # PEFT folders have no sub-folders we use
+                if not stat.S_ISREG(info.st_mode):
+                    raise LoraAdminError(400, f"{name!r} is not a regular file", "lora_path")
+                total += info.st_size
+                if total > max_bytes:
+                    raise LoraAdminError(400, f"the adapter folder exceeds {max_bytes} bytes")
+                with (dest / name).open("wb") as out:
+                    while block := src.read(4 * 1024 * 1024):
+                        out.write(block)
+    finally:
+        os.close(dfd)
+
+
+def _next_version(existing: list[str]) -> str:
+    n = len(existing) + 1
+    while f"v{n}" in existing:
+        n += 1
+    return f"v{n}"
+
+
+def load_lora(
+    store: StoreConfig,
+    load_dir: Path | None,
+    base_config: dict[str, object] | None,
+    tenant: str | None,
+    body: LoadLoraBody,
+) -> LoraResult:
+    """Publish `body.lora_path` as `body.lora_name` (see the module docstring)."""
+    from adapter_store.errors import InvalidInputError, NotFoundError
+    from adapter_store.names import check_name
+    from adapter_store.registry import open_registry
+    from adapter_store.validate import DEFAULT_MAX_BYTES
+
+    name = body.lora_name
+    try:
+        check_name(name)
+    except InvalidInputError as exc:
+        raise LoraAdminError(400, str(exc), "lora_name") from None
+    registry = open_registry(store.resolved_url(), store.endpoint_url)
+    try:
+        infos = registry.versions("adapter", name)
+        owner = registry.owner("adapter", name)
+    except NotFoundError:
+        infos, owner = [], None
+    if infos and owner is not None and owner != tenant:
+        # Another tenant's private name: refuse as taken without saying by whom.
+        raise LoraAdminError(400, f"the adapter name {name!r} is not available", "lora_name")
+    live = [v.version for v in infos if not v.yanked]
+    if live and not body.load_inplace:
+        raise LoraAdminError(400, f"the LoRA adapter {name!r} has already been loaded", "lora_name")
+    existing = [v.version for v in infos]
+    # A name keeps its owner (public, or the caller's own tenant) for good.
+    publish_tenant = owner if infos else tenant
+    try:
+        if body.lora_path.startswith(STORE_PREFIX):
+            ref = body.lora_path[len(STORE_PREFIX) :]
+            try:
+                manifest = registry.resolve("adapter", ref)
+            except (NotFoundError, InvalidInputError):
+                raise LoraAdminError(
+                    404, f"store adapter {ref!r} does not exist", "lora_path"
+                ) from None
+            src_owner = registry.owner("adapter", manifest.name)
+            if src_owner is not None and src_owner != tenant:
+                raise LoraAdminError(404, f"store adapter {ref!r} does not exist", "lora_path")
+            if manifest.name == name:
+                registry.unyank("adapter", name, manifest.version)
+                return LoraResult(
+                    action="load", name=name, versions=[manifest.version],
+                    message=f"Success: LoRA adapter '{name}' added successfully.",
+                )  # fmt: skip
+            with tempfile.TemporaryDirectory(prefix="molora-lora-") as tmp:
+                for entry in manifest.files:
+                    registry.fetch_to(manifest, entry, Path(tmp) / entry.path)
+                version = _next_version(existing)
+                registry.publish_adapter(
+                    tmp, name, version, base_config=base_config, tenant=publish_tenant
+                )
+        else:
+            if load_dir is None:
+                raise LoraAdminError(
+                    403,
+                    "loading adapters from paths is disabled: set server.runtime_lora.load_dir, "
+                    "or pass lora_path 'store:NAME[@VERSION]'",
+                    "lora_path",
+                )
+            folder = resolve_inside(load_dir, body.lora_path)
+            with tempfile.TemporaryDirectory(prefix="molora-lora-") as tmp:
+                copy_folder(folder, Path(tmp), DEFAULT_MAX_BYTES)
+                version = _next_version(existing)
+                registry.publish_adapter(
+                    tmp, name, version, base_config=base_config, tenant=publish_tenant
+                )
+    except InvalidInputError as exc:  # the rulebook's verdict on the adapter
+        raise LoraAdminError(400, f"invalid LoRA adapter: {exc}", "lora_path") from None
+    if body.load_inplace:
+        for old in live:
+            registry.yank("adapter", name, old, "replaced by load_lora_adapter")
+    return LoraResult(
+        action="load", name=name, versions=[version],
+        message=f"Success: LoRA adapter '{name}' added successfully.",
+    )  # fmt: skip
+
+
+def unload_lora(store: StoreConfig, tenant: str | None, body: UnloadLoraBody) -> LoraResult:
+    """Yank every live version of `body.lora_name` (visible to `tenant`)."""
+    from adapter_store.errors import InvalidInputError, NotFoundError
+    from adapter_store.registry import open_registry
+
+    name = body.lora_name
+    missing = LoraAdminError(404, f"the LoRA adapter {name!r} cannot be found", "lora_name")
+    registry = open_registry(store.resolved_url(), store.endpoint_url)
+    try:
+        infos = registry.versions("adapter", name)
+        owner = registry.owner("adapter", name)
+    except (InvalidInputError, NotFoundError):
+        raise missing from None
+    live = [v.version for v in infos if not v.yanked]
+    if not live or (owner is not None and owner != tenant):
+        raise missing
+    for version in live:
+        registry.yank("adapter", name, version, "unload_lora_adapter")
+    return LoraResult(
+        action="unload", name=name, versions=live,
+        message=f"Success: LoRA adapter '{name}' removed successfully.",
+    )  # fmt: skip
