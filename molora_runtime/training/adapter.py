@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 
 from molora_runtime.config import DEFAULT_MODEL, LORA_TARGET_MODULES
+from molora_runtime.multimodal.digits import MULTIMODAL_DOMAINS, training_examples
 from molora_runtime.training.batching import answer_loss, collate, encode_example
 from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
 from molora_runtime.training.data import DOMAINS, domain_examples
@@ -93,8 +94,9 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
     """Train and save one adapter; resumes from `<output>/checkpoint` when present."""
     from peft import LoraConfig, get_peft_model
 
-    if cfg.domain not in DOMAINS:
-        raise ValueError(f"unknown domain {cfg.domain!r}; known: {sorted(DOMAINS)}")
+    if cfg.domain not in DOMAINS and cfg.domain not in MULTIMODAL_DOMAINS:
+        known = sorted([*DOMAINS, *MULTIMODAL_DOMAINS])
+        raise ValueError(f"unknown domain {cfg.domain!r}; known: {known}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -123,10 +125,7 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
     if start:
         print(f"[adapter] resumed from step {start}", flush=True)
 
-    examples = domain_examples(
-        cfg.domain, cfg.steps * cfg.batch_size, cfg.seed, "train", max_tasks=cfg.max_tasks
-    )
-    encoded = [encode_example(tokenizer, e) for e in examples]
+    encoded = _encoded_examples(cfg, tokenizer)
     inner = model.get_base_model()
     progress = Progress(cfg.steps, start=start, label=f"adapter:{cfg.domain}")
     model.train()
@@ -152,6 +151,15 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
             f.unlink()
         ckpt.rmdir()
     return out
+
+
+def _encoded_examples(cfg: AdapterTrainConfig, tokenizer) -> list[tuple[list[int], list[int]]]:
+    """The run's (ids, labels): a reasoning-gym domain, or a multimodal digits adapter."""
+    count = cfg.steps * cfg.batch_size
+    if cfg.domain in MULTIMODAL_DOMAINS:
+        return training_examples(tokenizer, cfg.domain, count, cfg.seed)
+    examples = domain_examples(cfg.domain, count, cfg.seed, "train", max_tasks=cfg.max_tasks)
+    return [encode_example(tokenizer, e) for e in examples]
 
 
 def public_config(cfg: AdapterTrainConfig) -> AdapterTrainConfig:
