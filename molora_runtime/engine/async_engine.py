@@ -23,7 +23,6 @@ from molora_runtime.engine.types import (
     EngineStats,
     GenerationOutput,
     GenerationRequest,
-    merge_outputs,
 )
 from molora_runtime.errors import EngineStoppedError, InvalidRequestError
 from molora_runtime.lora.source import AdapterSource
@@ -189,6 +188,3 @@ class AsyncEngine:
     async def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
         self._work.set()
-
-
-__all__ = ["AsyncEngine", "merge_outputs"]

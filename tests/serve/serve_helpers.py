@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,31 @@ def deploy(url: str, args: dict[str, Any], replica_options: dict[str, Any]) -> N
             pass
         time.sleep(0.5)
     raise TimeoutError("the app did not become healthy")
+
+
+@contextlib.contextmanager
+def deployed(
+    url: str, args: dict[str, Any], replicas: int = 1, max_ongoing: int = 16
+) -> Iterator[None]:
+    """The app served from `args` on `replicas` one-CPU model replicas, removed after."""
+    options = shipped_replica_options(
+        num_replicas=replicas,
+        autoscaling_config=None,
+        max_ongoing_requests=max_ongoing,
+        ray_actor_options={"num_cpus": 1},
+    )
+    deploy(url, args, options)
+    try:
+        yield
+    finally:
+        undeploy()
+
+
+def openai_client(url: str, api_key: str = "unused") -> Any:
+    """The official client against a test app (no retries: a test sees every failure)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=60)
 
 
 def undeploy() -> None:

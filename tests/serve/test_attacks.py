@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from safetensors.torch import load_file, save_file
 from serve_assets import make_adapter
-from serve_helpers import deploy, shipped_args, shipped_replica_options, undeploy
+from serve_helpers import deployed, shipped_args
 
 from deployments import metric_names
 
@@ -100,15 +100,8 @@ def app_url(ray_cluster, tiny_assets, attack_store, tmp_path_factory):
         server={"default_max_tokens": 8},
         store={"url": str(attack_store), "cache_dir": str(tmp_path_factory.mktemp("cache"))},
     )
-    options = shipped_replica_options(
-        num_replicas=1,
-        autoscaling_config=None,
-        max_ongoing_requests=32,
-        ray_actor_options={"num_cpus": 1},
-    )
-    deploy(ray_cluster["url"], args, options)
-    yield ray_cluster["url"]
-    undeploy()
+    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=32):
+        yield ray_cluster["url"]
 
 
 # ----- bystanders -------------------------------------------------------------------------------

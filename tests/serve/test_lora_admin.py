@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import deploy, shipped_args, shipped_replica_options, undeploy
+from serve_helpers import deployed, shipped_args
 
 from deployments.auth import KeyFile, new_key, write_key_file
 from deployments.config import StoreConfig
@@ -156,12 +156,8 @@ def secured_lora(ray_cluster, tiny_assets, tmp_path_factory):
         },
     )
     args["store"] = {"url": str(store), "cache_dir": str(root / "cache"), "refresh_s": 0.5}
-    options = shipped_replica_options(
-        num_replicas=1, autoscaling_config=None, ray_actor_options={"num_cpus": 1}
-    )
-    deploy(ray_cluster["url"], args, options)
-    yield {"url": ray_cluster["url"], "keys": keys}
-    undeploy()
+    with deployed(ray_cluster["url"], args):
+        yield {"url": ray_cluster["url"], "keys": keys}
 
 
 def test_endpoints_round_trip_with_admin_keys(secured_lora):

@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from serve_helpers import deploy, model_handle, shipped_args, shipped_replica_options, undeploy
+from serve_helpers import deployed, model_handle, openai_client, shipped_args
 
 from deployments import metric_names
 
@@ -32,20 +32,13 @@ def app_url(ray_cluster, tiny_assets):
             }
         },
     )
-    options = shipped_replica_options(
-        num_replicas=1,
-        autoscaling_config=None,
-        max_ongoing_requests=16,
-        ray_actor_options={"num_cpus": 1},
-    )
-    deploy(ray_cluster["url"], args, options)
-    yield ray_cluster["url"]
-    undeploy()
+    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=16):
+        yield ray_cluster["url"]
 
 
 @pytest.fixture
 def client(app_url):
-    return openai.OpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(app_url)
 
 
 def test_models_lists_the_registry(client):

@@ -4,10 +4,9 @@ logprobs against transformers' own logits, n > 1 and best_of, penalties and logi
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 import torch
-from serve_helpers import deploy, shipped_args, shipped_replica_options, undeploy
+from serve_helpers import deployed, openai_client, shipped_args
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 PROMPT_IDS = [17, 4242, 318, 9, 1001, 77]
@@ -20,20 +19,13 @@ def app_url(ray_cluster, tiny_assets):
         engine={"max_num_seqs": 4, "max_queue_len": 8, "max_model_len": 256},
         server={"default_max_tokens": 16},
     )
-    options = shipped_replica_options(
-        num_replicas=1,
-        autoscaling_config=None,
-        max_ongoing_requests=16,
-        ray_actor_options={"num_cpus": 1},
-    )
-    deploy(ray_cluster["url"], args, options)
-    yield ray_cluster["url"]
-    undeploy()
+    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=16):
+        yield ray_cluster["url"]
 
 
 @pytest.fixture
 def client(app_url):
-    return openai.OpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(app_url)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from collections import Counter
 import httpx
 import pytest
 import ray
-from serve_helpers import deploy, model_handle, shipped_args, shipped_replica_options, undeploy
+from serve_helpers import deployed, model_handle, shipped_args
 
 SETS = ["math", "code", "poem", "chat"]
 MESSAGES = [{"role": "user", "content": "Hello"}]
@@ -23,15 +23,8 @@ def app_url(ray_cluster, tiny_assets):
         engine={"max_num_seqs": 8, "max_queue_len": 64, "hot_set": {"num_slots": 2}},
         placement={"load_bound": 4, "load_bound_ratio": 0.0, "stats_period_s": 0.5},
     )
-    options = shipped_replica_options(
-        num_replicas=2,
-        autoscaling_config=None,
-        max_ongoing_requests=24,
-        ray_actor_options={"num_cpus": 1},
-    )
-    deploy(ray_cluster["url"], args, options)
-    yield ray_cluster["url"]
-    undeploy()
+    with deployed(ray_cluster["url"], args, replicas=2, max_ongoing=24):
+        yield ray_cluster["url"]
 
 
 async def chat(http: httpx.AsyncClient, model: str, max_tokens: int = 4) -> dict:

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 import torch
-from serve_helpers import deploy, shipped_args, shipped_replica_options, undeploy
+from serve_helpers import deployed, shipped_args
 
 from deployments.auth import KeyFile, new_key, write_key_file
 
@@ -90,15 +90,8 @@ def secured(ray_cluster, tiny_assets, tmp_path_factory):
         },
     )
     args["store"] = {"url": str(store), "cache_dir": str(root / "cache"), "refresh_s": 0.5}
-    options = shipped_replica_options(
-        num_replicas=1,
-        autoscaling_config=None,
-        max_ongoing_requests=64,
-        ray_actor_options={"num_cpus": 1},
-    )
-    deploy(ray_cluster["url"], args, options)
-    yield {"url": ray_cluster["url"], "keys": keys}
-    undeploy()
+    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=64):
+        yield {"url": ray_cluster["url"], "keys": keys}
 
 
 def _client(secured, who: str) -> openai.OpenAI:
