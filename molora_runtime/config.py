@@ -80,6 +80,24 @@ class EngineConfig(StrictModel):
     )
     enable_cuda_graph: bool = Field(True, description="capture the decode step (CUDA only)")
     cuda_graph_max_batch: int = Field(64, ge=1, le=1024)
+    kv_block_size: int = Field(
+        16, ge=1, le=1024, description="tokens per paged-KV block (the prefix-cache granularity)"
+    )
+    kv_cache_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="KV budget in bytes (K and V of every layer); default: room for "
+        "max_num_seqs x max_model_len tokens",
+    )
+    kv_cache_fraction: float | None = Field(
+        None,
+        gt=0.0,
+        le=0.95,
+        description="KV budget as a fraction of the device's free memory (CUDA) or of host RAM",
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="reuse KV blocks of prompts that share a prefix and a route identity"
+    )
     hot_set: HotSetConfig = Field(default_factory=HotSetConfig)
     routes: RouteLimits = Field(
         default_factory=RouteLimits, description="bounds on request routes (mix weights)"
@@ -92,4 +110,8 @@ class EngineConfig(StrictModel):
             raise ValueError(
                 "max_num_batched_tokens must be >= max_num_seqs so every running sequence can decode"
             )
+        if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
+            raise ValueError("give kv_cache_bytes or kv_cache_fraction, not both")
+        if self.kv_block_size & (self.kv_block_size - 1):
+            raise ValueError(f"kv_block_size must be a power of two, got {self.kv_block_size}")
         return self

@@ -1,24 +1,22 @@
 """Captured decode steps: one CUDA graph per batch-size bucket over static buffers.
 
-Every tensor the decode step reads lives in a static buffer here (token ids, positions, KV rows,
-context lengths, per-token slot ids and weights, learned-route composition ids, top-k and
-temperature); the hot-set's slot buffers and gate table are static too, so loading an adapter into
-a slot between steps needs no re-capture. Padded rows point at the KV cache's scratch row and
-route to slot 0. On a CPU (`capture=False`) the same static-shape step runs eagerly, which is how
-the tests prove it equals the dynamic path.
+Every tensor the decode step reads lives in a static buffer here (token ids, positions, KV slots,
+padded block tables, context lengths, per-token slot ids and weights, learned-route composition
+ids, top-k and temperature); the hot-set's slot buffers and gate table are static too, so loading
+an adapter into a slot between steps needs no re-capture. Padded rows write to the KV cache's
+scratch block, attend over it, and route to slot 0. On a CPU (`capture=False`) the same
+static-shape step runs eagerly, which is how the tests prove it equals the dynamic path.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from molora_runtime.engine.step_batch import StepBatch
 from molora_runtime.lora.context import LoRAContext
-from molora_runtime.model.attention_meta import CacheAttention
-
-if TYPE_CHECKING:
-    from molora_runtime.engine.engine import LLMEngine, _Batch
+from molora_runtime.lora.hotset import HotSet
+from molora_runtime.model.attention_meta import CacheAttention, KVCache
+from molora_runtime.model.decoder import CausalLM
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -33,17 +31,31 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 
 class CudaGraphRunner:
-    def __init__(self, engine: LLMEngine, capture: bool | None = None) -> None:
-        self.engine = engine
-        self.device = engine.device
-        self.capture = self.device.type == "cuda" if capture is None else capture
-        self.max_batch = min(engine.config.cuda_graph_max_batch, engine.config.max_num_seqs)
-        self.buckets = batch_buckets(self.max_batch)
-        B, W, dev = self.max_batch, engine.width, self.device
+    def __init__(
+        self,
+        model: CausalLM,
+        kv: KVCache,
+        hot_set: HotSet,
+        width: int,
+        device: torch.device,
+        max_batch: int,
+        max_blocks_per_seq: int,
+        capture: bool | None = None,
+    ) -> None:
+        self.model, self.kv, self.hot_set = model, kv, hot_set
+        self.device = device
+        self.capture = device.type == "cuda" if capture is None else capture
+        self.max_batch = max_batch
+        self.buckets = batch_buckets(max_batch)
+        B, W, dev = max_batch, width, device
         self.input_ids = torch.zeros(B, dtype=torch.long, device=dev)
         self.positions = torch.zeros(B, dtype=torch.long, device=dev)
-        self.kv_rows = torch.full((B,), engine.scratch_row, dtype=torch.long, device=dev)
-        self.context_lens = torch.ones(B, dtype=torch.long, device=dev)
+        self.slot_blocks = torch.full((B,), kv.scratch_block, dtype=torch.long, device=dev)
+        self.slot_offsets = torch.zeros(B, dtype=torch.long, device=dev)
+        self.block_tables = torch.full(
+            (B, max_blocks_per_seq), kv.scratch_block, dtype=torch.int32, device=dev
+        )
+        self.context_lens = torch.ones(B, dtype=torch.int32, device=dev)
         self.slot_ids = torch.zeros(B, W, dtype=torch.long, device=dev)
         self.weights = torch.zeros(B, W, dtype=torch.float32, device=dev)
         self.comp_idx = torch.full((B,), -1, dtype=torch.long, device=dev)
@@ -61,24 +73,25 @@ class CudaGraphRunner:
         return next(b for b in self.buckets if b >= n)
 
     def _static_forward(self, bucket: int) -> tuple[torch.Tensor, LoRAContext]:
-        eng = self.engine
         ctx = LoRAContext(
             slot_ids=self.slot_ids[:bucket],
             weights=self.weights[:bucket],
             comp_idx=self.comp_idx[:bucket],
-            gates=eng.hot_set.gates,
+            gates=self.hot_set.gates,
             top_k=self.top_k[:bucket],
             temperature=self.temperature[:bucket],
             record_layers=True,
         )
         meta = CacheAttention(
-            kv_rows=self.kv_rows[:bucket],
+            slot_blocks=self.slot_blocks[:bucket],
+            slot_offsets=self.slot_offsets[:bucket],
             positions=self.positions[:bucket],
             num_decode=bucket,
-            decode_context_lens=self.context_lens[:bucket],
-            static_kv_len=eng.kv.max_len,
+            block_tables=self.block_tables[:bucket],
+            context_lens=self.context_lens[:bucket],
+            static=True,
         )
-        logits = eng.model(self.input_ids[:bucket], meta, eng.kv, ctx)
+        logits = self.model(self.input_ids[:bucket], meta, self.kv, ctx)
         return logits, ctx
 
     def _ensure_graph(self, bucket: int) -> None:
@@ -102,19 +115,29 @@ class CudaGraphRunner:
             for bucket in self.buckets:
                 self._ensure_graph(bucket)
 
-    def run(self, batch: _Batch, ids: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
-        """Run a decode-only batch through the static step; returns logits [n, V]."""
-        n = batch.num_decode
-        bucket = self._bucket(n)
-        dev = self.device
+    def _load_inputs(self, batch: StepBatch, ids: torch.Tensor) -> None:
+        n, dev = batch.num_decode, self.device
         self.input_ids.zero_()
         self.input_ids[:n].copy_(ids[:n])
         self.positions.zero_()
         self.positions[:n].copy_(torch.tensor(batch.positions[:n], device=dev))
-        self.kv_rows.fill_(self.engine.scratch_row)
-        self.kv_rows[:n].copy_(torch.tensor(batch.rows[:n], device=dev))
+        self.slot_blocks.fill_(self.kv.scratch_block)
+        self.slot_offsets.zero_()
+        self.slot_blocks[:n].copy_(torch.tensor([b for b, _ in batch.slots[:n]], device=dev))
+        self.slot_offsets[:n].copy_(torch.tensor([o for _, o in batch.slots[:n]], device=dev))
+        width = self.block_tables.shape[1]
+        scratch = self.kv.scratch_block
+        tables = [t + [scratch] * (width - len(t)) for t in batch.decode_tables]
+        self.block_tables.fill_(scratch)
+        self.block_tables[:n].copy_(torch.tensor(tables, dtype=torch.int32, device=dev))
         self.context_lens.fill_(1)
         self.context_lens[:n].copy_(self.positions[:n] + 1)
+
+    def run(self, batch: StepBatch, ids: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
+        """Run a decode-only batch through the static step; returns logits [n, V]."""
+        n = batch.num_decode
+        bucket = self._bucket(n)
+        self._load_inputs(batch, ids)
         self.slot_ids.zero_()
         self.weights.zero_()
         self.comp_idx.fill_(-1)

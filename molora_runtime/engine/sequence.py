@@ -31,8 +31,14 @@ class Sequence:
     generator: torch.Generator | None
     output_ids: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
-    row: int | None = None  # KV-cache row while running
+    block_table: list[int] = field(default_factory=list)  # KV blocks while running
     num_computed: int = 0  # tokens whose K/V are in the cache
+    identity: bytes = b""
+    block_hashes: list[bytes] = field(
+        default_factory=list
+    )  # chain hashes of full blocks  # route identity (prefix-cache key), set at admission
+    recompute_len: int = 0  # after a preemption: tokens to prefill again (prompt + outputs)
+    preemptions: int = 0
     adapters: list[str] = field(default_factory=list)  # hot-set adapters held while running
     text: str = ""  # detokenized output so far (stop strings already cut)
     emitted_chars: int = 0
@@ -66,8 +72,19 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def prefill_len(self) -> int:
+        """Tokens to prefill before decoding: the prompt, or all tokens after a preemption."""
+        return max(len(self.prompt_ids), self.recompute_len)
+
+    @property
     def in_prefill(self) -> bool:
-        return self.num_computed < len(self.prompt_ids)
+        return self.num_computed < self.prefill_len
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs are asked for and not all recorded yet (never twice on a recompute)."""
+        asked = self.request.sampling.prompt_logprobs is not None
+        return asked and len(self.prompt_logprobs) < len(self.prompt_ids)
 
     def token_at(self, index: int) -> int:
         n = len(self.prompt_ids)

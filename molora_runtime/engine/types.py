@@ -196,6 +196,20 @@ class CompletionResult:
 
 
 @dataclass
+class BlockStats:
+    """The paged KV cache: blocks in use and free, prefix-cache hits, preemptions."""
+
+    block_size: int = 0
+    blocks_total: int = 0
+    blocks_used: int = 0
+    blocks_free: int = 0  # includes cached blocks nobody holds (evictable)
+    blocks_cached: int = 0  # blocks indexed by the prefix cache
+    prefix_hit_tokens: int = 0
+    prefix_queried_tokens: int = 0
+    preemptions: int = 0
+
+
+@dataclass
 class EngineStats:
     """What a replica reports for placement and metrics."""
 
@@ -216,3 +230,4 @@ class EngineStats:
     host_bytes: int = 0
     host_fetches: int = 0
     host_fetch_failures: int = 0
+    kv: BlockStats = field(default_factory=BlockStats)

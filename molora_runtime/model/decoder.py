@@ -15,6 +15,7 @@ from molora_runtime.lora.context import LoRAContext
 from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.attention_meta import CacheAttention, DenseAttention, KVCache
 from molora_runtime.model.layers import FusedLinear, LoRALinear, RMSNorm, RotaryEmbedding, Rotation
+from molora_runtime.model.paged_decode import paged_decode
 
 AttentionMeta = CacheAttention | DenseAttention
 
@@ -74,22 +75,25 @@ class Attention(nn.Module):
         meta: CacheAttention,
         kv: KVCache,
     ) -> torch.Tensor:
-        k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]  # [rows, Hkv, max_len, hd]
-        k_cache[meta.kv_rows, :, meta.positions] = k.to(k_cache.dtype)
-        v_cache[meta.kv_rows, :, meta.positions] = v.to(v_cache.dtype)
-        out = torch.empty_like(q)
+        k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]  # [blocks, Hkv, block_size, hd]
+        k_cache[meta.slot_blocks, :, meta.slot_offsets] = k.to(k_cache.dtype)
+        v_cache[meta.slot_blocks, :, meta.slot_offsets] = v.to(v_cache.dtype)
         D = meta.num_decode
+        if not meta.prefill_segments:
+            return paged_decode(q, k_cache, v_cache, meta, self.scale)
+        out = torch.empty_like(q)
         if D:
-            if meta.decode_span is not None and not q.is_cuda:
-                out[:D] = self._decode_span(q[:D], meta, k_cache, v_cache)
-            else:
-                out[:D] = self._decode(q[:D], meta, k_cache, v_cache)
+            out[:D] = paged_decode(q[:D], k_cache, v_cache, meta, self.scale)
+        hkv, hd = self.num_kv_heads, self.head_dim
         for seg in meta.prefill_segments:
             sl = slice(seg.start, seg.start + seg.length)
             ctx_len = seg.start_pos + seg.length
             qs = q[sl].transpose(0, 1).unsqueeze(0)  # [1, H, len, hd]
-            ks = k_cache[seg.row, :, :ctx_len].unsqueeze(0).to(q.dtype)
-            vs = v_cache[seg.row, :, :ctx_len].unsqueeze(0).to(q.dtype)
+            nb = seg.blocks.shape[0]
+            ks = k_cache[seg.blocks].transpose(0, 1).reshape(hkv, nb * kv.block_size, hd)
+            vs = v_cache[seg.blocks].transpose(0, 1).reshape(hkv, nb * kv.block_size, hd)
+            ks = ks[:, :ctx_len].unsqueeze(0).to(q.dtype)
+            vs = vs[:, :ctx_len].unsqueeze(0).to(q.dtype)
             if seg.start_pos == 0:
                 o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
             else:
@@ -99,47 +103,6 @@ class Attention(nn.Module):
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
             out[sl] = o.squeeze(0).transpose(0, 1)
         return out
-
-    def _decode(
-        self, q: torch.Tensor, meta: CacheAttention, k_cache: torch.Tensor, v_cache: torch.Tensor
-    ) -> torch.Tensor:
-        """Gathered rows through SDPA: static shapes for CUDA-graph capture."""
-        D = q.shape[0]
-        length = meta.static_kv_len or meta.max_decode_context
-        rows = meta.kv_rows[:D]
-        ks = k_cache[rows, :, :length].to(q.dtype)  # [D, Hkv, len, hd]
-        vs = v_cache[rows, :, :length].to(q.dtype)
-        mask = meta.decode_mask(length)
-        o = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=mask, enable_gqa=True)
-        return o.squeeze(2)
-
-    def _decode_span(
-        self, q: torch.Tensor, meta: CacheAttention, k_cache: torch.Tensor, v_cache: torch.Tensor
-    ) -> torch.Tensor:
-        """Decode over the cache rows' span as a view (no gather): two batched GEMMs per layer.
-
-        The engine keeps running sequences in the lowest rows, so the decodes' rows are (almost)
-        one contiguous span; rows inside it that are not decoding this step (mid-prefill) are
-        computed with a zero query and dropped. GQA query groups share their KV head's GEMM.
-        """
-        span = meta.decode_span
-        assert span is not None
-        lo, n = span
-        length = meta.max_decode_context
-        D, H, hd = q.shape
-        Hkv = self.num_kv_heads
-        g = H // Hkv
-        ks = k_cache[lo : lo + n, :, :length].reshape(n * Hkv, length, hd)
-        vs = v_cache[lo : lo + n, :, :length].reshape(n * Hkv, length, hd)
-        if n != D:
-            full = q.new_zeros(n, H, hd)
-            full[meta.decode_span_index] = q
-            q = full
-        scores = torch.bmm(q.reshape(n * Hkv, g, hd).to(ks.dtype), ks.transpose(1, 2))
-        scores = scores.float().view(n, Hkv, g, length).mul_(self.scale)
-        probs = torch.softmax(scores.add_(meta.span_mask(length)), dim=-1).to(vs.dtype)
-        o = torch.bmm(probs.view(n * Hkv, g, length), vs).view(n, H, hd).to(q.dtype)
-        return o if n == D else o[meta.decode_span_index]
 
 
 class MLP(nn.Module):

@@ -197,7 +197,7 @@ def engine_prefill_logits(engine: LLMEngine, route: Any, prompt: list[int]) -> t
     (one prefill chunk in KV row 0 of an idle engine)."""
     from molora_runtime.engine.llm import as_route
     from molora_runtime.lora.routing import RouteSegment, build_lora_context
-    from molora_runtime.model.attention_meta import CacheAttention, PrefillSegment
+    from molora_runtime.model.attention_meta import step_attention
 
     assert not engine.running, "the engine must be idle"
     route = as_route(route)
@@ -213,12 +213,15 @@ def engine_prefill_logits(engine: LLMEngine, route: Any, prompt: list[int]) -> t
     ids = torch.tensor(prompt, dtype=torch.long)
     n = len(prompt)
     ctx = build_lora_context([RouteSegment(route, ids)], hot, engine.width, engine.device)
-    meta = CacheAttention(
-        kv_rows=torch.zeros(n, dtype=torch.long),
-        positions=torch.arange(n),
-        num_decode=0,
-        decode_context_lens=torch.zeros(0, dtype=torch.long),
-        prefill_segments=[PrefillSegment(0, n, 0, 0)],
+    bs = engine.kv.block_size
+    table = list(range(-(-n // bs)))  # an idle engine's first blocks
+    meta = step_attention(
+        [(table[p // bs], p % bs) for p in range(n)],
+        list(range(n)),
+        [],
+        [(0, n, 0, table)],
+        engine.kv,
+        engine.device,
     )
     with torch.inference_mode():
         return engine.model(ids, meta, engine.kv, ctx)

@@ -141,7 +141,7 @@ def _assert_undisturbed(engine, results, clean) -> None:
     for rid in GOOD:
         assert results[rid]["tokens"] == clean[rid], rid
         assert results[rid]["reason"] == "length"
-    assert sorted(engine._free_rows) == list(range(engine.config.max_num_seqs))
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
     assert all(s.refs == 0 for s in engine.hot_set._slots)
     assert all(s.refs == 0 for s in engine.hot_set._comp_slots)
 

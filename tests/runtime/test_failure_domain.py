@@ -70,7 +70,7 @@ def _assert_clean(engine, results, alone) -> None:
         assert results[rid]["tokens"] == tokens, rid
         assert results[rid]["finish_reason"] == "length"
         assert results[rid]["error"] is None
-    assert sorted(engine._free_rows) == list(range(engine.config.max_num_seqs))
+    assert engine.block_manager.num_free == engine.block_manager.num_blocks
     assert all(s.refs == 0 for s in engine.hot_set._slots)
     assert all(s.refs == 0 for s in engine.hot_set._comp_slots)
     assert not engine.running and not engine.waiting

@@ -10,10 +10,11 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from molora_runtime.model.arch import load_arch
-from molora_runtime.model.attention_meta import CacheAttention, KVCache, PrefillSegment
+from molora_runtime.model.attention_meta import KVCache, step_attention
 from molora_runtime.model.loader import load_model
 
 TOL = 1e-4
+CPU = torch.device("cpu")
 COMMON = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -42,27 +43,31 @@ CONFIGS = {
 }
 
 
+BLOCK = 8
+# Each row's block table: scattered, interleaved blocks (a paged cache is not contiguous).
+TABLES = {0: [9, 2, 14, 5, 11, 0, 17], 1: [3, 16, 7, 12, 1, 8, 19], 2: [6, 13, 4, 18, 10, 15]}
+
+
+def slots(row: int, positions) -> list[tuple[int, int]]:
+    return [(TABLES[row][p // BLOCK], p % BLOCK) for p in positions]
+
+
 def prefill(model, kv, ids: torch.Tensor, row: int, start: int) -> torch.Tensor:
     n = ids.shape[0]
-    meta = CacheAttention(
-        kv_rows=torch.full((n,), row, dtype=torch.long),
-        positions=torch.arange(start, start + n),
-        num_decode=0,
-        decode_context_lens=torch.zeros(0, dtype=torch.long),
-        prefill_segments=[PrefillSegment(0, n, row, start)],
-    )
+    pos = list(range(start, start + n))
+    meta = step_attention(slots(row, pos), pos, [], [(0, n, start, TABLES[row])], kv, CPU)
     with torch.inference_mode():
         return model(ids, meta, kv, None)
 
 
-def decode(model, kv, token: int, row: int, pos: int) -> torch.Tensor:
-    meta = CacheAttention(
-        kv_rows=torch.tensor([row]),
-        positions=torch.tensor([pos]),
-        num_decode=1,
-        decode_context_lens=torch.tensor([pos + 1]),
-        max_decode_context=pos + 1,
-    )
+def decode(model, kv, token: int, row: int, pos: int, static: bool = False) -> torch.Tensor:
+    table = TABLES[row][: pos // BLOCK + 1]
+    meta = step_attention(slots(row, [pos]), [pos], [table], [], kv, CPU)
+    if static:  # the captured step's path: the whole padded table, masked
+        meta.static = True
+        width = len(TABLES[row])
+        meta.block_tables = torch.tensor([table + [kv.scratch_block] * (width - len(table))])
+        meta.block_tables = meta.block_tables.to(torch.int32)
     with torch.inference_mode():
         return model(torch.tensor([token]), meta, kv, None)[0]
 
@@ -76,17 +81,16 @@ def check_model(model, ref, seq_len: int = 40, split: int = 27, decodes: int = 5
 
     def kv_cache() -> KVCache:
         return KVCache(
-            arch.num_layers, 3, seq_len + decodes + 1, arch.num_kv_heads, arch.head_dim,
-            torch.float32, torch.device("cpu"),
-        )  # fmt: skip
+            arch.num_layers, 20, BLOCK, arch.num_kv_heads, arch.head_dim, torch.float32, CPU
+        )
 
     # prefill in one chunk
     kv = kv_cache()
     one = prefill(model, kv, full[:seq_len], row=1, start=0)
     torch.testing.assert_close(one, expected[:seq_len], atol=TOL, rtol=0)
-    # then decode steps, one token at a time
+    # then decode steps, one token at a time (eager gather and the static padded-table path)
     for pos in range(seq_len, seq_len + decodes):
-        got = decode(model, kv, int(full[pos]), row=1, pos=pos)
+        got = decode(model, kv, int(full[pos]), row=1, pos=pos, static=pos % 2 == 1)
         torch.testing.assert_close(got, expected[pos], atol=TOL, rtol=0)
 
     # prefill in two chunks (the second attends to the cached first one)
@@ -101,13 +105,14 @@ def check_model(model, ref, seq_len: int = 40, split: int = 27, decodes: int = 5
         other_expected = ref(other[None]).logits[0].float()
     prefill(model, kv, other[:4], row=2, start=0)
     ids = torch.cat([full[seq_len : seq_len + 1], other[4:]])
-    meta = CacheAttention(
-        kv_rows=torch.tensor([0] + [2] * 7),
-        positions=torch.tensor([seq_len, *range(4, 11)]),
-        num_decode=1,
-        decode_context_lens=torch.tensor([seq_len + 1]),
-        prefill_segments=[PrefillSegment(1, 7, 2, 4)],
-        max_decode_context=seq_len + 1,
+    positions = [seq_len, *range(4, 11)]
+    meta = step_attention(
+        slots(0, [seq_len]) + slots(2, range(4, 11)),
+        positions,
+        [TABLES[0][: seq_len // BLOCK + 1]],
+        [(1, 7, 4, TABLES[2])],
+        kv,
+        CPU,
     )
     with torch.inference_mode():
         mixed = model(ids, meta, kv, None, torch.tensor([0, 7]))

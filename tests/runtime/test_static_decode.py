@@ -27,7 +27,17 @@ def approx_list(values):
 
 class CountingRunner(CudaGraphRunner):
     def __init__(self, engine) -> None:
-        super().__init__(engine, capture=False)
+        kv = engine.kv
+        super().__init__(
+            engine.model,
+            kv,
+            engine.hot_set,
+            engine.width,
+            engine.device,
+            max_batch=engine.config.max_num_seqs,
+            max_blocks_per_seq=-(-engine.max_seq_len // kv.block_size),
+            capture=False,
+        )
         self.sizes: list[int] = []
 
     def run(self, batch, ids, ctx):

@@ -1,0 +1,68 @@
+"""Builds each step's inputs once (ids, positions, KV slots, block tables, LoRA context) and runs
+the model eagerly or through captured decode graphs. Built from model + KV + hot-set, never from
+the engine."""
+
+from __future__ import annotations
+
+import torch
+
+from molora_runtime.engine.cuda_graph import CudaGraphRunner
+from molora_runtime.engine.step_batch import StepBatch
+from molora_runtime.lora.context import LoRAContext
+from molora_runtime.lora.hotset import HotSet
+from molora_runtime.lora.routing import RouteSegment, build_lora_context
+from molora_runtime.model.attention_meta import KVCache, step_attention
+from molora_runtime.model.decoder import CausalLM
+from molora_runtime.routes import LearnedRoute
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv: KVCache,
+        hot_set: HotSet,
+        width: int,
+        device: torch.device,
+        max_blocks_per_seq: int,
+        graph_max_batch: int | None = None,
+    ) -> None:
+        """`graph_max_batch`: capture decode graphs up to this batch (None: eager only)."""
+        self.model, self.kv, self.hot_set = model, kv, hot_set
+        self.width, self.device = width, device
+        self.graph_runner: CudaGraphRunner | None = None
+        if graph_max_batch is not None:
+            self.graph_runner = CudaGraphRunner(
+                model, kv, hot_set, width, device, graph_max_batch, max_blocks_per_seq
+            )
+            self.graph_runner.capture_all()
+
+    def run(self, batch: StepBatch) -> tuple[torch.Tensor, LoRAContext | None]:
+        """Logits of the batch's sampled rows (then its prompt-logprob rows) and the context."""
+        dev = self.device
+        ids = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)
+        segments = [
+            RouteSegment(seq.route, ids[start : start + n]) for seq, start, n in batch.segments
+        ]
+        record = any(
+            seq.request.return_attribution or isinstance(seq.route, LearnedRoute)
+            for seq, _, _ in batch.segments
+        )
+        ctx = build_lora_context(segments, self.hot_set, self.width, dev, record_layers=record)
+        graphs = self.graph_runner
+        if (
+            graphs is not None
+            and batch.num_decode == len(batch.segments)
+            and graphs.can_run(batch.num_decode, ctx)
+        ):
+            return graphs.run(batch, ids, ctx), ctx
+        meta = step_attention(
+            batch.slots, batch.positions, batch.decode_tables, batch.prefills, self.kv, dev
+        )
+        # Prompt positions of requests asking for prompt logprobs ride after the sampled rows.
+        logits_index = torch.tensor(
+            batch.logits_index + batch.prompt_logits_index, dtype=torch.long, device=dev
+        )
+        with torch.inference_mode():
+            logits = self.model(ids, meta, self.kv, ctx, logits_index)
+        return logits, ctx

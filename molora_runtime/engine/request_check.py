@@ -1,0 +1,138 @@
+"""Cheap checks of a request before it is queued: prompt, lengths, KV budget, sampling, route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from molora_runtime.engine.structured import GrammarCompiler
+from molora_runtime.engine.types import GenerationRequest
+from molora_runtime.errors import AdapterLoadError, InvalidRequestError
+from molora_runtime.lora.composition import CompositionError, read_composition_config
+from molora_runtime.lora.hotset import HotSet
+from molora_runtime.lora.routing import check_route_width
+from molora_runtime.routes import LearnedRoute, RouteLimits, check_route_limits
+
+
+class RequestChecker:
+    """Turns a request into prompt ids or raises InvalidRequestError (a 400) / lookup errors."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        max_model_len: int,
+        kv_tokens: int,
+        limits: RouteLimits,
+        hot_set: HotSet,
+        width: int,
+        grammars: GrammarCompiler,
+    ) -> None:
+        """`kv_tokens`: tokens the whole KV budget holds (one sequence can never exceed it)."""
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.kv_tokens = kv_tokens
+        self.limits = limits
+        self.hot_set = hot_set
+        self.width = width
+        self.grammars = grammars
+
+    def encode_prompt(self, req: GenerationRequest) -> list[int]:
+        if req.prompt_token_ids is not None:
+            ids = list(req.prompt_token_ids)
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidRequestError(
+                    f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+                )
+            return ids
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer: send prompt_token_ids")
+        if req.messages is not None:
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    req.messages, add_generation_prompt=True, tokenize=False
+                )
+            except Exception as exc:  # template errors are the caller's messages' fault
+                raise InvalidRequestError(f"cannot apply the chat template: {exc}") from exc
+        else:
+            assert req.prompt is not None
+            text = req.prompt
+        try:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        except Exception as exc:  # e.g. a lone surrogate: the text is not valid Unicode
+            raise InvalidRequestError(f"cannot tokenize the prompt: {type(exc).__name__}") from exc
+
+    def _check_lengths(self, n: int, req: GenerationRequest) -> None:
+        limit, p = self.max_model_len, req.sampling
+        if n >= limit:
+            raise InvalidRequestError(
+                f"the prompt has {n} tokens; this model's limit is {limit} "
+                "tokens for prompt and completion together"
+            )
+        if not p.clamp_to_context and n + p.max_tokens > limit:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {limit} tokens, but "
+                f"{n + p.max_tokens} were requested ({n} in the prompt, "
+                f"{p.max_tokens} in max_tokens)"
+            )
+        need = n + (1 if p.clamp_to_context else p.max_tokens)
+        if need > self.kv_tokens:
+            raise InvalidRequestError(
+                f"the request needs {need} tokens of KV cache ({n} in the prompt, "
+                f"{need - n} to generate) but this engine's whole KV budget holds "
+                f"{self.kv_tokens} tokens"
+            )
+
+    def check(self, req: GenerationRequest) -> list[int]:
+        """Cheap checks before queueing; returns the prompt ids."""
+        ids = self.encode_prompt(req)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        self._check_lengths(len(ids), req)
+        p, vocab = req.sampling, self.vocab_size
+        bad = [t for t in p.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
+        bad = [t for t in p.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
+        if req.response_format is not None:
+            self.grammars.compile(req.response_format)  # an invalid schema fails here: a 400
+        self._check_route(req)
+        return ids
+
+    def _check_route(self, req: GenerationRequest) -> None:
+        route = req.route
+        try:
+            check_route_limits(route, self.limits, self.vocab_size)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        source = self.hot_set.source
+        for name in route.adapters():
+            source.adapter_path(name)  # raises AdapterNotFoundError
+        comp_top_k = None
+        needed = list(route.adapters())
+        if isinstance(route, LearnedRoute):
+            folder = source.composition_path(route.composition)
+            try:
+                comp_config = read_composition_config(route.composition, folder)
+            except CompositionError as exc:
+                raise AdapterLoadError(str(exc)) from exc
+            comp_top_k = comp_config.top_k
+            if route.top_k is not None and route.top_k > len(comp_config.adapters):
+                raise InvalidRequestError(
+                    f"top_k={route.top_k} exceeds the {len(comp_config.adapters)} experts of "
+                    f"composition {route.composition!r}"
+                )
+            needed = list(dict.fromkeys(needed + comp_config.adapters))
+        check_route_width(route, self.width, comp_top_k)
+        if len(needed) > self.hot_set.num_slots:
+            raise InvalidRequestError(
+                f"the route needs {len(needed)} adapters at once but the hot-set has "
+                f"{self.hot_set.num_slots} slots"
+            )

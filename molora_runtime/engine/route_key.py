@@ -1,0 +1,93 @@
+"""Route identity: what a prefix's KV depends on besides its tokens (the prefix-cache key).
+
+Two prompts may share KV blocks only if every weight that touched those tokens was the same: the
+base model, each adapter's exact files (name@version *and* the sha256 of its weights and config, so
+two versions under one name never collide), the mix weights, the vocab table, and for learned
+routes the composition (its files: gates and config), its experts, top-k and temperature. The
+base route's identity is the base model alone, so every base request shares its blocks.
+
+This is the engine side of `route_identity`/`chain_block_hash`; file digests are cached by
+(path, size, mtime) so admitting a request hashes nothing it hashed before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from molora_runtime.lora.composition import read_composition_config
+from molora_runtime.lora.source import AdapterSource
+from molora_runtime.routes import (
+    BaseRoute,
+    LearnedRoute,
+    MixRoute,
+    RouteSpec,
+    SingleRoute,
+    VocabRoute,
+)
+
+
+def chain_block_hash(parent: bytes | None, identity: bytes, token_ids: Sequence[int]) -> bytes:
+    """sha256 over (parent block's hash, route identity, this block's token ids)."""
+    h = hashlib.sha256()
+    h.update(parent or b"\0" * 32)
+    h.update(identity)
+    h.update(b"".join(int(t).to_bytes(4, "little", signed=False) for t in token_ids))
+    return h.digest()
+
+
+class RouteIdentities:
+    """Computes (and caches) the identity digest of routes over one base model and source."""
+
+    def __init__(self, base_model: str, source: AdapterSource) -> None:
+        self.base = base_model
+        self.source = source
+        self._files: dict[tuple[str, int, int], str] = {}
+
+    def _folder_digest(self, folder: Path) -> str:
+        """sha256 over every file of an adapter or composition folder (names and bytes)."""
+        parts = []
+        for path in sorted(p for p in Path(folder).iterdir() if p.is_file()):
+            st = path.stat()
+            key = (str(path), st.st_size, st.st_mtime_ns)
+            digest = self._files.get(key)
+            if digest is None:
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                self._files[key] = digest
+            parts.append(f"{path.name}={digest}")
+        return ",".join(parts)
+
+    def _adapter(self, ref: str | None) -> str:
+        if ref is None:
+            return "base"
+        return f"{ref}#{self._folder_digest(self.source.adapter_path(ref))}"
+
+    def describe(self, route: RouteSpec) -> str:
+        """The canonical text the identity digests (readable in tests and logs)."""
+        head = f"model={self.base};kind={route.kind}"
+        if isinstance(route, BaseRoute):
+            return head
+        if isinstance(route, SingleRoute):
+            return f"{head};adapter={self._adapter(route.adapter)}"
+        if isinstance(route, MixRoute):
+            mix = ";".join(f"{self._adapter(n)}*{w!r}" for n, w in route.weights.items())
+            return f"{head};mix={mix}"
+        if isinstance(route, VocabRoute):
+            table = ";".join(
+                f"[{r.start},{r.end})->{self._adapter(r.adapter)}" for r in route.ranges
+            )
+            return f"{head};vocab={table};default={self._adapter(route.default)}"
+        assert isinstance(route, LearnedRoute)
+        folder = self.source.composition_path(route.composition)
+        cfg = read_composition_config(route.composition, folder)
+        top_k = route.top_k if route.top_k is not None else cfg.top_k
+        temp = route.temperature if route.temperature is not None else cfg.temperature
+        experts = ";".join(self._adapter(a) for a in cfg.adapters)
+        return (
+            f"{head};composition={route.composition}#{self._folder_digest(folder)}"
+            f";experts={experts};top_k={top_k};temperature={temp!r}"
+        )
+
+    def identity(self, route: RouteSpec) -> bytes:
+        return hashlib.sha256(self.describe(route).encode()).digest()

@@ -1,0 +1,207 @@
+"""Admission, the step's token budget, and preemption; knows sequences and blocks, not tensors.
+
+A waiting request starts when a sequence slot is free, its adapters are resident (the hot-set's
+background loads never stall the batch) and the block manager has blocks for its whole prefill
+(cached prefix blocks count as there). A running decode that needs a block when none is free
+preempts the most recently started sequence: its blocks are freed and it waits at the head of the
+queue to prefill its prompt and outputs again (recompute), so no running request is ever failed
+for lack of KV.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from molora_runtime.config import EngineConfig
+from molora_runtime.engine.adapter_binding import AdapterBinder
+from molora_runtime.engine.block_manager import BlockManager
+from molora_runtime.engine.sequence import SeqStatus, Sequence
+from molora_runtime.engine.step_batch import StepBatch
+
+OnError = Callable[[Sequence, BaseException], None]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: EngineConfig,
+        blocks: BlockManager,
+        binder: AdapterBinder,
+        identify: Callable[[Sequence], bytes],
+        copy_blocks: Callable[[list[int], list[int]], None],
+    ) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.token_budget = config.max_num_batched_tokens
+        self.blocks = blocks
+        self.binder = binder
+        self.identify = identify
+        self.copy_blocks = copy_blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+        self.forked_prefills = 0  # sibling choices (n > 1) that reused a prefill
+
+    # ----- admission ------------------------------------------------------------------------
+    def admit(self, on_error: OnError) -> None:
+        """Move waiting requests to running while sequence slots, blocks and hot-set slots
+        allow (FIFO; a request whose adapters cannot all be resident now waits, later ones may
+        pass it; one that does not fit in the free blocks stops admission)."""
+        held: list[Sequence] = []
+        self._leaders_first()
+        # With nothing decoding, loading an adapter inside the step stalls no one: load it now.
+        idle = not self.running
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            try:
+                if not seq.identity:
+                    seq.identity = self.identify(seq)
+                lookup = self._lookup_tokens(seq)
+                if not self.blocks.can_allocate(seq.identity, lookup, seq.prefill_len):
+                    break
+                self.waiting.popleft()
+                if not self.binder.bind(seq, wait_for_loads=not idle):
+                    held.append(seq)
+                    if len(held) >= 8:
+                        break
+                    continue
+            except Exception as exc:  # this request's adapters, store or route: it alone fails
+                if self.waiting and self.waiting[0] is seq:
+                    self.waiting.popleft()
+                seq.status = SeqStatus.FINISHED
+                on_error(seq, exc)
+                continue
+            seq.block_table, seq.num_computed = self.blocks.allocate(
+                seq.identity, lookup, seq.prefill_len
+            )
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+        for seq in reversed(held):
+            self.waiting.appendleft(seq)
+
+    def _lookup_tokens(self, seq: Sequence) -> list[int]:
+        """Tokens the prefix cache may serve: none for prompt logprobs (each position must be
+        computed) or for n > 1 siblings (they copy their leader's prefill)."""
+        if seq.wants_prompt_logprobs or seq.request.prefill_from is not None:
+            return []
+        return seq.tokens(0, seq.prefill_len)
+
+    def _leaders_first(self) -> None:
+        """Queue a sibling group's leader ahead of its siblings, so they start together."""
+        if not any(s.request.prefill_from for s in self.waiting):
+            return
+        by_id = {s.request_id: s for s in self.waiting}
+        order: list[Sequence] = []
+        placed: set[str] = set()
+        for seq in self.waiting:
+            lead = by_id.get(seq.request.prefill_from or "")
+            for s in (lead, seq):
+                if s is not None and s.request_id not in placed:
+                    order.append(s)
+                    placed.add(s.request_id)
+        self.waiting = deque(order)
+
+    # ----- the step's batch -----------------------------------------------------------------
+    def schedule(self) -> StepBatch:
+        """Every running decode (one token each, growing its block table, preempting when the
+        pool is dry), then prefill chunks within the token budget."""
+        batch = StepBatch(self.blocks.block_size)
+        for seq in [s for s in self.running if not s.in_prefill]:
+            if seq in self.running and self._reserve_decode(seq):
+                batch.add(seq, seq.num_computed, 1, produces_logits=True)
+        budget = self.token_budget - batch.num_decode
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if not seq.in_prefill or self._fork_leader(seq) is not None:
+                continue
+            remaining = seq.prefill_len - seq.num_computed
+            n = min(remaining, budget)
+            batch.add(seq, seq.num_computed, n, produces_logits=(n == remaining))
+            budget -= n
+        return batch
+
+    def _reserve_decode(self, seq: Sequence) -> bool:
+        """Room in `seq`'s block table for its next token; False if `seq` itself was preempted."""
+        if seq.num_computed < len(seq.block_table) * self.blocks.block_size:
+            return True
+        while self.blocks.num_free == 0:
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        self.blocks.append_block(seq.block_table)
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free `seq`'s KV and queue it first to recompute prompt + outputs."""
+        self.running.remove(seq)
+        self.blocks.free(seq.block_table)
+        self.binder.release(seq)
+        seq.block_hashes = []
+        seq.num_computed = 0
+        seq.recompute_len = seq.total_len
+        seq.status = SeqStatus.WAITING
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ----- after the forward ----------------------------------------------------------------
+    def commit(self, seq: Sequence, n: int) -> None:
+        """`n` more tokens of `seq` are in the cache: index its newly full blocks."""
+        seq.num_computed += n
+        self.blocks.register(
+            seq.block_table, seq.identity, seq.tokens(0, seq.num_computed), seq.block_hashes
+        )
+
+    def finish(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        self.blocks.free(seq.block_table)
+        self.binder.release(seq)
+
+    def discard(self, seq: Sequence) -> list[int]:
+        """Unindex the blocks only `seq` holds (its K/V may be bad); returns them to be wiped."""
+        return self.blocks.forget(seq.block_table)
+
+    # ----- n > 1: one prefill, copied into the siblings' blocks -------------------------------
+    def _fork_leader(self, seq: Sequence) -> Sequence | None:
+        """The running sibling whose prefill `seq` waits for (same prompt and route), if any."""
+        lead_id = seq.request.prefill_from
+        if lead_id is None or seq.num_computed or seq.output_ids:
+            return None
+        for lead in self.running:
+            if (
+                lead.request_id == lead_id
+                and lead.in_prefill
+                and lead.prompt_ids == seq.prompt_ids
+                and lead.route == seq.route
+            ):
+                return lead
+        return None
+
+    def fork_prefills(self, seqs: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+        """`seqs` plus the siblings of any that just finished its prefill (their blocks get a
+        copy of its cache), and for each, the logits row it samples from."""
+        src = list(range(len(seqs)))
+        out = list(seqs)
+        waiting = [s for s in self.running if s.request.prefill_from and s.num_computed == 0]
+        if not waiting:
+            return out, src
+        for i, lead in enumerate(seqs):
+            if lead.output_ids or lead.num_computed != len(lead.prompt_ids):
+                continue
+            for sib in waiting:
+                if (
+                    sib.request.prefill_from == lead.request_id
+                    and sib.prompt_ids == lead.prompt_ids
+                    and sib.route == lead.route
+                ):
+                    nb = self.blocks.blocks_for(lead.num_computed)
+                    self.copy_blocks(lead.block_table[:nb], sib.block_table[:nb])
+                    self.commit(sib, lead.num_computed)
+                    sib.prompt_logprobs = list(lead.prompt_logprobs)
+                    self.forked_prefills += 1
+                    out.append(sib)
+                    src.append(i)
+        return out, src

@@ -1,0 +1,62 @@
+"""Host-side description of one step's flat token batch (decodes first, then prefill chunks)."""
+
+from __future__ import annotations
+
+from molora_runtime.engine.sequence import Sequence
+
+
+class StepBatch:
+    """Which tokens of which sequences one forward computes, where their K/V go, which rows
+    produce logits. Built by the scheduler, read by the model runner and output processor."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.token_ids: list[int] = []
+        self.positions: list[int] = []
+        self.slots: list[tuple[int, int]] = []  # (block, offset) each token's K/V is written to
+        self.segments: list[tuple[Sequence, int, int]] = []  # (seq, start index in batch, n)
+        self.decode_tables: list[list[int]] = []
+        self.prefills: list[tuple[int, int, int, list[int]]] = []  # (start, n, pos, table)
+        self.logits_index: list[int] = []
+        self.logits_seqs: list[Sequence] = []
+        self.prompt_logits_index: list[int] = []  # prompt_logprobs: batch index of position p
+        self.prompt_logits_owner: list[tuple[Sequence, int]] = []  # (seq, p)
+        self.num_decode = 0
+
+    @staticmethod
+    def halves(batch: StepBatch) -> list[StepBatch]:
+        """The batch's sequences in two sub-batches (decodes first in each), rebuilt from the
+        sequences' unchanged state: nothing advances until the output processor runs."""
+        segs = batch.segments
+        mid = len(segs) // 2
+        makes_logits = {id(s) for s in batch.logits_seqs}
+        parts = []
+        for group in (segs[:mid], segs[mid:]):
+            part = StepBatch(batch.block_size)
+            for seq, _, n in group:
+                part.add(seq, seq.num_computed, n, produces_logits=id(seq) in makes_logits)
+            parts.append(part)
+        return parts
+
+    def add(self, seq: Sequence, pos: int, n: int, produces_logits: bool) -> None:
+        start = len(self.token_ids)
+        bs, table = self.block_size, seq.block_table
+        self.token_ids.extend(seq.tokens(pos, pos + n))
+        self.positions.extend(range(pos, pos + n))
+        self.slots.extend((table[p // bs], p % bs) for p in range(pos, pos + n))
+        self.segments.append((seq, start, n))
+        if seq.in_prefill:
+            self.prefills.append((start, n, pos, table))
+            if seq.wants_prompt_logprobs:
+                last = len(seq.prompt_ids) - 1  # its logits sample the first output token
+                for i in range(n):
+                    if pos + i < last:
+                        self.prompt_logits_index.append(start + i)
+                        self.prompt_logits_owner.append((seq, pos + i))
+        else:
+            assert not self.prefills, "decodes come first"
+            self.decode_tables.append(table)
+            self.num_decode += 1
+        if produces_logits:
+            self.logits_index.append(start + n - 1)
+            self.logits_seqs.append(seq)
