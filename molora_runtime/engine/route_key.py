@@ -16,7 +16,8 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from molora_runtime.lora.composition import read_composition_config
+from molora_runtime.errors import AdapterLoadError
+from molora_runtime.lora.composition import CompositionError, read_composition_config
 from molora_runtime.lora.source import AdapterSource
 from molora_runtime.routes import (
     BaseRoute,
@@ -61,7 +62,13 @@ class RouteIdentities:
     def _adapter(self, ref: str | None) -> str:
         if ref is None:
             return "base"
-        return f"{ref}#{self._folder_digest(self.source.adapter_path(ref))}"
+        folder = self.source.adapter_path(ref)
+        if not Path(folder).is_dir():
+            raise AdapterLoadError(f"adapter {ref!r}: folder {folder} does not exist")
+        try:
+            return f"{ref}#{self._folder_digest(folder)}"
+        except OSError as exc:
+            raise AdapterLoadError(f"adapter {ref!r}: cannot read its files: {exc}") from exc
 
     def describe(self, route: RouteSpec) -> str:
         """The canonical text the identity digests (readable in tests and logs)."""
@@ -80,12 +87,16 @@ class RouteIdentities:
             return f"{head};vocab={table};default={self._adapter(route.default)}"
         assert isinstance(route, LearnedRoute)
         folder = self.source.composition_path(route.composition)
-        cfg = read_composition_config(route.composition, folder)
+        try:
+            cfg = read_composition_config(route.composition, folder)
+            digest = self._folder_digest(folder)
+        except (OSError, CompositionError) as exc:
+            raise AdapterLoadError(f"composition {route.composition!r}: {exc}") from exc
         top_k = route.top_k if route.top_k is not None else cfg.top_k
         temp = route.temperature if route.temperature is not None else cfg.temperature
         experts = ";".join(self._adapter(a) for a in cfg.adapters)
         return (
-            f"{head};composition={route.composition}#{self._folder_digest(folder)}"
+            f"{head};composition={route.composition}#{digest}"
             f";experts={experts};top_k={top_k};temperature={temp!r}"
         )
 

@@ -65,21 +65,21 @@ async def _wait_idle(eng: AsyncEngine) -> None:
 async def test_closing_the_stream_frees_row_and_refs(tiny_async) -> None:
     eng = tiny_async
     core = eng.engine
-    all_rows = list(range(core.config.max_num_seqs))
+    blocks = core.block_manager
     for route in ("a", MixRoute(weights={"b": 0.5, "c": 0.5}), LearnedRoute(composition="moe")):
         gen = eng.generate(request("x", [1, 2, 3, 4], route, 200))
         got = 0
         async for out in gen:
             got += len(out.new_token_ids)
             assert any(s.request_id == "x" for s in core.running)
-            assert len(core._free_rows) == len(all_rows) - 1
+            assert blocks.num_used == 1  # 4 prompt tokens + a few outputs: one block
             assert any(s.refs > 0 for s in core.hot_set._slots)
             if got >= 3:
                 break
         await gen.aclose()
         await _wait_idle(eng)
         assert not core.running and not core.waiting
-        assert sorted(core._free_rows) == all_rows
+        assert blocks.num_used == 0 and blocks.num_free == blocks.num_blocks
         assert all(s.refs == 0 for s in core.hot_set._slots)
         assert all(s.refs == 0 for s in core.hot_set._comp_slots)
         assert eng.stats().running == 0 and eng.stats().waiting == 0
