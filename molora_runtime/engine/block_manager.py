@@ -107,12 +107,15 @@ class BlockManager:
             hits.append(bid)
         return hits
 
-    def can_allocate(self, identity: bytes, token_ids: Sequence[int], num_tokens: int) -> bool:
-        """Whether `num_tokens` of KV fit now, counting cached prefix blocks as already there."""
+    def can_allocate(
+        self, identity: bytes, token_ids: Sequence[int], num_tokens: int, reserve: int = 0
+    ) -> bool:
+        """Whether `num_tokens` of KV fit now, counting cached prefix blocks as already there,
+        leaving `reserve` blocks free for running sequences to grow into."""
         hits = self.cached_prefix(identity, token_ids[: max(0, len(token_ids) - 1)])
         unheld_hits = sum(1 for b in hits if self.blocks[b].refs == 0)
         need = self.blocks_for(num_tokens) - len(hits)
-        return need <= self.num_free - unheld_hits
+        return need + reserve <= self.num_free - unheld_hits
 
     def allocate(
         self, identity: bytes, token_ids: Sequence[int], num_tokens: int

@@ -39,6 +39,7 @@ class Scheduler:
         self.copy_blocks = copy_blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.reserve = max(1, blocks.num_blocks // 100)  # admission watermark (vLLM's 1%)
         self.preemptions = 0
         self.forked_prefills = 0  # sibling choices (n > 1) that reused a prefill
 
@@ -57,7 +58,10 @@ class Scheduler:
                 if not seq.identity:
                     seq.identity = self.identify(seq)
                 lookup = self._lookup_tokens(seq)
-                if not self.blocks.can_allocate(seq.identity, lookup, seq.prefill_len):
+                # Keep a few blocks for running decodes to grow into (fewer preemptions); with
+                # nothing running, any request that fits the budget must be able to start.
+                reserve = self.reserve if self.running else 0
+                if not self.blocks.can_allocate(seq.identity, lookup, seq.prefill_len, reserve):
                     break
                 self.waiting.popleft()
                 if not self.binder.bind(seq, wait_for_loads=not idle):
