@@ -27,7 +27,7 @@ from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.lora.composition import CompositionConfig, save_composition
 from molora_runtime.lora.routing import RouteSegment, build_lora_context
 from molora_runtime.lora.source import DirectorySource
-from molora_runtime.model.attention_meta import CacheAttention, PrefillSegment
+from molora_runtime.model.attention_meta import step_attention
 from molora_runtime.model.registry import resolve_model_path
 
 RESULTS = Path(__file__).parent / "results" / "runtime_decode.json"
@@ -129,12 +129,11 @@ def per_token_vs_per_sequence(engine: LLMEngine, tokens: int, repeats: int) -> d
     engine.hot_set.ensure(names)
 
     def run(segments: list[RouteSegment]) -> float:
-        meta = CacheAttention(
-            kv_rows=torch.zeros(tokens, dtype=torch.long, device=dev),
-            positions=torch.arange(tokens, device=dev),
-            num_decode=0,
-            decode_context_lens=torch.zeros(0, dtype=torch.long, device=dev),
-            prefill_segments=[PrefillSegment(0, tokens, 0, 0)],
+        bs = engine.kv.block_size
+        table = list(range(-(-tokens // bs)))  # the idle engine's first blocks
+        slots = [(table[p // bs], p % bs) for p in range(tokens)]
+        meta = step_attention(
+            slots, list(range(tokens)), [], [(0, tokens, 0, table)], engine.kv, dev
         )
         ctx = build_lora_context(segments, engine.hot_set, engine.width, dev)
         start = time.perf_counter()
