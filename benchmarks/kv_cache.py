@@ -43,7 +43,7 @@ def _engine(model: Path, adapters: dict[str, Path], comps: dict[str, Path], **kw
         device="cpu",
         dtype="float32",
         enable_cuda_graph=False,
-        hot_set=HotSetConfig(num_slots=8, max_rank=8),
+        hot_set=HotSetConfig(num_slots=8, max_rank=8, allow_base_mismatch=True),
         **kw,
     )
     return LLMEngine(config, DirectorySource(adapters, comps))
@@ -59,6 +59,14 @@ def _request(rid: str, prompt: list[int], route: Any, max_tokens: int):
         route=as_route(route),
         sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True, clamp_to_context=False),
     )
+
+
+def _check(outputs: list[Any]) -> list[Any]:
+    """A benchmark whose requests fail measures nothing: stop at the first error."""
+    for out in outputs:
+        if out.error:
+            raise RuntimeError(f"request {out.request_id} failed: {out.error}")
+    return outputs
 
 
 # ----- (a) concurrency at one budget ------------------------------------------------------------
@@ -96,7 +104,7 @@ def concurrency(tmp: Path, n: int) -> list[dict[str, Any]]:
         peak, tokens = 0, 0
         start = time.perf_counter()
         while engine.has_work():
-            outs = engine.step()
+            outs = _check(engine.step())
             peak = max(peak, len(engine.running))
             tokens += sum(len(o.new_token_ids) for o in outs)
         wall = time.perf_counter() - start
@@ -143,7 +151,7 @@ def shared_prefix(tmp: Path, repeats: int) -> list[dict[str, Any]]:
                 engine.add_request(_request(f"q{rep}-{j}", system + user, route, 1))
                 start = time.perf_counter()
                 while engine.has_work():
-                    engine.step()
+                    _check(engine.step())
                 ttft.append((rep, time.perf_counter() - start))
         hits = [t for rep, t in ttft if rep > 0] if caching else [t for _, t in ttft]
         out.append(
@@ -169,9 +177,10 @@ def decode_worker(model: str, adapter: str, batches: list[int], steps: int) -> N
             prompt = torch.randint(100, 20000, (64,), generator=gen).tolist()
             engine.add_request(_request(f"r{i}", prompt, "ad0" if i % 2 else None, 200))
         while engine.waiting or any(s.in_prefill for s in engine.running):
-            engine.step()
+            _check(engine.step())
         for _ in range(3):
-            engine.step()
+            _check(engine.step())
+        assert len(engine.running) == b, "every request must be decoding"
         start = time.perf_counter()
         for _ in range(steps):
             engine.step()
@@ -186,11 +195,15 @@ def decode_side_by_side(tmp: Path, baseline: Path, steps: int, rounds: int) -> l
     adapter = make_random_adapter(tmp / "ad0", model, rank=8, seed=0)
     batches = [1, 8, 32]
     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "paged": []}
-    worker = [sys.executable, str(Path(__file__).resolve()), "--worker", str(model), str(adapter)]
-    worker += ["--steps", str(steps), "--batches", ",".join(map(str, batches))]
+    argv = [str(Path(__file__).resolve()), "--worker", str(model), str(adapter)]
+    argv += ["--steps", str(steps), "--batches", ",".join(map(str, batches))]
+    # run this file by path from the tree's root: `molora_runtime` and `kernels` come from there
+    code = (
+        f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    worker = [sys.executable, "-c", code]
     for _ in range(rounds):
         for label, tree in (("baseline", baseline), ("paged", ROOT)):
-            # this file runs as a script: only `molora_runtime` comes from PYTHONPATH's tree
             env = {**os.environ, "PYTHONPATH": str(tree)}
             proc = subprocess.run(worker, env=env, capture_output=True, text=True, cwd=tree)
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from molora_runtime.lora.context import LoRAContext
 from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.attention_meta import CacheAttention, DenseAttention, KVCache
 from molora_runtime.model.layers import FusedLinear, LoRALinear, RMSNorm, RotaryEmbedding, Rotation
+from molora_runtime.model.lora_context import LoRAContext
 from molora_runtime.model.paged_decode import paged_decode
 
 AttentionMeta = CacheAttention | DenseAttention

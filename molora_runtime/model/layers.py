@@ -9,8 +9,8 @@ from torch import nn
 
 from kernels import routed_lora
 from kernels.stacked import routed_lora_stacked
-from molora_runtime.lora.context import LoRAContext
 from molora_runtime.model.arch import RopeConfig
+from molora_runtime.model.lora_context import LoRAContext
 
 
 class RMSNorm(nn.Module):

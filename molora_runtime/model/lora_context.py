@@ -1,0 +1,141 @@
+"""Per-step LoRA routing metadata handed down the forward (never module-global state).
+
+It lives in `model/` because the model reads it; `lora/` builds it (lora imports model, never the
+reverse).
+
+`LoRAContext` carries, for the T tokens of a step, the static per-token table
+`(slot_ids[T, W], weights[T, W])` built from each request's route, plus — for tokens on a
+learned route — which composition gates them. At the top of every decoder layer the model calls
+`begin_layer`, which runs the composition gates on that layer's normed input and overwrites the
+learned tokens' rows; every LoRA-targeted linear of the layer then reads `slot_ids`/`weights`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from kernels.plan import SegmentPlan, build_segment_plan
+from kernels.stacked import slot_weight_matrix
+
+if TYPE_CHECKING:
+    from molora_runtime.model.layers import LoRABuffers
+
+
+@dataclass
+class GateTable:
+    """The composition slots of the hot-set, as the model sees them during a forward.
+
+    weight: [C, L, K, d]; bias: [C, L, K]; expert_slots: [C, K] hot-set slot of each expert
+    (0 for padding experts); num_experts: [C].
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    expert_slots: torch.Tensor
+    num_experts: torch.Tensor
+
+
+@dataclass
+class LoRAContext:
+    """Routing of one forward's tokens; `None` in place of a context means base model only."""
+
+    slot_ids: torch.Tensor  # [T, W] int64, <= 0 = none
+    weights: torch.Tensor  # [T, W] float32
+    comp_idx: torch.Tensor | None = None  # [T] int64 composition slot, -1 = static route
+    gates: GateTable | None = None
+    top_k: torch.Tensor | None = None  # [T] int64, learned tokens' top-k
+    temperature: torch.Tensor | None = None  # [T] float32, learned tokens' gate temperature
+    # Slots [first, first + count) hold every adapter this step can touch; set (CPU) when the
+    # stacked two-GEMM delta is cheaper than grouping tokens by slot.
+    stacked_slots: tuple[int, int] | None = None
+    record_layers: bool = False  # keep each layer's table (attribution / gate statistics)
+    return_gate_logits: bool = False  # keep raw gate logits (router training)
+    # outputs of the forward, filled by begin_layer
+    layer_tables: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    gate_logits: list[torch.Tensor] = field(default_factory=list)
+    _static: tuple[torch.Tensor, torch.Tensor] | None = None
+    _plan: tuple[torch.Tensor, torch.Tensor, SegmentPlan] | None = None
+    _expanded: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor] | None = None
+
+    def stacked_weights(self, buffers: LoRABuffers) -> tuple[int, int, torch.Tensor] | None:
+        """(first slot, slot count, [T, count·r] weights) for the stacked delta, or None.
+
+        Built once per routing table (once per step for static routes, once per layer for
+        learned ones) and shared by every projection that reads it.
+        """
+        if self.stacked_slots is None:
+            return None
+        first, count = self.stacked_slots
+        rank = buffers.rank
+        cached = self._expanded
+        if (
+            cached is None
+            or cached[0] is not self.slot_ids
+            or cached[1] is not self.weights
+            or cached[2] != rank
+        ):
+            expanded = slot_weight_matrix(self.slot_ids, self.weights, first, count, rank)
+            cached = (self.slot_ids, self.weights, rank, expanded)
+            self._expanded = cached
+        return first, count, cached[3]
+
+    def segment_plan(self) -> SegmentPlan | None:
+        """The current table grouped by slot (CPU path), built once per table, not per linear."""
+        if self.slot_ids.is_cuda:
+            return None
+        cached = self._plan
+        if cached is None or cached[0] is not self.slot_ids or cached[1] is not self.weights:
+            cached = (self.slot_ids, self.weights, build_segment_plan(self.slot_ids, self.weights))
+            self._plan = cached
+        return cached[2]
+
+    @property
+    def has_learned(self) -> bool:
+        return self.comp_idx is not None and self.gates is not None
+
+    def begin_layer(self, layer: int, normed: torch.Tensor) -> None:
+        """Compute this layer's per-token table (learned rows from the gates on `normed`)."""
+        if self._static is None:
+            self._static = (self.slot_ids, self.weights)
+        if self.has_learned:
+            self.slot_ids, self.weights = self._learned_table(layer, normed)
+        if self.record_layers:
+            self.layer_tables.append((self.slot_ids, self.weights))
+
+    def _learned_table(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.comp_idx is not None and self.gates is not None and self._static is not None
+        assert self.top_k is not None and self.temperature is not None
+        g = self.gates
+        static_slots, static_w = self._static
+        C, _, K, d = g.weight.shape
+        W = static_slots.shape[1]
+        learned = self.comp_idx >= 0
+        comp = self.comp_idx.clamp(min=0)
+        # Gate logits of every composition slot for every token, then pick the token's own.
+        all_logits = normed.float() @ g.weight[:, layer].reshape(C * K, d).t()
+        logits = (
+            all_logits.view(-1, C, K).gather(1, comp.view(-1, 1, 1).expand(-1, 1, K)).squeeze(1)
+        )
+        logits = (logits + g.bias[comp, layer]) / self.temperature.unsqueeze(1)
+        expert_range = torch.arange(K, device=logits.device)
+        logits = logits.masked_fill(
+            expert_range[None, :] >= g.num_experts[comp][:, None], float("-inf")
+        )
+        if self.return_gate_logits:
+            self.gate_logits.append(logits)
+        k_max = min(W, K)
+        top_vals, top_idx = torch.topk(logits, k_max, dim=-1)
+        keep = torch.arange(k_max, device=logits.device)[None, :] < self.top_k[:, None]
+        top_vals = top_vals.masked_fill(~keep, float("-inf"))
+        probs = torch.softmax(top_vals, dim=-1)
+        slots = g.expert_slots[comp].gather(1, top_idx).masked_fill(~keep, 0)
+        if k_max < W:
+            pad = W - k_max
+            slots = torch.nn.functional.pad(slots, (0, pad))
+            probs = torch.nn.functional.pad(probs, (0, pad))
+        slot_ids = torch.where(learned[:, None], slots, static_slots)
+        weights = torch.where(learned[:, None], probs.to(static_w.dtype), static_w)
+        return slot_ids, weights
