@@ -74,3 +74,18 @@ def test_forget_unindexes_only_blocks_it_alone_holds() -> None:
     assert cached == 8
     own = bm.forget(t2)
     assert own == [t2[2]] and bm.num_cached == 2  # the shared prefix stays indexed
+
+
+def test_kv_config_is_validated() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from molora_runtime.config import EngineConfig
+
+    with pytest.raises(ValidationError, match="kv_cache_bytes or kv_cache_fraction, not both"):
+        EngineConfig(kv_cache_bytes=1 << 20, kv_cache_fraction=0.5)
+    with pytest.raises(ValidationError, match="power of two"):
+        EngineConfig(kv_block_size=12)
+    with pytest.raises(ValidationError):
+        EngineConfig(kv_cache_fraction=1.5)
+    assert EngineConfig(kv_cache_bytes=1 << 30).kv_block_size == 16
