@@ -400,6 +400,9 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--work", default=None, help="keep adapters/store here between runs")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--modes", nargs="+", default=None, help="only these modes (a quick A/B)")
+    ap.add_argument("--concurrency", nargs="+", type=int, default=None, help="only these c")
+    ap.add_argument("--out", default=str(RESULTS), help="where the JSON goes")
     args = ap.parse_args()
 
     from molora_runtime.model.arch import load_arch
@@ -411,6 +414,9 @@ def main() -> None:
     store = make_assets(work, model_dir)
     vocab_split = load_arch(model_dir).vocab_size // 3
     cells = CELLS["quick" if args.quick else "full"]
+    if args.concurrency:
+        cells = [cell for cell in CELLS["full"] if cell[0] in args.concurrency]
+    only = set(args.modes or modes(vocab_split))
     vllm_python = Path(args.vllm_python)
     runs: dict[str, Any] = {}
     for dtype in args.dtypes:
@@ -421,7 +427,12 @@ def main() -> None:
             try:
                 run["vllm"] = {
                     "sanity": asyncio.run(sanity(VLLM_PORT)),
-                    "cells": drive(VLLM_PORT, ["base", "single", "mixed"], cells, vocab_split),
+                    "cells": drive(
+                        VLLM_PORT,
+                        [m for m in ("base", "single", "mixed") if m in only],
+                        cells,
+                        vocab_split,
+                    ),
                 }
             finally:
                 stop(proc)
@@ -433,7 +444,9 @@ def main() -> None:
         try:
             run["molora"] = {
                 "sanity": asyncio.run(sanity(MOLORA_PORT)),
-                "cells": drive(MOLORA_PORT, list(modes(vocab_split)), cells, vocab_split),
+                "cells": drive(
+                    MOLORA_PORT, [m for m in modes(vocab_split) if m in only], cells, vocab_split
+                ),
             }
         finally:
             stop(proc)
@@ -442,7 +455,7 @@ def main() -> None:
     table = summarize(runs)
     print("\n".join(table))
     write_json(
-        RESULTS,
+        Path(args.out),
         {
             "benchmark": "serve_vs_vllm",
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

@@ -20,7 +20,12 @@ import torch
 from molora_runtime.config import EngineConfig
 from molora_runtime.engine.detokenizer import IncrementalDetokenizer
 from molora_runtime.engine.isolation import culprit_error, run_isolated, sample_isolated
-from molora_runtime.engine.logits_processing import RowInput, sample_rows, token_logprob
+from molora_runtime.engine.logits_processing import (
+    RowInput,
+    sample_rows,
+    take_rows,
+    token_logprob,
+)
 from molora_runtime.engine.sequence import SeqStatus, Sequence
 from molora_runtime.engine.structured import GrammarCompiler
 from molora_runtime.engine.types import (
@@ -522,11 +527,13 @@ class LLMEngine:
         if not sampled_seqs:
             return
         if len(src) != len(batch.logits_seqs):
-            logits = logits[torch.tensor(src, dtype=torch.long, device=logits.device)]
+            logits = take_rows(logits, src)
         logprobs: dict[int, Any] = {}
 
         def sample(lg: torch.Tensor, rows: list[int]) -> list[int]:
-            tokens, lps = sample_rows(lg[rows], [self._row_input(sampled_seqs[r]) for r in rows])
+            tokens, lps = sample_rows(
+                take_rows(lg, rows), [self._row_input(sampled_seqs[r]) for r in rows]
+            )
             logprobs.update(zip(rows, lps, strict=True))
             return tokens
 
