@@ -193,7 +193,8 @@ def vllm_binding(log: Path) -> list[str]:
 
 
 def molora_config(store: Path, dtype: str, path: Path) -> Path:
-    """serve_config.yaml with the benchmark's limits: one replica owning every core."""
+    """serve_config.yaml with the benchmark's limits, on the shipped replica layout (replicas x
+    CPUs covering every core; each replica has vLLM's limits: 32 sequences, 4 adapter slots)."""
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     cfg["http_options"]["port"] = MOLORA_PORT
     cfg["logging_config"]["enable_access_log"] = False
@@ -212,10 +213,8 @@ def molora_config(store: Path, dtype: str, path: Path) -> Path:
     for dep in app["deployments"]:
         if dep["name"] == "ModelReplica":
             dep.pop("autoscaling_config", None)
-            dep["num_replicas"] = 1
-            dep["max_ongoing_requests"] = 64
+            dep["max_ongoing_requests"] = MAX_NUM_SEQS
             dep["max_queued_requests"] = 256
-            dep["ray_actor_options"] = {"num_cpus": os.cpu_count() or 1}
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
@@ -228,6 +227,13 @@ def start_molora(config: Path, log: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)  # fmt: skip
     wait_up(f"http://127.0.0.1:{MOLORA_PORT}/health", proc)
     return proc
+
+
+def replica_layout() -> dict[str, Any]:
+    """The shipped ModelReplica layout the benchmark serves on."""
+    app = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
+    dep = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
+    return {"num_replicas": dep["num_replicas"], **dep["ray_actor_options"]}
 
 
 def molora_binding(log: Path) -> list[str]:
@@ -467,6 +473,7 @@ def main() -> None:
                 "sampling": "greedy, ignore_eos, streaming chat",
                 "max_num_seqs": MAX_NUM_SEQS,
                 "max_model_len": MAX_MODEL_LEN,
+                "molora_replicas": replica_layout(),
             },
             "runs": runs,
             "table": table,
