@@ -193,7 +193,8 @@ def vllm_binding(log: Path) -> list[str]:
 
 
 def molora_config(store: Path, dtype: str, path: Path) -> Path:
-    """serve_config.yaml with the benchmark's limits: one replica owning every core."""
+    """serve_config.yaml with the benchmark's limits, on the shipped replica layout (replicas x
+    CPUs covering every core; each replica has vLLM's limits: 32 sequences, 4 adapter slots)."""
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     cfg["http_options"]["port"] = MOLORA_PORT
     cfg["logging_config"]["enable_access_log"] = False
@@ -212,10 +213,8 @@ def molora_config(store: Path, dtype: str, path: Path) -> Path:
     for dep in app["deployments"]:
         if dep["name"] == "ModelReplica":
             dep.pop("autoscaling_config", None)
-            dep["num_replicas"] = 1
-            dep["max_ongoing_requests"] = 64
+            dep["max_ongoing_requests"] = MAX_NUM_SEQS
             dep["max_queued_requests"] = 256
-            dep["ray_actor_options"] = {"num_cpus": os.cpu_count() or 1}
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
@@ -228,6 +227,13 @@ def start_molora(config: Path, log: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)  # fmt: skip
     wait_up(f"http://127.0.0.1:{MOLORA_PORT}/health", proc)
     return proc
+
+
+def replica_layout() -> dict[str, Any]:
+    """The shipped ModelReplica layout the benchmark serves on."""
+    app = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
+    dep = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
+    return {"num_replicas": dep["num_replicas"], **dep["ray_actor_options"]}
 
 
 def molora_binding(log: Path) -> list[str]:
@@ -400,6 +406,9 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--work", default=None, help="keep adapters/store here between runs")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--modes", nargs="+", default=None, help="only these modes (a quick A/B)")
+    ap.add_argument("--concurrency", nargs="+", type=int, default=None, help="only these c")
+    ap.add_argument("--out", default=str(RESULTS), help="where the JSON goes")
     args = ap.parse_args()
 
     from molora_runtime.model.arch import load_arch
@@ -411,6 +420,9 @@ def main() -> None:
     store = make_assets(work, model_dir)
     vocab_split = load_arch(model_dir).vocab_size // 3
     cells = CELLS["quick" if args.quick else "full"]
+    if args.concurrency:
+        cells = [cell for cell in CELLS["full"] if cell[0] in args.concurrency]
+    only = set(args.modes or modes(vocab_split))
     vllm_python = Path(args.vllm_python)
     runs: dict[str, Any] = {}
     for dtype in args.dtypes:
@@ -421,7 +433,12 @@ def main() -> None:
             try:
                 run["vllm"] = {
                     "sanity": asyncio.run(sanity(VLLM_PORT)),
-                    "cells": drive(VLLM_PORT, ["base", "single", "mixed"], cells, vocab_split),
+                    "cells": drive(
+                        VLLM_PORT,
+                        [m for m in ("base", "single", "mixed") if m in only],
+                        cells,
+                        vocab_split,
+                    ),
                 }
             finally:
                 stop(proc)
@@ -433,7 +450,9 @@ def main() -> None:
         try:
             run["molora"] = {
                 "sanity": asyncio.run(sanity(MOLORA_PORT)),
-                "cells": drive(MOLORA_PORT, list(modes(vocab_split)), cells, vocab_split),
+                "cells": drive(
+                    MOLORA_PORT, [m for m in modes(vocab_split) if m in only], cells, vocab_split
+                ),
             }
         finally:
             stop(proc)
@@ -442,7 +461,7 @@ def main() -> None:
     table = summarize(runs)
     print("\n".join(table))
     write_json(
-        RESULTS,
+        Path(args.out),
         {
             "benchmark": "serve_vs_vllm",
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
@@ -454,6 +473,7 @@ def main() -> None:
                 "sampling": "greedy, ignore_eos, streaming chat",
                 "max_num_seqs": MAX_NUM_SEQS,
                 "max_model_len": MAX_MODEL_LEN,
+                "molora_replicas": replica_layout(),
             },
             "runs": runs,
             "table": table,

@@ -54,6 +54,8 @@ class LLMEngine:
         self.model = load_model(
             self.model_path, self.dtype, self.device, max_positions=config.max_model_len
         )
+        if self.device.type == "cpu":
+            self.model.pack_cpu_weights()
         self.arch = arch = self.model.arch
         self.model_id = config.model
         self.tokenizer = load_tokenizer(self.model_path)

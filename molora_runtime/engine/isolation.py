@@ -61,10 +61,17 @@ def run_isolated(
 
 
 def bad_rows(logits: torch.Tensor) -> list[int]:
-    """Rows of `logits` [n, V] holding any NaN or Inf (one host sync)."""
+    """Rows of `logits` [n, V] holding any NaN or Inf (one host sync).
+
+    A row's sum is finite when all its elements are, so one reduction screens every row; only
+    rows whose sum is not finite (a NaN/Inf, or finite values summing past fp32's range) get
+    the exact element-wise check. Cheaper than `isfinite` over the whole [n, V] tensor, which
+    cost ~3 ms of a SmolLM2 b=32 decode step.
+    """
     if logits.shape[0] == 0:
         return []
-    return (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()
+    suspects = (~torch.isfinite(logits.sum(dim=-1))).nonzero().flatten().tolist()
+    return [i for i in suspects if not bool(torch.isfinite(logits[i]).all())]
 
 
 def sample_isolated(

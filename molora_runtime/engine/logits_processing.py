@@ -43,6 +43,15 @@ class RowInput:
         )
 
 
+def take_rows(t: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """Rows `rows` of `t` [n, V]: `t` itself when that is every row in order, else one
+    `index_select`. (Indexing with a list, `t[rows]`, runs aten::index, which took ~21 ms on
+    a [32, 49152] logits tensor on a 2-core CPU: a sixth of a whole decode step.)"""
+    if len(rows) == t.shape[0] and all(i == r for i, r in enumerate(rows)):
+        return t
+    return t.index_select(0, torch.tensor(list(rows), dtype=torch.long, device=t.device))
+
+
 def process_row(row: torch.Tensor, inp: RowInput) -> torch.Tensor:
     """The processed logits of one row [V] (float32, a new tensor): masks, bias, penalties."""
     p = inp.params
@@ -96,7 +105,9 @@ def sample_rows(
     logprobs: list[TokenLogprob | None] = [None] * len(rows)
     if plain:
         picked = sample_tokens(
-            logits[plain], [rows[i].params for i in plain], [rows[i].generator for i in plain]
+            take_rows(logits, plain),
+            [rows[i].params for i in plain],
+            [rows[i].generator for i in plain],
         )
         for i, tok in zip(plain, picked, strict=True):
             tokens[i] = tok

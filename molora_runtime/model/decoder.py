@@ -15,6 +15,7 @@ from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.attention_meta import CacheAttention, DenseAttention, KVCache
 from molora_runtime.model.layers import FusedLinear, LoRALinear, RMSNorm, RotaryEmbedding, Rotation
 from molora_runtime.model.lora_context import LoRAContext
+from molora_runtime.model.packed_linear import linear, pack_weight
 from molora_runtime.model.paged_decode import paged_decode
 
 AttentionMeta = CacheAttention | DenseAttention
@@ -153,6 +154,21 @@ class CausalLM(nn.Module):
         self.rope = RotaryEmbedding(
             arch.head_dim, max_positions or arch.max_position_embeddings, arch.rope
         )
+        self.packed_head: torch.Tensor | None = None
+
+    def pack_cpu_weights(self) -> None:
+        """Pack every base GEMM's weight for oneDNN once (CPU serving; see `packed_linear`).
+        Call after the weights are loaded and fused; they must not change afterwards."""
+        for m in self.modules():
+            if isinstance(m, FusedLinear) or (
+                isinstance(m, LoRALinear)
+                and not any(m in f.members for f in self.modules() if isinstance(f, FusedLinear))
+            ):
+                m.pack()
+        self.packed_head = pack_weight(self._head_weight())
+
+    def _head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def lora_linears(self) -> list[LoRALinear]:
         return [m for m in self.modules() if isinstance(m, LoRALinear)]
@@ -177,8 +193,7 @@ class CausalLM(nn.Module):
         return self.norm(h)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return linear(hidden, self._head_weight(), None, self.packed_head).float()
 
     def forward(
         self,

@@ -11,6 +11,7 @@ from kernels import routed_lora
 from kernels.stacked import routed_lora_stacked
 from molora_runtime.model.arch import RopeConfig
 from molora_runtime.model.lora_context import LoRAContext
+from molora_runtime.model.packed_linear import linear, pack_weight
 
 
 class RMSNorm(nn.Module):
@@ -179,9 +180,13 @@ class LoRALinear(nn.Module):
         self.name = name
         self.layer = layer
         self.lora: LoRABuffers | None = None  # attached by the hot-set
+        self.packed: torch.Tensor | None = None  # oneDNN copy of `weight` (CPU serving)
+
+    def pack(self) -> None:
+        self.packed = pack_weight(self.weight)
 
     def forward(self, x: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
-        y = nn.functional.linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias, self.packed)
         return self.add_delta(x, y, ctx)
 
     def add_delta(self, x: torch.Tensor, y: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
@@ -213,6 +218,11 @@ class FusedLinear(nn.Module):
         self.register_buffer("weight", None, persistent=False)
         self.register_buffer("bias", None, persistent=False)
         self.splits = [m.weight.shape[0] for m in members]
+        self.packed: torch.Tensor | None = None  # oneDNN copy of the fused weight (CPU serving)
+
+    def pack(self) -> None:
+        if self.weight is not None:
+            self.packed = pack_weight(self.weight)
 
     def fuse(self) -> None:
         with torch.no_grad():
@@ -236,6 +246,6 @@ class FusedLinear(nn.Module):
     def forward(self, x: torch.Tensor, ctx: LoRAContext | None) -> list[torch.Tensor]:
         if self.weight is None:
             return [m(x, ctx) for m in self.members]
-        y = nn.functional.linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias, self.packed)
         outs = list(torch.split(y, self.splits, dim=-1))
         return [m.add_delta(x, o, ctx) for m, o in zip(self.members, outs, strict=True)]

@@ -72,7 +72,9 @@ def decode(model, kv, token: int, row: int, pos: int, static: bool = False) -> t
         return model(torch.tensor([token]), meta, kv, None)[0]
 
 
-def check_model(model, ref, seq_len: int = 40, split: int = 27, decodes: int = 5) -> None:
+def check_model(
+    model, ref, seq_len: int = 40, split: int = 27, decodes: int = 5, atol: float = TOL
+) -> None:
     arch = model.arch
     gen = torch.Generator().manual_seed(1)
     full = torch.randint(0, arch.vocab_size, (seq_len + decodes,), generator=gen)
@@ -87,17 +89,17 @@ def check_model(model, ref, seq_len: int = 40, split: int = 27, decodes: int = 5
     # prefill in one chunk
     kv = kv_cache()
     one = prefill(model, kv, full[:seq_len], row=1, start=0)
-    torch.testing.assert_close(one, expected[:seq_len], atol=TOL, rtol=0)
+    torch.testing.assert_close(one, expected[:seq_len], atol=atol, rtol=0)
     # then decode steps, one token at a time (eager gather and the static padded-table path)
     for pos in range(seq_len, seq_len + decodes):
         got = decode(model, kv, int(full[pos]), row=1, pos=pos, static=pos % 2 == 1)
-        torch.testing.assert_close(got, expected[pos], atol=TOL, rtol=0)
+        torch.testing.assert_close(got, expected[pos], atol=atol, rtol=0)
 
     # prefill in two chunks (the second attends to the cached first one)
     kv = kv_cache()
     first = prefill(model, kv, full[:split], row=0, start=0)
     second = prefill(model, kv, full[split:seq_len], row=0, start=split)
-    torch.testing.assert_close(torch.cat([first, second]), expected[:seq_len], atol=TOL, rtol=0)
+    torch.testing.assert_close(torch.cat([first, second]), expected[:seq_len], atol=atol, rtol=0)
 
     # one flat batch: a decode of row 0 followed by a prefill chunk of another sequence (row 2)
     other = torch.randint(0, arch.vocab_size, (11,), generator=gen)
@@ -116,8 +118,8 @@ def check_model(model, ref, seq_len: int = 40, split: int = 27, decodes: int = 5
     )
     with torch.inference_mode():
         mixed = model(ids, meta, kv, None, torch.tensor([0, 7]))
-    torch.testing.assert_close(mixed[0], expected[seq_len], atol=TOL, rtol=0)
-    torch.testing.assert_close(mixed[1], other_expected[-1], atol=TOL, rtol=0)
+    torch.testing.assert_close(mixed[0], expected[seq_len], atol=atol, rtol=0)
+    torch.testing.assert_close(mixed[1], other_expected[-1], atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -136,5 +138,8 @@ def test_tiny_logits_equal_transformers(name: str, tmp_path: Path) -> None:
 def test_smollm2_logits_equal_transformers(smollm2) -> None:
     assert smollm2.engine.arch.tie_word_embeddings
     # the engine's model (hot-set buffers attached, no LoRA context) vs plain transformers
+    # The engine serves on oneDNN-packed weights (model/packed_linear.py): over 30 fp32 layers
+    # their summation order differs from transformers' GEMMs, which moves logits of size ~20 by
+    # up to ~1.5e-4 (1e-5 relative): the tiny models above keep the tight 1e-4.
     with smollm2.peft.disable_adapter():
-        check_model(smollm2.engine.model, smollm2.peft, seq_len=24, split=15, decodes=3)
+        check_model(smollm2.engine.model, smollm2.peft, seq_len=24, split=15, decodes=3, atol=3e-4)
