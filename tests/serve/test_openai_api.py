@@ -20,12 +20,13 @@ MESSAGES = [{"role": "user", "content": "Say something."}]
 def app_url(ray_cluster, tiny_assets):
     args = shipped_args(
         tiny_assets,
-        # a KV budget below max_model_len: 224 tokens of fp32 K/V (2 layers x 2 heads x 16 dims)
+        # a KV budget below max_model_len: 240 tokens of fp32 K/V (2 layers x 2 heads x 16 dims),
+        # still room for the 33-token chat prompt + 200 tokens the disconnect test asks for
         engine={
             "max_num_seqs": 2,
             "max_queue_len": 2,
             "max_model_len": 256,
-            "kv_cache_bytes": 224 * 512,
+            "kv_cache_bytes": 240 * 512,
         },
         server={"default_max_tokens": 16},
         expose={
@@ -240,8 +241,8 @@ def test_too_long_prompt_names_the_limit(client):
 def test_request_longer_than_the_kv_budget_is_a_400(client):
     """Within max_model_len but past the whole KV budget: refused up front, never admitted."""
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model="math", prompt="word " * 180, max_tokens=60)
-    assert "whole KV budget holds 224 tokens" in info.value.body["message"]
+        client.completions.create(model="math", prompt="word " * 180, max_tokens=70)
+    assert "whole KV budget holds 240 tokens" in info.value.body["message"]
     ok = client.completions.create(model="math", prompt="word " * 100, max_tokens=8)
     assert ok.choices[0].finish_reason in ("stop", "length")
 
