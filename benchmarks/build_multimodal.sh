@@ -4,8 +4,8 @@
 # store, and the quality table + digit grid (benchmarks/results/multimodal_quality.json,
 # multimodal_digits.png). These are the exact commands and seeds of the committed artefacts.
 # Measured on the shared 2-core CPU box (nice 19, one thread per run, both runs in parallel):
-#   draw  120 steps x 8: CPU time ~TBD min (wall ~28 min under contention)
-#   read  150 steps x 8: CPU time ~TBD min (wall ~36 min)
+#   draw  120 steps x 8: 8.9 CPU-minutes (user+sys; 27.7 min wall under contention)
+#   read  150 steps x 8: 10.3 CPU-minutes (29.5 min wall); 19.2 CPU-minutes in all
 # A GPU takes well under a minute for each (DEVICE=cuda THREADS=).
 # Usage: bash benchmarks/build_multimodal.sh [WORK_DIR]
 set -euo pipefail
@@ -14,7 +14,7 @@ WORK=${1:-${MOLORA_HOME:-$HOME/.cache/molora}/train/mm2}
 STORE=deployments/default_store
 VERSION=${VERSION:-v2}  # versions are immutable: a rebuild publishes a new one (v1: branch only)
 SEED=0
-DEVICE=${DEVICE:-auto}
+DEVICE=${DEVICE:-cpu}  # the committed run: cpu
 THREADS=${THREADS:-1}
 PY=${PY:-.venv/bin/python}
 MOLORA="$PY -m deployments.cli"
