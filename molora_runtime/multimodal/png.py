@@ -193,7 +193,12 @@ def _box(n: int, out: int) -> np.ndarray:
 
 def png_to_levels(data: bytes, max_side: int = MAX_SIDE) -> list[int]:
     """64 grey levels (0 white .. 16 black, row-major) of a PNG."""
-    grey = decode_png(data, max_side)
+    try:
+        grey = decode_png(data, max_side)
+    except ImageInputError:
+        raise
+    except (ValueError, IndexError, struct.error) as exc:  # a case the checks above missed
+        raise ImageInputError(f"image is not a readable PNG ({type(exc).__name__})") from None
     small = _box(grey.shape[0], SIDE) @ grey @ _box(grey.shape[1], SIDE).T
     levels = np.rint((255.0 - small) * (LEVELS - 1) / 255.0).astype(int).clip(0, LEVELS - 1)
     return [int(v) for v in levels.reshape(-1)]

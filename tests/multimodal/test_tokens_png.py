@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import struct
 import zlib
@@ -155,3 +156,45 @@ def test_data_url_refusals_say_why() -> None:
         png.decode_data_url(png.DATA_URL_PREFIX + base64.b64encode(b"x" * 2000).decode(), 1000)
     with pytest.raises(png.ImageInputError, match="larger than"):
         png.decode_data_url(png.DATA_URL_PREFIX + "A" * 10_000_000)  # refused before decoding
+
+
+def test_mutated_pngs_fail_only_with_image_input_errors() -> None:
+    import random
+
+    rng = random.Random(0)
+    good = png.levels_to_png(split("eval")[1][0], scale=2)
+    for _ in range(300):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(png.PNG_SIGNATURE), len(data))] = rng.randrange(256)
+        with contextlib.suppress(png.ImageInputError):
+            png.png_to_levels(bytes(data))
+
+
+def test_random_well_framed_pngs_decode_or_fail_cleanly() -> None:
+    """Valid chunks and CRCs around random headers and pixel data (every filter, colour type)."""
+    import random
+
+    rng = random.Random(1)
+    for _ in range(200):
+        w, h = rng.randint(6, 20), rng.randint(6, 20)
+        colour, depth = rng.choice([0, 2, 3, 4, 6]), rng.choice([8, 8, 16, 4])
+        bpp = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour] * max(depth // 8, 1)
+        rows = b"".join(
+            bytes([rng.randint(0, 5)]) + rng.randbytes(w * bpp)
+            for _ in range(h + rng.randint(-1, 1))
+        )
+        ihdr = struct.pack(">IIBBBBB", w, h, depth, colour, 0, 0, 0)
+        extra = _chunk(b"PLTE", rng.randbytes(3 * rng.randint(0, 256))) if colour == 3 else b""
+        data = (
+            png.PNG_SIGNATURE
+            + _chunk(b"IHDR", ihdr)
+            + extra
+            + _chunk(b"IDAT", zlib.compress(rows))
+            + _chunk(b"IEND", b"")
+        )
+        try:
+            levels = png.png_to_levels(data)
+        except png.ImageInputError:
+            continue
+        assert len(levels) == 64 and all(0 <= v <= 16 for v in levels)
