@@ -24,7 +24,7 @@ from molora_runtime.multimodal.digits import split
 PIXELS = split("eval")[0][0]
 URL = png.levels_to_data_url(PIXELS)
 # BOI first, then the 17 codes once each (presence penalty), then EOI: one image of 17 codes
-# (cut to 16) in 19 tokens, whatever the random model's own logits (far below 0.5).
+# (cut to 16) in 19 greedy tokens (the random model's own logits are far below 0.5).
 DRAW = {
     "logit_bias": {
         str(tokens.BOI): 100,
@@ -33,6 +33,7 @@ DRAW = {
     },
     "presence_penalty": 2.0,
     "max_tokens": 19,
+    "temperature": 0,
 }
 
 
@@ -91,39 +92,30 @@ def _images(message: dict) -> list[list[int]]:
     return out
 
 
-def test_generated_images_come_back_as_png_parts_not_text(app_url):
-    resp = _chat(
-        app_url, {"model": "pictures", "messages": [{"role": "user", "content": "7"}], **DRAW}
-    )
+def _ask(url: str, model: str, **extra) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": "7"}], **DRAW, **extra}
+    resp = _chat(url, body)
     assert resp.status_code == 200, resp.text
-    message = resp.json()["choices"][0]["message"]
+    return resp.json()["choices"][0]["message"]
+
+
+def test_generated_images_come_back_as_png_parts_not_text(app_url):
+    # the base model, forced: exactly BOI, 17 codes, EOI (the route's random adapters would
+    # move the logits past the bias margins)
+    message = _ask(app_url, "tiny-base", molora={"images": True})
     [image] = _images(message)
-    assert image == tokens.quantize(image)  # an image of codebook patches
+    assert image == tokens.quantize(image) and image != [0] * 64  # codebook patches
     assert message["content"] == ""  # the codes are the image, not text
-    # asked not to, the same codes come back as the (rare BPE) words they are
-    plain = _chat(
-        app_url,
-        {
-            "model": "pictures",
-            "messages": [{"role": "user", "content": "7"}],
-            "molora": {"images": False},
-            **DRAW,
-        },
-    ).json()["choices"][0]["message"]
+    # not asked for, the same codes come back as the (rare BPE) words they are
+    plain = _ask(app_url, "tiny-base")
     assert "images" not in plain and len(plain["content"]) > 40
+    # a route that sends the image range to an adapter returns images by default
+    assert "images" in _ask(app_url, "pictures")
     # streamed: the image arrives once, in the chunk where it closes, equal to the full one
     chunks = []
-    with httpx.stream(
-        "POST",
-        f"{app_url}/v1/chat/completions",
-        json={
-            "model": "pictures",
-            "messages": [{"role": "user", "content": "7"}],
-            "stream": True,
-            **DRAW,
-        },
-        timeout=60,
-    ) as stream:
+    body = {"model": "tiny-base", "messages": [{"role": "user", "content": "7"}], **DRAW}
+    body |= {"stream": True, "molora": {"images": True}}
+    with httpx.stream("POST", f"{app_url}/v1/chat/completions", json=body, timeout=60) as stream:
         for line in stream.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunks.append(json.loads(line[6:]))
