@@ -258,7 +258,9 @@ def main() -> None:
                 ),
                 1,
             ),
-            "config": {k: v for k, v in vars(args).items() if k not in ("adapter", "store")},
+            "config": {
+                k: v for k, v in vars(args).items() if k not in ("adapter", "store", "out", "grid")
+            },
             "counts": {k: sum(t.kind == k for t in all_tasks) for k in ("draw", "read", "mixed")},
             "route": vocab_route().model_dump(),
             "platform": {
