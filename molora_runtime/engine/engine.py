@@ -169,6 +169,13 @@ class LLMEngine:
         else:
             assert req.prompt is not None
             text = req.prompt
+        if req.images is not None:
+            from molora_runtime.multimodal.prompt import encode_with_images
+
+            try:
+                return encode_with_images(self.tokenizer, text, req.images, self.arch.vocab_size)
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from exc
         try:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         except Exception as exc:  # e.g. a lone surrogate: the text is not valid Unicode
@@ -614,7 +621,10 @@ class LLMEngine:
     def _detokenizer(self, seq: Sequence) -> IncrementalDetokenizer:
         detok = self._detok.get(seq.request_id)
         if detok is None:
-            detok = IncrementalDetokenizer(self.tokenizer, seq.request.sampling.stop)
+            hidden = frozenset()
+            if seq.request.image_output:  # image codes come back as images, not as text
+                from molora_runtime.multimodal.prompt import HIDDEN_IDS as hidden
+            detok = IncrementalDetokenizer(self.tokenizer, seq.request.sampling.stop, hidden)
             self._detok[seq.request_id] = detok
         return detok
 
