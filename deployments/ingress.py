@@ -33,6 +33,7 @@ from deployments.admin import YankBody
 from deployments.auth import Principal
 from deployments.config import REPO_ROOT, ServeConfig
 from deployments.errors import status_of
+from deployments.images import ImageOutput, ImagePartError, request_images, wants_images
 from deployments.json_guard import BodyError, parse_body
 from deployments.logprobs import chat_logprobs, completion_logprobs, mean_logprob
 from deployments.lora_admin import LoadLoraBody, UnloadLoraBody
@@ -205,8 +206,11 @@ def choices_asked(body: Any) -> tuple[int, int]:
 class _Shaper:
     """Turns replica items into OpenAI responses and chunks (choices by their `index`)."""
 
-    def __init__(self, body: Any, resolved: Resolved, chat: bool, request_id: str) -> None:
+    def __init__(
+        self, body: Any, resolved: Resolved, chat: bool, request_id: str, images: bool = False
+    ) -> None:
         self.body, self.resolved, self.chat, self.id = body, resolved, chat, request_id
+        self.images = ImageOutput() if images and chat else None
         self.model = body.model
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.usage = Usage()
@@ -284,10 +288,13 @@ class _Shaper:
                 text = prompt_text + text
             logprobs = self._logprobs(deltas, 0, prompt)
             if self.chat:
+                message = AssistantMessage(content=text)
+                if self.images is not None:
+                    message.images = ImageOutput.all([t for d in deltas for t in d.token_ids])
                 chat_choices.append(
                     ChatChoice(
                         index=out_index,
-                        message=AssistantMessage(content=text),
+                        message=message,
                         finish_reason=finish,
                         logprobs=logprobs,
                     )
@@ -318,7 +325,8 @@ class _Shaper:
             return []
         text, finish, index = item.text, item.finish_reason, item.index
         first = index not in self.sent_role
-        if not text and finish is None and not first and not item.logprobs:
+        images = self.images.feed(index, item.token_ids, finish is not None) if self.images else []
+        if not text and finish is None and not first and not item.logprobs and not images:
             return []
         info = None
         if (first and not self.sent_role) or item.attribution:
@@ -336,7 +344,7 @@ class _Shaper:
                 len(lp.token) for lp in [*prompt, *(item.logprobs or [])]
             )
         if self.chat:
-            delta = DeltaMessage(content=text)
+            delta = DeltaMessage(content=text, images=images or None)
             if first:
                 delta.role = "assistant"
             chunk: Any = ChatCompletionChunk(
@@ -506,7 +514,8 @@ class Router:
             # Every choice may run to max_tokens: the token quota is charged for all of them.
             end = self.access.admit(principal, max_tokens * choices_asked(body)[1])
             resolved = await self._resolve(body, principal)
-            gen_req = self._engine_request(body, resolved, chat)
+            images = await self._images(body)
+            gen_req = self._engine_request(body, resolved, chat, images)
         except AccessError as exc:
             return access_error_response(exc)
         except ApiError as exc:
@@ -520,7 +529,7 @@ class Router:
         except ApiError as exc:
             tracker.done(str(exc.status))
             return error_response(exc.status, exc.message, exc.param, retry_after)
-        shaper = _Shaper(body, resolved, chat, gen_req.request_id)
+        shaper = _Shaper(body, resolved, chat, gen_req.request_id, gen_req.image_output)
         if body.stream:
             return StreamingResponse(
                 self._sse(stream, first, shaper, tracker),
@@ -569,8 +578,22 @@ class Router:
                 raise ApiError(404, str(exc), param) from None
         raise AssertionError("unreachable")
 
+    @staticmethod
+    async def _images(body: CompletionRequest | ChatCompletionRequest) -> list[list[int]] | None:
+        """The chat request's image parts as 8x8 grey levels (decoded off the event loop)."""
+        if not isinstance(body, ChatCompletionRequest) or not body.has_images():
+            return None
+        try:
+            return await asyncio.to_thread(request_images, body)
+        except ImagePartError as exc:
+            raise ApiError(400, str(exc), exc.param) from None
+
     def _engine_request(
-        self, body: CompletionRequest | ChatCompletionRequest, resolved: Resolved, chat: bool
+        self,
+        body: CompletionRequest | ChatCompletionRequest,
+        resolved: Resolved,
+        chat: bool,
+        images: list[list[int]] | None = None,
     ) -> GenerationRequest:
         try:
             asked = body.requested_max_tokens()
@@ -597,7 +620,11 @@ class Router:
             )
             prompt: dict[str, Any]
             if isinstance(body, ChatCompletionRequest):
-                prompt = {"messages": body.engine_messages()}
+                prompt = {
+                    "messages": body.engine_messages(),
+                    "images": images,
+                    "image_output": wants_images(body, resolved.route),
+                }
             elif isinstance(body.prompt, str):
                 prompt = {"prompt": body.prompt}
             elif isinstance(body.prompt[0], str):

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from molora_runtime.engine.types import MAX_INT32, MAX_SEED
+from molora_runtime.multimodal.prompt import IMAGE_SLOT
 from molora_runtime.routes import RouteSpec
 
 MAX_STOP_TOKEN_IDS = 64
@@ -23,6 +24,7 @@ MAX_MESSAGES = 1024
 MAX_N = 16  # choices per request (n, best_of)
 MAX_LOGIT_BIAS = 1024  # entries of logit_bias
 MAX_TOP_LOGPROBS = 20
+MAX_IMAGES = 16  # image parts per request
 
 
 class _Payload(BaseModel):
@@ -40,6 +42,12 @@ class MoloraOptions(_Payload):
         False,
         description="when prompt + max_tokens exceed the context, cut max_tokens instead of "
         "answering 400",
+    )
+    images: bool | None = Field(
+        None,
+        description="return generated image codes as PNG image parts (`message.images`) and keep "
+        "them out of the text; default: when the request has image parts or its route sends "
+        "the image-code range to an adapter",
     )
 
 
@@ -206,9 +214,27 @@ class ContentPart(_Payload):
     text: str
 
 
+class ImageURL(_Payload):
+    url: str = Field(
+        description="data:image/png;base64,... only (remote URLs are refused, never fetched); "
+        "a PNG of at most 256 KiB, each side 8..128 pixels"
+    )
+    detail: Literal["auto", "low", "high"] | None = Field(None, description="accepted, unused")
+
+
+class ImageContentPart(_Payload):
+    """An image in a message: read as an 8x8 digit with 17 grey levels (the image codes)."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+MessagePart = Annotated[ContentPart | ImageContentPart, Field(discriminator="type")]
+
+
 class ChatMessage(_Payload):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    content: str | list[MessagePart]
     name: str | None = Field(None, description="not supported: refused rather than dropped")
 
     @field_validator("name")
@@ -221,9 +247,22 @@ class ChatMessage(_Payload):
         return value
 
     def text(self) -> str:
+        """The message's text; each image part becomes an IMAGE_SLOT the engine fills."""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(
+            part.text if isinstance(part, ContentPart) else IMAGE_SLOT for part in self.content
+        )
+
+    def texts(self) -> list[str]:
+        if isinstance(self.content, str):
+            return [self.content]
+        return [p.text for p in self.content if isinstance(p, ContentPart)]
+
+    def image_count(self) -> int:
+        if isinstance(self.content, str):
+            return 0
+        return sum(isinstance(p, ImageContentPart) for p in self.content)
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -235,7 +274,14 @@ class ChatCompletionRequest(_SamplingFields):
     def _unsupported(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
+        if sum(m.image_count() for m in self.messages) > MAX_IMAGES:
+            raise ValueError(f"at most {MAX_IMAGES} image parts per request")
+        if self.has_images() and any(IMAGE_SLOT in t for m in self.messages for t in m.texts()):
+            raise ValueError("U+FFFC marks image parts: a request with images cannot use it")
         return self
+
+    def has_images(self) -> bool:
+        return any(m.image_count() for m in self.messages)
 
     def top_logprobs_wanted(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -285,9 +331,23 @@ class CompletionResponse(BaseModel):
     molora: MoloraInfo | None = None
 
 
+class ImageURLOut(BaseModel):
+    url: str = Field(description="data:image/png;base64,... (64x64 grey, each pixel 8x8)")
+
+
+class ImageOut(BaseModel):
+    """A generated image (OpenRouter's `message.images` entry): a PNG data URL."""
+
+    type: Literal["image_url"] = "image_url"
+    image_url: ImageURLOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    images: list[ImageOut] | None = Field(
+        None, description="generated images, in order (with `molora.images`, else absent)"
+    )
 
 
 class ChatChoice(BaseModel):
@@ -310,6 +370,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    images: list[ImageOut] | None = Field(None, description="images closed in this chunk")
 
 
 class ChatChunkChoice(BaseModel):

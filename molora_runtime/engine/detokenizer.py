@@ -17,8 +17,11 @@ REPLACEMENT = "\ufffd"
 class IncrementalDetokenizer:
     """Decodes a sequence's output ids and decides how much text is safe to emit."""
 
-    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
+    def __init__(
+        self, tokenizer: Any, stop: list[str], hidden: frozenset[int] = frozenset()
+    ) -> None:
         self.tokenizer = tokenizer
+        self.hidden = hidden  # ids that are not text (image codes): never decoded
         self.stop = [s for s in stop if s]
         self.holdback = max((len(s) for s in self.stop), default=1) - 1
         self.text = ""  # settled text (every character complete)
@@ -28,6 +31,8 @@ class IncrementalDetokenizer:
         self._searched = 0  # stop strings cannot start before this index of `text`
 
     def _decode(self, ids: list[int]) -> str:
+        if self.hidden:
+            ids = [t for t in ids if t not in self.hidden]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def update(self, output_ids: list[int], search_from: int = 0) -> tuple[str, bool]:

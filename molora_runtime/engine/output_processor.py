@@ -149,7 +149,10 @@ class OutputProcessor:
     def _detokenizer(self, seq: Sequence) -> IncrementalDetokenizer:
         detok = self._detok.get(seq.request_id)
         if detok is None:
-            detok = IncrementalDetokenizer(self.tokenizer, seq.request.sampling.stop)
+            hidden: frozenset[int] = frozenset()
+            if seq.request.image_output:  # image codes come back as images, not as text
+                from molora_runtime.multimodal.prompt import HIDDEN_IDS as hidden
+            detok = IncrementalDetokenizer(self.tokenizer, seq.request.sampling.stop, hidden)
             self._detok[seq.request_id] = detok
         return detok
 

@@ -58,6 +58,13 @@ class RequestChecker:
         else:
             assert req.prompt is not None
             text = req.prompt
+        if req.images is not None:
+            from molora_runtime.multimodal.prompt import encode_with_images
+
+            try:
+                return encode_with_images(self.tokenizer, text, req.images, self.vocab_size)
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from exc
         try:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         except Exception as exc:  # e.g. a lone surrogate: the text is not valid Unicode

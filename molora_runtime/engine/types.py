@@ -108,12 +108,26 @@ class GenerationRequest(BaseModel):
         description="id of a sibling request with the same prompt and route (n > 1): when both "
         "are admitted together, the prompt is prefilled once and its KV row copied",
     )
+    images: list[list[Annotated[int, Field(ge=0, le=16)]]] | None = Field(
+        None,
+        max_length=16,
+        description="8x8 images (64 grey levels, 0..16) for the U+FFFC slots of `messages` "
+        "(molora_runtime/multimodal/prompt.py)",
+    )
+    image_output: bool = Field(
+        False, description="generated image codes are images: kept out of the text"
+    )
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerationRequest:
         given = [x is not None for x in (self.prompt, self.prompt_token_ids, self.messages)]
         if sum(given) != 1:
             raise ValueError("give exactly one of prompt, prompt_token_ids or messages")
+        if self.images is not None:
+            if self.messages is None:
+                raise ValueError("images go with messages (their U+FFFC slots)")
+            if any(len(img) != 64 for img in self.images):
+                raise ValueError("an image has 64 grey levels (8x8)")
         return self
 
 

@@ -9,9 +9,9 @@
 
 Each adapter is trained apart, on its own modality's tokens only: a loss position belongs to the
 adapter a vocab route gives the *input* token there (see `tokens`). `draw` learns the predictions
-made at image positions (pixels, EOI) and, so that it can draw on its own, the BOI that opens the
+made at image positions (codes, EOI) and, so that it can draw on its own, the BOI that opens the
 answer and the end of turn after a lone image; `read` learns every prediction made at a text
-position (the BOI that starts an image, the text after one) and never predicts a pixel.
+position (the BOI that starts an image, the text after one) and never predicts an image code.
 """
 
 from __future__ import annotations

@@ -31,11 +31,19 @@ def test_every_version_verifies_and_fits_the_shipped_hot_set() -> None:
             assert registry.verify(manifest) == [], manifest.ref
             assert manifest.rank <= hot_set.max_rank
             adapters[manifest.ref] = manifest
-    assert {m.name for m in adapters.values()} == {"arithmetic", "sorting", "counting", "reversal"}
+    names = {m.name for m in adapters.values()}
+    assert names == {"arithmetic", "sorting", "counting", "reversal", "draw", "read"}
     composition = registry.latest("composition", "molora")
     assert registry.verify(composition) == []
     assert set(composition.adapters) <= set(adapters), "composition pins a missing adapter"
     assert len(composition.adapters) <= hot_set.num_slots
+    # every named route of the shipped config pins stored adapters and fits the hot set
+    routes = shipped_config().expose.routes
+    assert "digits" in routes
+    for name, route in routes.items():
+        refs = route.adapters()
+        assert set(refs) <= set(adapters), f"route {name} pins a missing adapter"
+        assert len(refs) <= hot_set.num_slots
 
 
 def test_learned_composition_answers_a_mixed_request() -> None:
