@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels.triton_bgmv import _bgmv_expand_kernel, _bgmv_shrink_kernel
-from kernels.triton_paged_attention import _paged_decode_kernel
+from kernels.triton_paged_attention import _paged_decode_kernel, _paged_merge_kernel
 from kernels.triton_sgmv import _sgmv_expand_kernel, _sgmv_shrink_kernel
 
 
@@ -62,8 +62,8 @@ def configs(dt: str) -> list[tuple]:
         (_sgmv_expand_kernel, acc, dict(NUM_OUT=3, ACCUM=True, DOT_IEEE=ieee, BLOCK_N=128,
                                         **blocks), ones),
     ]  # fmt: skip
-    # paged decode attention: SmolLM2's G=3 (padded to 4), D=64, blocks of 16; MHA with tiny
-    # blocks; and a cache stored in another dtype than q (unit strides specialised).
+    # paged decode attention: SmolLM2's G=3 (padded to 4), D=64, split-K and direct; MHA with
+    # a wide tile; a cache stored in another dtype than q (unit strides specialised or not).
     paged = {
         "q_ptr": f"*{dt}",
         "k_ptr": f"*{dt}",
@@ -71,14 +71,22 @@ def configs(dt: str) -> list[tuple]:
         "o_ptr": f"*{dt}",
         "bt_ptr": "*i32",
         "len_ptr": "*i32",
+        "m_ptr": "*fp32",
+        "l_ptr": "*fp32",
+        "acc_ptr": "*fp32",
         "scale": "fp32",
     }
     mixed = {**paged, "k_ptr": "*bf16", "v_ptr": "*bf16"}
     unit = ("sq_d", "sk_d", "sv_d", "so_d", "sbt_n")
     out += [
-        (_paged_decode_kernel, paged, dict(BLOCK_G=4, BLOCK_T=16, BLOCK_D=64), unit),
-        (_paged_decode_kernel, paged, dict(BLOCK_G=1, BLOCK_T=4, BLOCK_D=128), (*unit, "G")),
-        (_paged_decode_kernel, mixed, dict(BLOCK_G=2, BLOCK_T=8, BLOCK_D=32), ()),
+        (_paged_decode_kernel, paged, dict(BLOCK_G=4, TILE=32, BLOCK_D=64, DIRECT=False), unit),
+        (_paged_decode_kernel, paged, dict(BLOCK_G=4, TILE=32, BLOCK_D=64, DIRECT=True),
+         (*unit, "SPLITS")),
+        (_paged_decode_kernel, paged, dict(BLOCK_G=1, TILE=64, BLOCK_D=128, DIRECT=False),
+         (*unit, "G")),
+        (_paged_decode_kernel, mixed, dict(BLOCK_G=2, TILE=128, BLOCK_D=32, DIRECT=True), ()),
+        (_paged_merge_kernel, paged, dict(BLOCK_S=8, BLOCK_D=64), ("so_d",)),
+        (_paged_merge_kernel, paged, dict(BLOCK_S=32, BLOCK_D=128), ()),
     ]  # fmt: skip
     return out
 

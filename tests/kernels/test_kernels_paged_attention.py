@@ -42,22 +42,48 @@ def test_torch_path_matches_twin(params: dict) -> None:
     assert not got[c.context_lens == 0].any(), "padding rows must be exactly zero"
 
 
+@pytest.fixture(scope="module")
+def triton_paged():
+    """Imported here, after conftest set TRITON_INTERPRET=1."""
+    from kernels import triton_paged_attention
+
+    return triton_paged_attention
+
+
 @settings(max_examples=12, deadline=None)
-@given(params=paged_params(max_b=3, max_len=36, max_d=16))
-def test_triton_interpreted_matches_twin(params: dict) -> None:
+@given(
+    params=paged_params(max_b=3, max_len=36, max_d=16),
+    splits=st.sampled_from([None, 1, 2, 5]),
+)
+def test_triton_interpreted_matches_twin(triton_paged, params: dict, splits: int | None) -> None:
+    """Direct and split-K launches (the merge kernel, empty splits past a short row's end)."""
     c = make_paged_case(**params)
-    got = paged_decode_attention(*c.args(), backend="triton")
+    got = triton_paged.paged_decode_attention_triton(*c.args(), splits=splits)
     assert_paged_close(got, paged_decode_attention_reference(*c.args()))
     assert not got[c.context_lens == 0].any()
+
+
+def test_triton_launch_choices(triton_paged) -> None:
+    """Tiles stay within the register budget; splits fill the GPU only when rows are few."""
+    assert triton_paged.launch_shape(3, 64) == (4, 32, 64)
+    assert triton_paged.launch_shape(1, 8) == (1, 128, 8)
+    assert triton_paged.launch_shape(8, 128) == (8, 16, 128)
+    q = torch.zeros(1)
+    assert triton_paged.choose_splits(q, 4, 4096, 32) == 1  # interpreter: 1 "SM"
+    assert triton_paged.choose_splits(q, 1, 4096, 32) == 2
+    assert triton_paged.choose_splits(q, 1, 64, 32) == 1  # too short to split
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_triton_smollm_heads_exact_multiples(block_size: int) -> None:
     """SmolLM2's 9 query / 3 KV heads (non-power-of-two group), lengths 1 and n·block."""
-    c = make_paged_case(3, [1, 2 * block_size, 3, 0], kv_heads=3, group=3, head_dim=64,
+    c = make_paged_case(3, [1, 2 * block_size, 3, 0, 70], kv_heads=3, group=3, head_dim=64,
                         block_size=block_size)  # fmt: skip
-    got = paged_decode_attention(*c.args(), backend="triton")
-    assert_paged_close(got, paged_decode_attention_reference(*c.args()))
+    want = paged_decode_attention_reference(*c.args())
+    assert_paged_close(paged_decode_attention(*c.args(), backend="triton"), want)
+    from kernels.triton_paged_attention import paged_decode_attention_triton
+
+    assert_paged_close(paged_decode_attention_triton(*c.args(), splits=3), want)
 
 
 def test_strided_query_and_int64_tables() -> None:
