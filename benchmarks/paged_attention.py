@@ -8,7 +8,8 @@ SmolLM2-135M's attention shape (9 query / 3 KV heads, head dim 64), blocks of 16
 - `contig_span`: today's CPU span decode (row views, no gather, two bmm) — the engine's
   current CPU decode attention.
 
-    python -m benchmarks.paged_attention [--device cuda] [--threads 1] [--quick] [--out FILE]
+    python -m benchmarks.paged_attention [--device cuda] [--threads 1] [--quick]
+        [--max-seconds S] [--out FILE]
 """
 
 from __future__ import annotations
@@ -118,8 +119,12 @@ def _time(fn: Callable[[], torch.Tensor], device: torch.device, reps: int) -> fl
     return min(times) * 1e6
 
 
-def run(device: torch.device, quick: bool, reps: int) -> list[dict[str, Any]]:
+def run(
+    device: torch.device, quick: bool, reps: int, max_seconds: float = float("inf")
+) -> list[dict[str, Any]]:
+    """Every case of the grid, or those measured before `max_seconds` ran out."""
     scale = HEAD_DIM**-0.5
+    start = time.perf_counter()
     batches = (1, 32) if quick else (1, 8, 32)
     contexts = (512, 1500) if quick else (128, 512, 1500)
     dtypes = (torch.bfloat16,) if quick else (torch.float32, torch.bfloat16)
@@ -128,6 +133,9 @@ def run(device: torch.device, quick: bool, reps: int) -> list[dict[str, Any]]:
         for batch in batches:
             for ctx in contexts:
                 for mixed in (False, True):
+                    if time.perf_counter() - start > max_seconds:
+                        print(f"stopping early after {max_seconds:.0f}s", flush=True)
+                        return rows
                     p = _problem(_lens(batch, ctx, mixed), dtype, device)
                     want = _contig_span(p, scale).float()
                     entry: dict[str, Any] = {
@@ -142,6 +150,9 @@ def run(device: torch.device, quick: bool, reps: int) -> list[dict[str, Any]]:
                         entry[f"{name}_us"] = round(
                             _time(lambda f=fn, p=p: f(p, scale), device, reps)
                         )
+                    # bytes the paged path must read: each sequence's real K and V once
+                    kv_bytes = entry["context_tokens"] * KV_HEADS * HEAD_DIM * 2 * p["q"].itemsize
+                    entry["paged_gbps"] = round(kv_bytes / (entry["paged_us"] * 1e3), 1)
                     entry["paged_vs_span"] = round(entry["paged_us"] / entry["contig_span_us"], 2)
                     entry["paged_vs_sdpa"] = round(entry["paged_us"] / entry["contig_sdpa_us"], 2)
                     rows.append(entry)
@@ -155,22 +166,38 @@ def run(device: torch.device, quick: bool, reps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Headline numbers: the paged path's cost over each contiguous baseline (median and worst
+    row) and its best achieved K/V read bandwidth at the largest batch."""
+    if not rows:
+        return {}
+    out: dict[str, Any] = {}
+    for key in ("paged_vs_span", "paged_vs_sdpa"):
+        ratios = sorted(r[key] for r in rows)
+        out[key] = {"median": ratios[len(ratios) // 2], "worst": ratios[-1]}
+    top = max(r["batch"] for r in rows)
+    out[f"paged_gbps_best_b{top}"] = max(r["paged_gbps"] for r in rows if r["batch"] == top)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="CPU intra-op threads")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--max-seconds", type=float, default=float("inf"))
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     with torch.inference_mode():
-        rows = run(device, args.quick, args.reps)
+        rows = run(device, args.quick, args.reps, args.max_seconds)
     result = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "threads": args.threads,
         "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block": BLOCK},
+        "summary": summarize(rows),
         "rows": rows,
     }
     if args.out:

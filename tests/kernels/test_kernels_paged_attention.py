@@ -146,3 +146,15 @@ def test_scale_is_applied(mult: int) -> None:
     args[-1] = c.scale * mult
     got = paged_decode_attention(*args)
     assert_paged_close(got, paged_decode_attention_reference(*args))
+
+
+def test_benchmark_layouts_agree() -> None:
+    """benchmarks/paged_attention.py's paged and contiguous copies hold the same K/V."""
+    from benchmarks.paged_attention import PATHS, _problem, summarize
+
+    p = _problem([5, 40, 17], torch.float32, torch.device("cpu"))
+    outs = [fn(p, 0.125) for fn in PATHS.values()]
+    for got in outs[1:]:
+        torch.testing.assert_close(got, outs[0], rtol=1e-5, atol=1e-5)
+    row = {"batch": 3, "paged_vs_span": 1.5, "paged_vs_sdpa": 0.5, "paged_gbps": 2.0}
+    assert summarize([row])["paged_gbps_best_b3"] == 2.0
