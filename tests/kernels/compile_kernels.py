@@ -62,8 +62,8 @@ def configs(dt: str) -> list[tuple]:
         (_sgmv_expand_kernel, acc, dict(NUM_OUT=3, ACCUM=True, DOT_IEEE=ieee, BLOCK_N=128,
                                         **blocks), ones),
     ]  # fmt: skip
-    # paged decode attention: SmolLM2's G=3 (padded to 4), D=64, split-K and direct; MHA with
-    # a wide tile; a cache stored in another dtype than q (unit strides specialised or not).
+    # paged decode attention: SmolLM2's G=3 (padded to 4), D=64, split-K; a direct launch with a
+    # bf16 cache under another q dtype, G=1 and unit strides specialised; the split merge.
     paged = {
         "q_ptr": f"*{dt}",
         "k_ptr": f"*{dt}",
@@ -79,14 +79,10 @@ def configs(dt: str) -> list[tuple]:
     mixed = {**paged, "k_ptr": "*bf16", "v_ptr": "*bf16"}
     unit = ("sq_d", "sk_d", "sv_d", "so_d", "sbt_n")
     out += [
-        (_paged_decode_kernel, paged, dict(BLOCK_G=4, TILE=32, BLOCK_D=64, DIRECT=False), unit),
-        (_paged_decode_kernel, paged, dict(BLOCK_G=4, TILE=32, BLOCK_D=64, DIRECT=True),
-         (*unit, "SPLITS")),
-        (_paged_decode_kernel, paged, dict(BLOCK_G=1, TILE=64, BLOCK_D=128, DIRECT=False),
-         (*unit, "G")),
-        (_paged_decode_kernel, mixed, dict(BLOCK_G=2, TILE=128, BLOCK_D=32, DIRECT=True), ()),
+        (_paged_decode_kernel, paged, dict(BLOCK_G=4, TILE=32, BLOCK_D=64, DIRECT=False), ()),
+        (_paged_decode_kernel, mixed, dict(BLOCK_G=1, TILE=64, BLOCK_D=128, DIRECT=True),
+         (*unit, "G", "SPLITS")),
         (_paged_merge_kernel, paged, dict(BLOCK_S=8, BLOCK_D=64), ("so_d",)),
-        (_paged_merge_kernel, paged, dict(BLOCK_S=32, BLOCK_D=128), ()),
     ]  # fmt: skip
     return out
 
