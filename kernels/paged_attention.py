@@ -64,6 +64,16 @@ def gather_paged_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int)
     return kv.transpose(0, 1).reshape(cache.shape[1], -1, cache.shape[3])[:, :length]
 
 
+def write_paged_kv(cache: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+    """Store token rows `values` [T, KVH, D] at flat slots (block · block_size + offset) [T].
+
+    Every slot must be valid: give batch-padding rows a scratch block's slot rather than -1.
+    """
+    bs = cache.shape[2]
+    slots = slots.to(device=cache.device, dtype=torch.long)
+    cache[slots // bs, :, slots % bs] = values.to(cache.dtype)
+
+
 def paged_decode_attention_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,

@@ -158,3 +158,27 @@ def test_benchmark_layouts_agree() -> None:
         torch.testing.assert_close(got, outs[0], rtol=1e-5, atol=1e-5)
     row = {"batch": 3, "paged_vs_span": 1.5, "paged_vs_sdpa": 0.5, "paged_gbps": 2.0}
     assert summarize([row])["paged_gbps_best_b3"] == 2.0
+
+
+def test_write_then_attend_equals_dense() -> None:
+    """Tokens written one by one through write_paged_kv are what decode attention reads."""
+    from kernels.paged_attention import write_paged_kv
+
+    g = torch.Generator().manual_seed(0)
+    kvh, d, bs, n = 2, 8, 4, 11
+    k_cache = torch.zeros(6, kvh, bs, d)
+    v_cache = torch.zeros_like(k_cache)
+    table = torch.tensor([[4, 1, 5, 0]], dtype=torch.int32)
+    keys, vals = torch.randn(n, kvh, d, generator=g), torch.randn(n, kvh, d, generator=g)
+    for p in range(n):
+        slot = torch.tensor([int(table[0, p // bs]) * bs + p % bs])
+        write_paged_kv(k_cache, keys[p : p + 1], slot)
+        write_paged_kv(v_cache, vals[p : p + 1], slot)
+    q = torch.randn(1, 4, d, generator=g)
+    got = paged_decode_attention(q, k_cache, v_cache, table, torch.tensor([n]), 0.3)
+    kk, vv = (
+        keys.transpose(0, 1).repeat_interleave(2, 0),
+        vals.transpose(0, 1).repeat_interleave(2, 0),
+    )
+    want = torch.softmax(torch.einsum("hd,hld->hl", q[0], kk) * 0.3, -1)
+    torch.testing.assert_close(got[0], torch.einsum("hl,hld->hd", want, vv), rtol=1e-5, atol=1e-5)
