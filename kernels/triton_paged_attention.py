@@ -50,7 +50,9 @@ def _paged_decode_kernel(
     d_mask = offs_d < D
     heads = kvh * G + offs_g
     qm = g_mask[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + offs_d[None, :] * sq_d, mask=qm)
+    q = tl.load(
+        q_ptr + b * sq_b + heads[:, None] * sq_h + offs_d[None, :] * sq_d, mask=qm, other=0.0
+    )
     q = q.to(tl.float32) * scale
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
