@@ -24,6 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels.triton_bgmv import _bgmv_expand_kernel, _bgmv_shrink_kernel
+from kernels.triton_paged_attention import _paged_decode_kernel, _paged_merge_kernel
 from kernels.triton_sgmv import _sgmv_expand_kernel, _sgmv_shrink_kernel
 
 
@@ -60,6 +61,28 @@ def configs(dt: str) -> list[tuple]:
                                          **blocks), ones),
         (_sgmv_expand_kernel, acc, dict(NUM_OUT=3, ACCUM=True, DOT_IEEE=ieee, BLOCK_N=128,
                                         **blocks), ones),
+    ]  # fmt: skip
+    # paged decode attention: SmolLM2's G=3 (padded to 4), D=64, split-K; a direct launch with a
+    # bf16 cache under another q dtype, G=1 and unit strides specialised; the split merge.
+    paged = {
+        "q_ptr": f"*{dt}",
+        "k_ptr": f"*{dt}",
+        "v_ptr": f"*{dt}",
+        "o_ptr": f"*{dt}",
+        "bt_ptr": "*i32",
+        "len_ptr": "*i32",
+        "m_ptr": "*fp32",
+        "l_ptr": "*fp32",
+        "acc_ptr": "*fp32",
+        "scale": "fp32",
+    }
+    mixed = {**paged, "k_ptr": "*bf16", "v_ptr": "*bf16"}
+    unit = ("sq_d", "sk_d", "sv_d", "so_d", "sbt_n")
+    out += [
+        (_paged_decode_kernel, paged, dict(BLOCK_G=4, TILE=32, BLOCK_D=64, DIRECT=False), ()),
+        (_paged_decode_kernel, mixed, dict(BLOCK_G=1, TILE=64, BLOCK_D=128, DIRECT=True),
+         (*unit, "G", "SPLITS")),
+        (_paged_merge_kernel, paged, dict(BLOCK_S=8, BLOCK_D=64), ("so_d",)),
     ]  # fmt: skip
     return out
 
