@@ -6,7 +6,7 @@ two versions under one name never collide), the mix weights, the vocab table, an
 routes the composition (its files: gates and config), its experts, top-k and temperature. The
 base route's identity is the base model alone, so every base request shares its blocks.
 
-This is the engine side of `route_identity`/`chain_block_hash`; file digests are cached by
+`RouteIdentities.identity` and `chain_block_hash` are the key; file digests are cached by
 (path, size, mtime) so admitting a request hashes nothing it hashed before.
 """
 
