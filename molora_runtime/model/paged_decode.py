@@ -1,21 +1,19 @@
 """Decode attention over block tables: one query token per sequence, its context in KV blocks.
 
-Three paths, one math: CUDA uses the Triton kernel (`kernels.paged_attention`, once it exists);
-a captured step without it uses `paged_decode_torch` (static shapes: every padded block is read
-and masked); the eager CPU step uses `gathered_decode` over the step's `DecodePlan` (only each
-sequence's real blocks, gathered once into the operand of two batched GEMMs per layer).
+Three paths, one math: CUDA uses the Triton kernel (`kernels.paged_attention`, tested against
+its reference twin there); a captured step off CUDA uses `paged_decode_torch` (static shapes:
+every padded block is read and masked, unlike the kernel package's CPU path, which reads up to
+the longest context and so syncs on it); the eager CPU step uses `gathered_decode` over the
+step's `DecodePlan` (only each sequence's real blocks, gathered once into the operand of two
+batched GEMMs per layer).
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels.paged_attention import paged_decode_attention
 from molora_runtime.model.attention_meta import CacheAttention, DecodePlan
-
-try:  # the Triton kernel and its reference twin (written beside this engine work)
-    from kernels.paged_attention import paged_decode_attention as _kernel
-except ImportError:  # pragma: no cover - until the kernel lands
-    _kernel = None
 
 
 def _attend(
@@ -82,8 +80,10 @@ def paged_decode(
     scale: float,
 ) -> torch.Tensor:
     """Route one layer's decodes to the kernel, the static twin or the eager gather."""
-    if q.is_cuda and _kernel is not None:
-        return _kernel(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+    if q.is_cuda:
+        return paged_decode_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale
+        )
     if meta.decode_plan is not None and not meta.static:
         return gathered_decode(q, k_cache, v_cache, meta.decode_plan, scale)
     return paged_decode_torch(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
