@@ -52,6 +52,13 @@ class TierReport(BaseModel):
     stages: dict[str, StageLatency]
 
 
+class ResidencyReport(TierReport):
+    """What the replica stats endpoint answers: the tiers plus each adapter's residency."""
+
+    residency: dict[str, str]
+    counts: dict[str, int]
+
+
 @dataclass
 class _Histogram:
     counts: list[int] = field(default_factory=lambda: [0] * (len(STAGE_BUCKETS) + 1))
