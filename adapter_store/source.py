@@ -70,6 +70,28 @@ class AdapterStoreSource:
     def composition_path(self, ref: str) -> Path:
         return self.path("composition", ref)
 
+    def check_adapter(self, ref: str) -> None:
+        """Raise as `adapter_path` would for an unknown adapter, without downloading it: a
+        request is validated at once and its files are fetched by the background workers."""
+        r = parse_ref(ref)
+        if r.version is not None:
+            if self._is_local or self.cache.get("adapter", r.name, r.version) is None:
+                try:
+                    self.registry.manifest("adapter", r.name, r.version)
+                except StoreUnavailableError as exc:
+                    raise StoreUnavailableError(
+                        f"adapter {ref} is not cached and the store is down: {exc}"
+                    ) from exc
+            return
+        try:
+            self.latest("adapter", r.name)
+        except StoreUnavailableError as exc:
+            if not self.cache.cached_manifests("adapter", r.name):
+                raise StoreUnavailableError(
+                    f"cannot resolve the latest adapter {r.name!r}: the store is down and no "
+                    f"version is cached ({exc})"
+                ) from exc
+
     def adapter_identity(self, ref: str) -> str | None:
         """The base-model identity recorded when `ref` was pushed (None if not recorded)."""
         manifest = self.manifest("adapter", ref)

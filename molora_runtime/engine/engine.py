@@ -203,7 +203,7 @@ class LLMEngine:
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
         for name in route.adapters():
-            self.hot_set.source.adapter_path(name)  # raises AdapterNotFoundError
+            self.hot_set.check_adapter(name)  # raises AdapterNotFoundError; no download
         comp_top_k = None
         needed = list(route.adapters())
         if isinstance(route, LearnedRoute):

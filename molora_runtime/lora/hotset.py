@@ -315,6 +315,15 @@ class HotSet:
             worst = max(worst, tier)
         return order[worst]
 
+    def check_adapter(self, name: str) -> None:
+        """Validate that `name` exists; a store source checks its manifest only (the files
+        are fetched by the host tier's workers), a plain source resolves the folder."""
+        check = getattr(self.source, "check_adapter", None)
+        if callable(check):
+            check(name)
+        else:
+            self.source.adapter_path(name)
+
     def _read(self, name: str) -> AdapterWeights:
         return self.host.read_now(name)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from store_helpers import make_synthetic_adapter
 
-from adapter_store import AdapterStoreSource, open_registry
+from adapter_store import AdapterStoreSource, NotFoundError, open_registry
 
 
 def test_disk_tier_counts_and_keeps_pinned(tmp_path: Path) -> None:
@@ -39,3 +40,16 @@ def test_a_local_store_is_the_disk_tier(tmp_path: Path) -> None:
     tier = source.disk_tier()
     assert tier["hits"] == 1 and tier["misses"] == 0 and tier["capacity_bytes"] is None
     assert source.on_disk("x")
+
+
+def test_validation_checks_the_manifest_without_downloading(tmp_path: Path) -> None:
+    registry = open_registry(str(tmp_path / "store"), create=True)
+    registry.publish_adapter(make_synthetic_adapter(tmp_path / "x"), "x", "1")
+    source = AdapterStoreSource(registry=registry, cache_dir=tmp_path / "cache", direct_local=False)
+    source.check_adapter("x")
+    source.check_adapter("x@1")
+    assert source.disk_tier()["adapters"] == [] and not source.on_disk("x")
+    with pytest.raises(NotFoundError):
+        source.check_adapter("ghost")
+    with pytest.raises(NotFoundError):
+        source.check_adapter("x@9")
