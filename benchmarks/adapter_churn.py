@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -101,8 +102,15 @@ def publish(registry: Any, folders: list[Path]) -> list[str]:
     """Publish every folder as `<folder name>@v1` (8 at a time: S3 puts are latency-bound)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from adapter_store.errors import VersionExistsError
+
+    def one(folder: Path) -> None:
+        # a retried put that had landed, or a reused work dir: already published
+        with contextlib.suppress(VersionExistsError):
+            registry.publish_adapter(folder, folder.name, "v1")
+
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda f: registry.publish_adapter(f, f.name, "v1"), folders))
+        list(pool.map(one, folders))
     return [f.name for f in folders]
 
 
@@ -310,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk-bytes", default="256MiB", help="disk cache (shared by replicas)")
     parser.add_argument("--policies", nargs="+", default=["affinity", "default"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--store", choices=["seaweedfs", "local"], default="seaweedfs",
+        help="serve from SeaweedFS (store -> disk cache -> host) or the local directory store",
+    )  # fmt: skip
+    parser.add_argument("--work", type=Path, help="reuse this work dir's adapters")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.requests = args.requests or (64 if args.quick else 320)
@@ -319,22 +332,31 @@ def main(argv: list[str] | None = None) -> int:
     from deployments.local_ray import start_local_cluster, stop_local_cluster
     from molora_runtime.model.registry import resolve_model_path
 
-    work = Path(tempfile.mkdtemp(prefix="molora-churn-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="molora-churn-"))
     model_dir = Path(resolve_model_path(MODEL))
     started = time.time()
-    folders = make_adapters(model_dir, max(args.sizes), work / "adapters", args.seed)
-    warm = make_adapters(model_dir, len(WARM), work / "warm", args.seed + 1)
-    warm = [w.rename(w.with_name(name)) for w, name in zip(warm, WARM, strict=True)]
+    n = max(args.sizes)
+    if (work / "adapters").is_dir() and len(list((work / "adapters").iterdir())) >= n:
+        folders = sorted((work / "adapters").iterdir())[:n]  # a reused work dir
+        warm = [work / "warm" / name for name in WARM]
+    else:
+        folders = make_adapters(model_dir, n, work / "adapters", args.seed)
+        warm = make_adapters(model_dir, len(WARM), work / "warm", args.seed + 1)
+        warm = [w.rename(w.with_name(name)) for w, name in zip(warm, WARM, strict=True)]
     local = open_registry(str(work / "local-store"), create=True)
-    seaweed = SeaweedFS(work / "seaweedfs").start()
-    os.environ.update(seaweed.env())  # the replicas inherit the S3 credentials and endpoint
-    bucket = seaweed.create_bucket()
-    remote = open_registry(f"s3://{bucket}/churn", seaweed.endpoint_url, create=True)
-    names = publish(local, folders)
-    publish(remote, folders + warm)
+    names = publish(local, folders + warm)[:n]
+    seaweed = None
+    if args.store == "seaweedfs":
+        seaweed = SeaweedFS(work / "seaweedfs").start()
+        os.environ.update(seaweed.env())  # the replicas inherit the S3 credentials and endpoint
+        bucket = seaweed.create_bucket()
+        remote = open_registry(f"s3://{bucket}/churn", seaweed.endpoint_url, create=True)
+        publish(remote, folders + warm)
+        store = {"url": f"s3://{bucket}/churn", "endpoint_url": seaweed.endpoint_url}
+    else:
+        store = {"url": str(work / "local-store")}
     publish_s = round(time.time() - started, 1)
     print(f"made and published {len(names)} adapters in {publish_s} s", flush=True)
-    store = {"url": f"s3://{bucket}/churn", "endpoint_url": seaweed.endpoint_url}
     cluster = start_local_cluster(num_cpus=8)
     cells: dict[str, dict[str, Any]] = {}
     plan = [("resident-4 affinity", names[:4], "affinity")]
@@ -347,11 +369,14 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(cells[label]), flush=True)
     finally:
         stop_local_cluster(cluster)
-        seaweed.stop()
+        if seaweed is not None:
+            seaweed.stop()
     report = {
         "model": MODEL,
         "adapters": {"rank": RANK, "targets": list(TARGETS), "made": len(names)},
-        "published_to": ["local directory store", "SeaweedFS (served from)"],
+        "published_to": ["local directory store"]
+        + (["SeaweedFS"] if args.store == "seaweedfs" else []),
+        "served_from": args.store,
         "publish_s": publish_s,
         "cells": cells,
         "targets": verdict(cells, args.sizes),
