@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
             "platform": platform.platform(),
             "python": platform.python_version(),
             "shared": "2-core box shared with other engineers' jobs, run under nice -n 19: "
-            "absolute numbers are low and noisy; the ratios are what to read",
+            "cells run minutes apart under different loads, so numbers and ratios are noisy",
             "load_average": os.getloadavg(),
         },
     }
