@@ -2,7 +2,8 @@
 
 An entry appears by renaming a fully downloaded and checksummed temp folder into place, under a
 per-version file lock, so concurrent pullers (threads or processes) download once and readers
-never see a partial folder. A byte budget is kept by evicting least-recently-used entries.
+never see a partial folder. A byte budget is kept by evicting least-recently-used entries;
+pinned names are never evicted. `counters` feed the runtime's per-tier metrics (the disk tier).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import contextlib
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -29,6 +32,19 @@ LAST_USED = ".last_used"
 STALE_TMP_S = 6 * 3600
 
 
+USAGE_TTL_S = 2.0  # how long a measured usage is reused (it walks every entry)
+
+
+@dataclass
+class CacheCounters:
+    """The disk tier's counters, cumulative (this process' look-ups and evictions)."""
+
+    hits: int = 0
+    misses: int = 0
+    loads: int = 0
+    evictions: int = 0
+
+
 class LocalCache:
     def __init__(self, root: str | Path, max_bytes: int, lock_timeout_s: float = 600.0) -> None:
         self.root = Path(root).expanduser().absolute()
@@ -36,6 +52,35 @@ class LocalCache:
         self.lock_timeout_s = lock_timeout_s
         self._tmp = self.root / ".tmp"
         self._locks = self.root / ".locks"
+        self.counters = CacheCounters()
+        self.pinned: set[tuple[str, str]] = set()  # (kind, name): never evicted
+        self._count_lock = threading.Lock()
+        self._usage: tuple[float, int] | None = None
+
+    def count(self, **deltas: int) -> None:
+        """Add to the counters (fetch workers of one replica call this concurrently)."""
+        with self._count_lock:
+            for key, n in deltas.items():
+                setattr(self.counters, key, getattr(self.counters, key) + n)
+
+    def pin(self, kind: Kind, name: str) -> None:
+        self.pinned.add((kind, check_name(name)))
+
+    def cached_names(self, kind: Kind) -> list[str]:
+        """Names with at least one complete cached version (the residency view's disk tier)."""
+        base = self.root / kind_prefix(kind)
+        if not base.is_dir():
+            return []
+        return sorted(
+            d.name for d in base.iterdir() if any((v / MANIFEST).is_file() for v in d.glob("*"))
+        )
+
+    def usage_cached(self) -> int:
+        """`usage()`, measured at most every USAGE_TTL_S (for 1 Hz stats)."""
+        now = time.monotonic()
+        if self._usage is None or now - self._usage[0] > USAGE_TTL_S:
+            self._usage = (now, self.usage())
+        return self._usage[1]
 
     def entry_dir(self, kind: Kind, name: str, version: str) -> Path:
         return self.root / kind_prefix(kind) / check_name(name) / check_version(version)
@@ -80,6 +125,7 @@ class LocalCache:
                 (tmp / LAST_USED).touch()
                 entry.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(tmp, entry)
+                self.count(loads=1)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         self.evict(keep={entry})
@@ -145,14 +191,15 @@ class LocalCache:
             for _, entry, size in sorted(sized, key=lambda t: t[0]):
                 if total <= self.max_bytes:
                     break
-                if entry in keep:
-                    continue
                 kind, name, version = entry.parent.parent.name[:-1], entry.parent.name, entry.name
+                if entry in keep or (kind, name) in self.pinned:
+                    continue
                 try:
                     with self._lock(kind, name, version).acquire(timeout=0):  # type: ignore[arg-type]
                         if self._drop(entry):
                             total -= size
                             evicted.append(entry)
+                            self.count(evictions=1)
                 except Timeout:
                     continue  # being pulled right now
             if total > self.max_bytes:

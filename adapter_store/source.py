@@ -24,7 +24,7 @@ from adapter_store.config import (
 from adapter_store.errors import IntegrityError, NotFoundError, StoreUnavailableError
 from adapter_store.manifest import AdapterManifest, CompositionManifest
 from adapter_store.names import KINDS, Kind, parse_ref
-from adapter_store.registry import AnyManifest, Registry, blob_key
+from adapter_store.registry import MANIFEST, AnyManifest, Registry, blob_key, kind_prefix
 from adapter_store.validate import sha256_file
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,28 @@ class AdapterStoreSource:
     def composition_path(self, ref: str) -> Path:
         return self.path("composition", ref)
 
+    def check_adapter(self, ref: str) -> None:
+        """Raise as `adapter_path` would for an unknown adapter, without downloading it: a
+        request is validated at once and its files are fetched by the background workers."""
+        r = parse_ref(ref)
+        if r.version is not None:
+            if self._is_local or self.cache.get("adapter", r.name, r.version) is None:
+                try:
+                    self.registry.manifest("adapter", r.name, r.version)
+                except StoreUnavailableError as exc:
+                    raise StoreUnavailableError(
+                        f"adapter {ref} is not cached and the store is down: {exc}"
+                    ) from exc
+            return
+        try:
+            self.latest("adapter", r.name)
+        except StoreUnavailableError as exc:
+            if not self.cache.cached_manifests("adapter", r.name):
+                raise StoreUnavailableError(
+                    f"cannot resolve the latest adapter {r.name!r}: the store is down and no "
+                    f"version is cached ({exc})"
+                ) from exc
+
     def adapter_identity(self, ref: str) -> str | None:
         """The base-model identity recorded when `ref` was pushed (None if not recorded)."""
         manifest = self.manifest("adapter", ref)
@@ -83,6 +105,7 @@ class AdapterStoreSource:
             if not self._is_local:
                 cached = self.cache.get(kind, r.name, r.version)
                 if cached is not None:
+                    self.cache.count(hits=1)
                     return cached
             try:
                 manifest = self.registry.manifest(kind, r.name, r.version)
@@ -140,9 +163,43 @@ class AdapterStoreSource:
     def materialize(self, manifest: AnyManifest, progress: Progress | None = None) -> Path:
         """A verified local folder for this exact version (cache pull or in-place local store)."""
         if self._is_local:
+            self.cache.count(hits=1)  # a local store is read in place: already on disk
             return self._verified_local(manifest)
         cached = self.cache.get(manifest.kind, manifest.name, manifest.version)
-        return cached or self.cache.pull(self.registry, manifest, progress)
+        if cached is not None:
+            self.cache.count(hits=1)
+            return cached
+        self.cache.count(misses=1)
+        return self.cache.pull(self.registry, manifest, progress)
+
+    # ---- the disk tier, for the runtime's tier metrics -------------------------------------------
+
+    def pin(self, ref: str) -> None:
+        """Keep every cached version of adapter `ref` through cache eviction."""
+        self.cache.pin("adapter", parse_ref(ref).name)
+
+    def on_disk(self, ref: str) -> bool:
+        """Whether a version of adapter `ref` is already on local disk (no download needed)."""
+        if self._is_local:
+            return True
+        r = parse_ref(ref)
+        base = self.cache.root / kind_prefix("adapter") / r.name
+        versions = [base / r.version] if r.version else (base.glob("*") if base.is_dir() else [])
+        return any((v / MANIFEST).is_file() for v in versions)
+
+    def disk_tier(self) -> dict[str, int | list[str] | None]:
+        """Counters, bytes, budget and the adapters on local disk (read by the hot-set)."""
+        c = self.cache.counters
+        local = self._is_local
+        return {
+            "hits": c.hits,
+            "misses": c.misses,
+            "loads": c.loads,
+            "evictions": c.evictions,
+            "bytes": 0 if local else self.cache.usage_cached(),
+            "capacity_bytes": None if local else self.cache.max_bytes,
+            "adapters": [] if local else self.cache.cached_names("adapter"),
+        }
 
     def _verified_local(self, manifest: AnyManifest) -> Path:
         folder = None

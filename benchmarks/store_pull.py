@@ -62,7 +62,7 @@ def hotset_factory():  # type: ignore[no-untyped-def]
         print(f"no runtime hot-set ({exc}); timing store → cache → parse only")
         return None
     model = load_model(model_dir())
-    config = HotSetConfig(num_slots=2, max_rank=16, target_modules=TARGETS, host_cache_mb=0)
+    config = HotSetConfig(num_slots=2, max_rank=16, target_modules=TARGETS, host_bytes=0)
     return lambda source: HotSet(model, config, source, torch.device("cpu"), torch.float32)
 
 

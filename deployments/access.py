@@ -124,6 +124,13 @@ class Access:
 
     # -- admin ----------------------------------------------------------------------------------
 
+    def require_admin(self, principal: Principal) -> None:
+        """Admin-only reads (replica stats name every tenant's adapters): 403 otherwise."""
+        if self.keys is None:
+            raise AccessError(403, "admin endpoints need server.auth.enabled and an admin key")
+        if not principal.admin:
+            raise AccessError(403, "this API key is not an admin key")
+
     async def admin(
         self, principal: Principal, store: StoreConfig, collection: str, name: str, action: str,
         raw: bytes,

@@ -139,6 +139,12 @@ def _hit_rate() -> str:
     return f"{hits} / clamp_min({hits} + {misses}, 1e-9)"
 
 
+def _tier_hit_rate() -> str:
+    hits = f"sum by (tier) ({_rate(m.TIER_HITS)})"
+    misses = f"sum by (tier) ({_rate(m.TIER_MISSES)})"
+    return f"{hits} / clamp_min({hits} + {misses}, 1e-9)"
+
+
 def _variables() -> list[dash_b.DatasourceVariable | dash_b.QueryVariable]:
     datasource = dash_b.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
     application = (
@@ -314,6 +320,50 @@ def _rows() -> list[tuple[str, list[ts_b.Panel | stat_b.Panel]]]:
                         for q in QUANTILES
                     ],
                     width=24,
+                ),
+            ],
+        ),
+        (
+            "Adapter tiers",
+            [
+                _timeseries(
+                    "Hit rate by tier",
+                    "hits / (hits + misses) of the slot, host-memory and disk tiers.",
+                    "percentunit",
+                    [Query(_tier_hit_rate(), "{{tier}}")],
+                    width=8,
+                ),
+                _timeseries(
+                    "Tier loads and evictions",
+                    "Adapters brought into and pushed out of each tier (LRU; pinned stay).",
+                    "ops",
+                    [
+                        Query(f"sum by (tier) ({_rate(m.TIER_LOADS)})", "loads {{tier}}"),
+                        Query(f"sum by (tier) ({_rate(m.TIER_EVICTIONS)})", "evictions {{tier}}"),
+                    ],
+                    width=8,
+                ),
+                _timeseries(
+                    "Tier bytes",
+                    "Bytes each tier holds, summed over replicas.",
+                    "bytes",
+                    [Query(f"sum by (tier) ({_sel(m.TIER_BYTES)})", "{{tier}}")],
+                    width=8,
+                ),
+                _timeseries(
+                    "Adapters by residency",
+                    "How many adapters are in a slot, parsed in host memory, loading, or only "
+                    "on disk, summed over replicas.",
+                    "short",
+                    [Query(f"sum by (state) ({_sel(m.TIER_ADAPTERS)})", "{{state}}")],
+                    width=12,
+                ),
+                _timeseries(
+                    "Load latency by stage",
+                    "p50 / p90 / p99 of each load stage: fetch (store to disk), parse, copy.",
+                    "s",
+                    _percentiles(m.LOAD_STAGE_LATENCY, "stage"),
+                    width=12,
                 ),
             ],
         ),

@@ -251,6 +251,7 @@ class _Shaper:
             route_kind=self.resolved.kind,
             replica=info.replica if info else None,
             hot_set_hit=info.hot_set_hit if info else None,
+            tier=info.tier if info else None,
             attribution=[
                 TokenAttributionOut(token_id=a.token_id, adapters=a.adapters) for a in attribution
             ]
@@ -462,6 +463,22 @@ class Router:
     @app.post("/v1/chat/completions", openapi_extra=body_docs(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Any:
         return await self._handle(request, chat=True)
+
+    @app.get("/v1/admin/stats")
+    async def replica_stats(self, request: Request) -> Any:
+        """Admin keys: one replica's adapter tiers (counters, bytes, load-stage latencies) and
+        which tier each adapter is in; `replica` names which one answered. Prometheus has
+        the aggregate over replicas."""
+        try:
+            principal = await self.access.authenticate(request)
+            self.access.require_admin(principal)
+        except AccessError as exc:
+            return access_error_response(exc)
+        try:
+            result = await asyncio.wait_for(self.model.tier_stats.remote(), timeout=30)
+        except Exception as exc:
+            return error_response(503, f"no replica answered: {type(exc).__name__}: {exc}")
+        return JSONResponse(result)
 
     @app.post("/v1/admin/{collection}/{name}/{action}", openapi_extra=body_docs(YankBody))
     async def admin(self, collection: str, name: str, action: str, request: Request) -> Any:

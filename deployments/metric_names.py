@@ -21,7 +21,15 @@ HOTSET_LOADS = "molora_hotset_loads_total"  # counter
 HOTSET_LOAD_LATENCY = "molora_hotset_load_latency_seconds"  # histogram
 HOTSET_SLOTS_USED = "molora_hotset_slots_used"  # gauge
 GATE_TOKENS = "molora_router_gate_tokens_total"  # counter {composition, layer, adapter}
-PLACEMENTS = "molora_placement_total"  # counter {outcome=affinity|spill|new}
+# adapter tiers (slot, host, disk): labels are tiers, states and stages only, never adapters
+TIER_HITS = "molora_tier_hits_total"  # counter {tier=slot|host|disk}
+TIER_MISSES = "molora_tier_misses_total"  # counter {tier}
+TIER_LOADS = "molora_tier_loads_total"  # counter {tier}
+TIER_EVICTIONS = "molora_tier_evictions_total"  # counter {tier}
+TIER_BYTES = "molora_tier_bytes"  # gauge {tier}
+TIER_ADAPTERS = "molora_tier_adapters"  # gauge {state=slot|host|loading|disk}
+LOAD_STAGE_LATENCY = "molora_adapter_load_stage_seconds"  # histogram {stage=fetch|parse|copy}
+PLACEMENTS = "molora_placement_total"  # counter {outcome=affinity|host|spill|new|base}
 
 ALL = (
     REQUESTS,
@@ -37,6 +45,13 @@ ALL = (
     HOTSET_LOAD_LATENCY,
     HOTSET_SLOTS_USED,
     GATE_TOKENS,
+    TIER_HITS,
+    TIER_MISSES,
+    TIER_LOADS,
+    TIER_EVICTIONS,
+    TIER_BYTES,
+    TIER_ADAPTERS,
+    LOAD_STAGE_LATENCY,
     PLACEMENTS,
 )
 

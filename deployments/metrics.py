@@ -100,3 +100,45 @@ def placements() -> serve_metrics.Counter:
         description="placement decisions of the adapter-affinity router",
         tag_keys=("outcome",),
     )
+
+
+TIER_COUNTERS = {
+    "hits": names.TIER_HITS,
+    "misses": names.TIER_MISSES,
+    "loads": names.TIER_LOADS,
+    "evictions": names.TIER_EVICTIONS,
+}
+
+
+@cache
+def tier_counter(name: str) -> serve_metrics.Counter:
+    what = name.removeprefix("molora_tier_").removesuffix("_total")
+    return serve_metrics.Counter(
+        name, description=f"adapter-tier {what} of a replica, by tier", tag_keys=("tier",)
+    )
+
+
+@cache
+def tier_bytes() -> serve_metrics.Gauge:
+    return serve_metrics.Gauge(
+        names.TIER_BYTES, description="bytes held by each adapter tier", tag_keys=("tier",)
+    )
+
+
+@cache
+def tier_adapters() -> serve_metrics.Gauge:
+    return serve_metrics.Gauge(
+        names.TIER_ADAPTERS,
+        description="adapters per residency state (slot, host, loading, disk) of a replica",
+        tag_keys=("state",),
+    )
+
+
+@cache
+def load_stage_latency() -> serve_metrics.Histogram:
+    return serve_metrics.Histogram(
+        names.LOAD_STAGE_LATENCY,
+        description="seconds per adapter load stage: fetch (store to disk), parse, copy (to slot)",
+        boundaries=LOAD_BUCKETS,
+        tag_keys=("stage",),
+    )

@@ -1,7 +1,9 @@
 """Adapter-affinity placement as pure functions (no Ray), so the policy is unit-testable.
 
 A request goes to the replica whose hot-set already holds the most of its adapters, among the
-replicas whose load is within a bound of the least loaded one. Ties, and adapter sets that no
+replicas whose load is within a bound of the least loaded one; among those equal on slots, to
+the one whose host tier holds the most of the rest parsed (a slot copy away, no fetch): a slot
+hit beats a host hit beats a miss. Ties, and adapter sets that no
 replica holds yet, are broken by rendezvous (highest-random-weight) hashing of the adapter set
 over replica ids: every adapter set has a stable home, different sets spread over replicas, and
 hot-sets shard instead of every replica loading everything. When the home is overloaded the
@@ -15,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-Outcome = Literal["affinity", "spill", "new", "base"]
+Outcome = Literal["affinity", "host", "spill", "new", "base"]
 
 
 def adapter_key(adapters: Iterable[str]) -> str:
@@ -47,10 +49,17 @@ class ReplicaView:
     load: int = 0
     capacity: int | None = None  # max ongoing requests; None = unbounded
     slots: int | None = None  # hot-set slots; None = unknown (assume room)
+    host_set: frozenset[str] = field(default_factory=frozenset)  # parsed in host memory
 
     def overlap(self, adapters: frozenset[str]) -> int:
         held = {base_name(a) for a in self.hot_set}
         return sum(1 for a in adapters if base_name(a) in held)
+
+    def host_overlap(self, adapters: frozenset[str]) -> int:
+        """Adapters not in a slot but parsed in host memory (loads without a fetch)."""
+        slots = {base_name(a) for a in self.hot_set}
+        host = {base_name(a) for a in self.host_set}
+        return sum(1 for a in adapters if base_name(a) in host and base_name(a) not in slots)
 
     def has_room(self, adapters: frozenset[str]) -> bool:
         """Can the missing adapters be loaded without evicting (so no other set loses its home)?"""
@@ -98,18 +107,28 @@ def place(
         ranked = sorted(replicas, key=lambda r: (r.full(), r.load, hrw[r.replica_id]))
         return Placement(ranked=[r.replica_id for r in ranked], outcome="base")
 
-    def rank_key(r: ReplicaView) -> tuple[bool, int, bool, int]:
-        # Eligible first; then most adapters already hot; then room to load the rest without
-        # evicting another set's adapters; then the set's rendezvous order.
-        return (not eligible(r), -r.overlap(wanted), not r.has_room(wanted), hrw[r.replica_id])
+    def rank_key(r: ReplicaView) -> tuple[bool, int, int, bool, int]:
+        # Eligible first; then most adapters already in slots; then most of the rest parsed
+        # in host memory; then room to load the rest without evicting another set's
+        # adapters; then the set's rendezvous order.
+        return (
+            not eligible(r),
+            -r.overlap(wanted),
+            -r.host_overlap(wanted),
+            not r.has_room(wanted),
+            hrw[r.replica_id],
+        )
 
     ranked = sorted(replicas, key=rank_key)
     best_overlap = max(r.overlap(wanted) for r in replicas)
+    best_host = max(r.host_overlap(wanted) for r in replicas)
     chosen = ranked[0]
-    if best_overlap == 0:
+    if best_overlap == 0 and best_host == 0:
         outcome: Outcome = "new" if hrw[chosen.replica_id] == 0 else "spill"
-    elif chosen.overlap(wanted) == best_overlap:
+    elif best_overlap > 0 and chosen.overlap(wanted) == best_overlap:
         outcome = "affinity"
+    elif best_overlap == 0 and chosen.host_overlap(wanted) == best_host:
+        outcome = "host"
     else:
         outcome = "spill"
     return Placement(ranked=[r.replica_id for r in ranked], outcome=outcome)

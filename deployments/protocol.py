@@ -311,6 +311,7 @@ class MoloraInfo(BaseModel):
     route_kind: str
     replica: str | None = None
     hot_set_hit: bool | None = None
+    tier: str | None = None  # where the adapters were on arrival: slot|host|loading|disk|store
     attribution: list[TokenAttributionOut] | None = None
 
 

@@ -41,6 +41,7 @@ from molora_runtime.engine.types import (
     GenerationRequest,
 )
 from molora_runtime.errors import EngineStoppedError
+from molora_runtime.lora.tiers import ResidencyReport, residency_counts
 
 logger = logging.getLogger("ray.serve")
 
@@ -104,6 +105,15 @@ def stats_dict(stats: EngineStats) -> dict[str, Any]:
     return asdict(stats)
 
 
+def tier_snapshot(hot_set: Any) -> ResidencyReport:
+    """The hot-set's tier report plus which tier each adapter is in."""
+    report = hot_set.tier_report()
+    view = hot_set.residency()
+    return ResidencyReport(
+        tiers=report.tiers, stages=report.stages, residency=view, counts=residency_counts(view)
+    )
+
+
 @serve.deployment(
     name="ModelReplica",
     max_ongoing_requests=32,
@@ -149,7 +159,11 @@ class ModelReplica:
             yield encode(error_item(exc))
             return
         wanted = {base_name(a) for a in (placement or {}).get("adapters", [])}
-        info = InfoItem(replica=self._replica_id, hot_set_hit=wanted <= self._hot_names())
+        info = InfoItem(
+            replica=self._replica_id,
+            hot_set_hit=wanted <= self._hot_names(),
+            tier=self._tier_of(req),
+        )
         # The engine validates (tokenizes) once, off the event loop; its errors arrive here
         # before any output. Outputs that queued up while Ray sent the previous item travel
         # together as one delta.
@@ -195,8 +209,22 @@ class ModelReplica:
             f"composition:{base_name(c)}" for c in stats.compositions
         }
 
+    def _tier_of(self, req: GenerationRequest) -> str | None:
+        """The worst tier of the request's adapters on arrival (None for the base model)."""
+        try:
+            names = req.route.adapters() if req.route is not None else []
+            return self._engine.engine.hot_set.tier_of(names) if names else None
+        except Exception:  # informational: never fail a request over it
+            return None
+
     async def stats(self) -> dict[str, Any]:
         return {"replica": self._replica_id, **stats_dict(self._engine.stats())}
+
+    async def tier_stats(self) -> dict[str, Any]:
+        """Per-tier counters, stage latencies and the per-adapter residency view (the admin
+        stats endpoint); off the event loop, since the disk tier walks the cache folder."""
+        report = await asyncio.to_thread(tier_snapshot, self._engine.engine.hot_set)
+        return {"replica": self._replica_id, **report.model_dump()}
 
     async def health(self) -> dict[str, Any]:
         await self.check_health()
@@ -215,6 +243,7 @@ class ModelReplica:
             "load": stats.running + stats.waiting,
             "free_slots": stats.free_slots,
             "num_slots": stats.num_slots,
+            "host_set": sorted({base_name(a) for a in stats.host_resident}),
         }
 
     async def check_health(self) -> None:
@@ -259,7 +288,23 @@ class ModelReplica:
                 metrics.hotset_counter(name).inc(delta)
         for seconds in self._engine.pop_load_latencies():
             metrics.hotset_load_latency().observe(seconds)
+        self._export_tiers()
         self._export_gates(self._engine.pop_gate_stats())
+
+    def _export_tiers(self) -> None:
+        """Per-tier counters and bytes, residency counts and stage latencies: labels are
+        tier / state / stage names only, however many adapters there are."""
+        hot_set = self._engine.engine.hot_set
+        report = hot_set.tier_report()
+        for tier, counts in report.tiers.items():
+            for field, metric in metrics.TIER_COUNTERS.items():
+                if delta := self._delta(f"{metric}:{tier}", getattr(counts, field)):
+                    metrics.tier_counter(metric).inc(delta, tags={"tier": tier})
+            metrics.tier_bytes().set(counts.bytes, tags={"tier": tier})
+        for state, count in residency_counts(hot_set.residency()).items():
+            metrics.tier_adapters().set(count, tags={"state": state})
+        for stage, seconds in hot_set.stages.drain():
+            metrics.load_stage_latency().observe(seconds, tags={"stage": stage})
 
     def _expert_names(self, composition: str) -> list[str]:
         """Gate order of a composition's experts (read once from its composition.json)."""

@@ -25,6 +25,10 @@ class InfoItem(_Item):
     type: Literal["info"] = "info"
     replica: str
     hot_set_hit: bool
+    tier: str | None = Field(
+        None,
+        description="where the request's adapters were on arrival: slot|host|loading|disk|store",
+    )
 
 
 class TokenAttributionItem(_Item):

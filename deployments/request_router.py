@@ -1,6 +1,6 @@
 """Ray Serve `RequestRouter` that places requests by adapter affinity (see `placement`).
 
-Replicas report their hot-set through `record_routing_stats`; the router adds what it placed
+Replicas report their hot-set (and host tier) through `record_routing_stats`; the router adds what it placed
 itself in the last few seconds (the reports lag) and its own in-flight counts, then ranks
 replicas with `placement.place`. Ray probes the ranks in order and falls back to the next
 rank when a replica rejects (full), so overload spills instead of queueing at the home.
@@ -74,6 +74,7 @@ class AdapterAffinityRouter(RequestRouter):
                 load=self._load(r),
                 capacity=r.max_ongoing_requests,
                 slots=(r.routing_stats or {}).get("num_slots"),
+                host_set=frozenset((r.routing_stats or {}).get("host_set", ())),
             )
             for r in replicas
         ]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from adapter_store.rules import SERVABLE_MODULES
 from molora_runtime.routes import RouteLimits
+from molora_runtime.sizes import parse_bytes
 
 LORA_TARGET_MODULES: tuple[str, ...] = SERVABLE_MODULES  # the rulebook's list
 
@@ -44,9 +45,20 @@ class HotSetConfig(StrictModel):
         False,
         description="serve adapters that declare another base model (their shapes still fit)",
     )
-    host_cache_mb: int = Field(
-        512, ge=0, description="parsed adapters kept in host memory (tier between disk and slots)"
+    host_bytes: int = Field(
+        512 * 2**20,
+        ge=0,
+        description="bytes of parsed adapters kept in host memory (the tier between the disk "
+        "cache and the slots, LRU; pinned adapters stay); an integer or e.g. '512MiB'",
     )
+    fetch_workers: int = Field(
+        2, ge=1, le=32, description="background fetches (store -> disk -> host) at once"
+    )
+
+    @field_validator("host_bytes", mode="before")
+    @classmethod
+    def _host_size(cls, value: object) -> int:
+        return parse_bytes(value)
 
     @field_validator("target_modules")
     @classmethod

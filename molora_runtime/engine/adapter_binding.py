@@ -37,6 +37,11 @@ class AdapterBinder:
             hot.bind_experts(cslot)
         return True
 
+    def files_ready(self, seq: Sequence) -> bool:
+        """Whether `seq`'s adapters are resident or parsed in host memory (so their files are
+        local); missing ones start loading in the background."""
+        return self.hot_set.ready(seq.route.adapters())
+
     def release(self, seq: Sequence) -> None:
         self.hot_set.release(seq.adapters)
         if seq.composition is not None and seq.adapters:

@@ -121,7 +121,7 @@ class RequestChecker:
             raise InvalidRequestError(str(exc)) from None
         source = self.hot_set.source
         for name in route.adapters():
-            source.adapter_path(name)  # raises AdapterNotFoundError
+            self.hot_set.check_adapter(name)  # raises AdapterNotFoundError; no download
         comp_top_k = None
         needed = list(route.adapters())
         if isinstance(route, LearnedRoute):

@@ -56,6 +56,14 @@ class Scheduler:
             seq = self.waiting[0]
             try:
                 if not seq.identity:
+                    # The identity hashes the adapters' files: only once the background
+                    # workers have them local, so a store download never runs in the step.
+                    if not idle and not self.binder.files_ready(seq):
+                        self.waiting.popleft()
+                        held.append(seq)
+                        if len(held) >= 8:
+                            break
+                        continue
                     seq.identity = self.identify(seq)
                 lookup = self._lookup_tokens(seq)
                 # Keep a few blocks for running decodes to grow into (fewer preemptions); with

@@ -49,6 +49,7 @@ class HostTier:
         self._bytes = 0
         self._loading: set[str] = set()
         self._failed: dict[str, BaseException] = {}
+        self._pinned: set[str] = set()  # never evicted (hot_set.pinned)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="molora-fetch")
         self._done = threading.Event()
         self.counters = HostTierCounters()
@@ -74,6 +75,11 @@ class HostTier:
     @property
     def nbytes(self) -> int:
         return self._bytes
+
+    def pin(self, name: str) -> None:
+        """Keep `name` through eviction once it is (or when it becomes) resident."""
+        with self._lock:
+            self._pinned.add(name)
 
     # ----- fetching --------------------------------------------------------------------------
     def ready(self, name: str) -> bool:
@@ -111,6 +117,8 @@ class HostTier:
             return cached
         weights = self._read(name)
         with self._lock:
+            self.counters.misses += 1
+            self.counters.fetches += 1
             self._keep(name, weights)
         return weights
 
@@ -143,15 +151,18 @@ class HostTier:
         return self._done.wait(timeout)
 
     def _keep(self, name: str, weights: AdapterWeights) -> None:
-        """Insert under the byte budget (caller holds the lock). An adapter larger than the
-        whole budget is still kept alone, or it could never reach a slot."""
+        """Insert under the byte budget, evicting least recently used unpinned ones (caller
+        holds the lock). An adapter larger than the whole budget is still kept, or it could
+        never reach a slot."""
         if name in self._cache:
             return
         self._cache[name] = weights
         self._bytes += weights.nbytes()
-        while self._bytes > self.budget_bytes and len(self._cache) > 1:
-            _, old = self._cache.popitem(last=False)
-            self._bytes -= old.nbytes()
+        while self._bytes > self.budget_bytes:
+            victim = next((n for n in self._cache if n != name and n not in self._pinned), None)
+            if victim is None:  # only pinned ones (and the newcomer) left: over budget, kept
+                break
+            self._bytes -= self._cache.pop(victim).nbytes()
             self.counters.evictions += 1
 
     def shutdown(self) -> None:

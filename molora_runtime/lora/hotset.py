@@ -23,6 +23,7 @@ from molora_runtime.lora.context import GateTable
 from molora_runtime.lora.host_tier import HostTier
 from molora_runtime.lora.peft_adapter import AdapterWeights, arch_identity, read_peft_adapter
 from molora_runtime.lora.source import AdapterSource
+from molora_runtime.lora.tiers import Residency, StageTimes, TierCounts, TierReport, residency_view
 from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.decoder import CausalLM
 from molora_runtime.model.layers import LoRABuffers
@@ -101,7 +102,8 @@ class HotSet:
         self._by_name: dict[str, int] = {}
         self._comp_by_name: dict[str, int] = {}
         # store -> disk -> parsed in host memory, off the step (see `host_tier`)
-        self.host = HostTier(self._fetch, config.host_cache_mb * 2**20)
+        self.host = HostTier(self._fetch, config.host_bytes, workers=config.fetch_workers)
+        self.stages = StageTimes()  # fetch / parse / copy latencies
         self._clock = 0
         self.counters = HotSetCounters()
         for name in config.pinned:
@@ -202,6 +204,11 @@ class HotSet:
                 self._slots[slot].refs -= 1
 
     def pin(self, name: str) -> int:
+        """Keep `name` in every tier: its slot, its parsed weights and its disk cache entry."""
+        self.host.pin(name)
+        pin_on_disk = getattr(self.source, "pin", None)
+        if callable(pin_on_disk):
+            pin_on_disk(name)
         slot = self.ensure([name])[name]
         self._slots[slot].pinned = True
         return slot
@@ -242,17 +249,96 @@ class HotSet:
                 waiting = True
         return not waiting
 
+    # ----- tiers ---------------------------------------------------------------------------
+    def _disk(self) -> dict:
+        report = getattr(self.source, "disk_tier", None)
+        if not callable(report):  # a plain directory source has no disk tier of its own
+            return {}
+        try:
+            return dict(report())
+        except Exception:  # stats must never fail a replica
+            return {}
+
+    def slot_nbytes(self) -> int:
+        """Device bytes of one slot (every target module, every layer, at max rank)."""
+        total = sum((b.A.numel() + b.B.numel()) * b.A.element_size() for b in self.buffers.values())
+        return total // (self.num_slots + 1)
+
+    def tier_report(self) -> TierReport:
+        """Hits, misses, loads, evictions and bytes of the slot, host and disk tiers."""
+        c, h = self.counters, self.host.counters
+        disk = self._disk()
+        used = [s for s in self._slots[1:] if s.name is not None]
+        slot_bytes = self.slot_nbytes()
+        tiers = {
+            "slot": TierCounts(
+                hits=c.hits, misses=c.misses, loads=c.loads, evictions=c.evictions,
+                bytes=slot_bytes * len(used), capacity_slots=self.num_slots, entries=len(used),
+                capacity_bytes=slot_bytes * self.num_slots,
+            ),
+            "host": TierCounts(
+                hits=h.hits, misses=h.misses, loads=h.fetches, evictions=h.evictions,
+                bytes=self.host.nbytes, capacity_bytes=self.host.budget_bytes,
+                entries=len(self.host.resident()),
+            ),
+            "disk": TierCounts(
+                hits=int(disk.get("hits", 0)), misses=int(disk.get("misses", 0)),
+                loads=int(disk.get("loads", 0)), evictions=int(disk.get("evictions", 0)),
+                bytes=int(disk.get("bytes", 0)), capacity_bytes=disk.get("capacity_bytes"),
+                entries=len(disk.get("adapters", [])),
+            ),
+        }  # fmt: skip
+        return TierReport(tiers=tiers, stages=self.stages.report())
+
+    def residency(self) -> dict[str, Residency]:
+        """Which tier each adapter this replica knows of is in (slot > host > loading > disk)."""
+        disk = self._disk().get("adapters", [])
+        return residency_view(self.loaded(), self.host.resident(), self.host.loading(), disk)
+
+    def tier_of(self, names: Iterable[str]) -> Residency:
+        """The worst tier among `names` right now: where a request needing them starts from."""
+        order: list[Residency] = ["slot", "host", "loading", "disk", "store"]
+        worst = 0
+        host, loading = set(self.host.resident()), set(self.host.loading())
+        on_disk = getattr(self.source, "on_disk", None)
+        for name in names:
+            if name in self._by_name:
+                tier = 0
+            elif name in host:
+                tier = 1
+            elif name in loading:
+                tier = 2
+            elif callable(on_disk) and on_disk(name):
+                tier = 3
+            else:
+                tier = 4
+            worst = max(worst, tier)
+        return order[worst]
+
+    def check_adapter(self, name: str) -> None:
+        """Validate that `name` exists; a store source checks its manifest only (the files
+        are fetched by the host tier's workers), a plain source resolves the folder."""
+        check = getattr(self.source, "check_adapter", None)
+        if callable(check):
+            check(name)
+        else:
+            self.source.adapter_path(name)
+
     def _read(self, name: str) -> AdapterWeights:
         return self.host.read_now(name)
 
     def _fetch(self, name: str) -> AdapterWeights:
         """Store -> local folder -> parsed weights (runs in the host tier's workers)."""
+        start = time.perf_counter()
         folder = self.source.adapter_path(name)
+        fetched = time.perf_counter()
+        self.stages.observe("fetch", fetched - start)
         weights = read_peft_adapter(
             name, folder, self.arch, self.config.target_modules, self.config.max_rank
         )
         if not self.config.allow_base_mismatch:
             self._check_base(name, weights.base_model)
+        self.stages.observe("parse", time.perf_counter() - fetched)
         return weights
 
     def _check_base(self, name: str, declared: str | None) -> None:
@@ -277,11 +363,13 @@ class HotSet:
     def _load(self, slot: int, name: str) -> None:
         start = time.perf_counter()
         weights = self._read(name)
+        copy_start = time.perf_counter()
         with torch.no_grad():
             for module, buf in self.buffers.items():
                 buf.clear_slot(slot)
                 for layer, (a, b) in weights.modules.get(module, {}).items():
                     buf.write(slot, layer, a, b)
+        self.stages.observe("copy", time.perf_counter() - copy_start)
         self._slots[slot] = _Slot(name=name, last_used=self._clock)
         self._by_name[name] = slot
         self.counters.loads += 1

@@ -191,3 +191,31 @@ def test_endpoints_round_trip_with_admin_keys(secured_lora):
     assert missing.status_code == 404 and set(missing.json()["error"]) == {
         "message", "type", "param", "code",
     }  # fmt: skip
+
+
+def test_replica_stats_show_tiers_and_residency_to_admins(secured_lora):
+    url, keys = secured_lora["url"], secured_lora["keys"]
+
+    def get(who: str | None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {keys[who]}"} if who else {}
+        return httpx.get(f"{url}/v1/admin/stats", headers=headers, timeout=60)
+
+    chat = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": "math", "messages": MESSAGES, "max_tokens": 2},
+        headers={"Authorization": f"Bearer {keys['user']}"},
+        timeout=60,
+    )
+    assert chat.status_code == 200
+    assert chat.json()["molora"]["tier"] in {"slot", "host", "loading", "disk", "store"}
+    assert get(None).status_code == 401
+    denied = get("user")
+    assert denied.status_code == 403 and denied.json()["error"]["type"] == "permission_error"
+    stats = get("admin")
+    assert stats.status_code == 200
+    body = stats.json()
+    assert set(body["tiers"]) == {"slot", "host", "disk"}
+    assert set(body["stages"]) == {"fetch", "parse", "copy"}
+    assert body["residency"]["math"] in {"slot", "host"}
+    assert body["tiers"]["slot"]["loads"] >= 1 and body["stages"]["parse"]["count"] >= 1
+    assert sum(body["counts"].values()) == len(body["residency"])
