@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +35,8 @@ import torch
 from safetensors.torch import save_file
 
 from benchmarks.report import write_json
-from benchmarks.serve_load import pct, zipf_sequence
-from benchmarks.sse import sse_events
+from benchmarks.serve_load import Sample, pct, zipf_sequence
+from benchmarks.serve_load import drive as load_drive
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "adapter_churn.json"
@@ -53,16 +52,6 @@ PROMPTS = [
 ]
 TIERS = ("slot", "host", "loading", "disk", "store")
 WARM = [f"warm{i}" for i in range(4)]  # warm-up adapters, never measured
-
-
-@dataclass
-class Sample:
-    ok: bool = False
-    ttft: float = 0.0
-    gaps: list[float] = field(default_factory=list)
-    tokens: int = 0
-    tier: str | None = None
-    error: str | None = None
 
 
 # ---- adapters ------------------------------------------------------------------------------
@@ -117,64 +106,9 @@ def publish(registry: Any, folders: list[Path]) -> list[str]:
 # ---- the load -----------------------------------------------------------------------------
 
 
-async def one_request(http: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> Sample:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    sample = Sample()
-    start = time.perf_counter()
-    last = None
-    try:
-        async with http.stream("POST", "/v1/chat/completions", json=body) as resp:
-            if resp.status_code != 200:
-                sample.error = f"{resp.status_code}: {(await resp.aread())[:200]!r}"
-                return sample
-            async for chunk in sse_events(resp):
-                if "error" in chunk:
-                    sample.error = chunk["error"]["message"]
-                    return sample
-                info = chunk.get("molora") or {}
-                if info.get("replica") and sample.tier is None:
-                    sample.tier = info.get("tier")
-                if chunk.get("usage"):
-                    sample.tokens = chunk["usage"]["completion_tokens"]
-                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                    now = time.perf_counter()
-                    if last is None:
-                        sample.ttft = now - start
-                    else:
-                        sample.gaps.append(now - last)
-                    last = now
-        sample.ok = True
-    except httpx.HTTPError as exc:
-        sample.error = f"{type(exc).__name__}: {exc}"
-    return sample
-
-
-async def drive(
-    url: str, models: list[str], concurrency: int, max_tokens: int
-) -> tuple[list[Sample], float]:
-    queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-    for i, m in enumerate(models):
-        queue.put_nowait((i, m))
-    samples: list[Sample] = []
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=900, limits=limits) as http:
-
-        async def worker() -> None:
-            while not queue.empty():
-                i, model = queue.get_nowait()
-                prompt = PROMPTS[i % len(PROMPTS)]
-                samples.append(await one_request(http, model, prompt, max_tokens))
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return samples, time.perf_counter() - start
+async def drive(url: str, models: list[str], concurrency: int, max_tokens: int):
+    """The serve_load client (streaming chat, TTFT and gaps per request) on these prompts."""
+    return await load_drive(url, models, concurrency, max_tokens, PROMPTS)
 
 
 def summarize(samples: list[Sample], wall: float) -> dict[str, Any]:

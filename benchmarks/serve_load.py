@@ -54,6 +54,7 @@ class Sample:
     tokens: int = 0
     hit: bool | None = None
     replica: str | None = None
+    tier: str | None = None  # where its adapter was when it reached the replica
     error: str | None = None
 
 
@@ -87,6 +88,7 @@ async def one_request(http: httpx.AsyncClient, model: str, prompt: str, max_toke
                 if chunk.get("molora", {}).get("replica"):
                     sample.hit = chunk["molora"].get("hot_set_hit")
                     sample.replica = chunk["molora"]["replica"]
+                    sample.tier = sample.tier or chunk["molora"].get("tier")
                 if chunk.get("usage"):
                     sample.tokens = chunk["usage"]["completion_tokens"]
                 if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
@@ -103,7 +105,11 @@ async def one_request(http: httpx.AsyncClient, model: str, prompt: str, max_toke
 
 
 async def drive(
-    url: str, models: list[str], concurrency: int, max_tokens: int
+    url: str,
+    models: list[str],
+    concurrency: int,
+    max_tokens: int,
+    prompts: list[str] = PROMPTS,
 ) -> tuple[list[Sample], float]:
     queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
     for i, m in enumerate(models):
@@ -112,13 +118,13 @@ async def drive(
     limits = httpx.Limits(
         max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4
     )
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=900, limits=limits) as http:
 
         async def worker() -> None:
             while not queue.empty():
                 i, model = queue.get_nowait()
                 samples.append(
-                    await one_request(http, model, PROMPTS[i % len(PROMPTS)], max_tokens)
+                    await one_request(http, model, prompts[i % len(prompts)], max_tokens)
                 )
 
         start = time.perf_counter()
