@@ -314,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         "publish_s": publish_s,
         "cells": cells,
         "targets": verdict(cells, args.sizes),
-        "load": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        # the load's settings (paths left out: a machine's folders say nothing of the run)
+        "load": {k: v for k, v in vars(args).items() if not isinstance(v, Path)},
         "zipf": 1.0,
         "machine": {
             "cpus": os.cpu_count(),
