@@ -56,6 +56,7 @@ class LocalCache:
         self.pinned: set[tuple[str, str]] = set()  # (kind, name): never evicted
         self._count_lock = threading.Lock()
         self._usage: tuple[float, int] | None = None
+        self._names: dict[str, tuple[float, list[str]]] = {}
 
     def count(self, **deltas: int) -> None:
         """Add to the counters (fetch workers of one replica call this concurrently)."""
@@ -67,13 +68,24 @@ class LocalCache:
         self.pinned.add((kind, check_name(name)))
 
     def cached_names(self, kind: Kind) -> list[str]:
-        """Names with at least one complete cached version (the residency view's disk tier)."""
-        base = self.root / kind_prefix(kind)
-        if not base.is_dir():
-            return []
-        return sorted(
-            d.name for d in base.iterdir() if any((v / MANIFEST).is_file() for v in d.glob("*"))
-        )
+        """Names with at least one complete cached version (the residency view's disk tier),
+        listed at most every USAGE_TTL_S: the replica reads it at 1 Hz on its event loop, and
+        the listing walks every cached adapter."""
+        now = time.monotonic()
+        seen = self._names.get(kind)
+        if seen is None or now - seen[0] > USAGE_TTL_S:
+            base = self.root / kind_prefix(kind)
+            names = (
+                sorted(
+                    d.name
+                    for d in base.iterdir()
+                    if any((v / MANIFEST).is_file() for v in d.glob("*"))
+                )
+                if base.is_dir()
+                else []
+            )
+            seen = self._names[kind] = (now, names)
+        return seen[1]
 
     def usage_cached(self) -> int:
         """`usage()`, measured at most every USAGE_TTL_S (for 1 Hz stats)."""

@@ -60,8 +60,7 @@ class Scheduler:
                     # workers have them local, so a store download never runs in the step.
                     if not idle and not self.binder.files_ready(seq):
                         self.waiting.popleft()
-                        held.append(seq)
-                        if len(held) >= 8:
+                        if self._hold(held, seq):
                             break
                         continue
                     seq.identity = self.identify(seq)
@@ -73,8 +72,7 @@ class Scheduler:
                     break
                 self.waiting.popleft()
                 if not self.binder.bind(seq, wait_for_loads=not idle):
-                    held.append(seq)
-                    if len(held) >= 8:
+                    if self._hold(held, seq):
                         break
                     continue
             except Exception as exc:  # this request's adapters, store or route: it alone fails
@@ -90,6 +88,13 @@ class Scheduler:
             self.running.append(seq)
         for seq in reversed(held):
             self.waiting.appendleft(seq)
+
+    @staticmethod
+    def _hold(held: list[Sequence], seq: Sequence) -> bool:
+        """Set `seq` aside this step (its adapters are loading or their slots are taken);
+        True once enough are set aside that admission should stop looking further."""
+        held.append(seq)
+        return len(held) >= 8
 
     def _lookup_tokens(self, seq: Sequence) -> list[int]:
         """Tokens the prefix cache may serve: none for prompt logprobs (each position must be

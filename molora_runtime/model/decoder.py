@@ -159,11 +159,12 @@ class CausalLM(nn.Module):
     def pack_cpu_weights(self) -> None:
         """Pack every base GEMM's weight for oneDNN once (CPU serving; see `packed_linear`).
         Call after the weights are loaded and fused; they must not change afterwards."""
-        for m in self.modules():
-            if isinstance(m, FusedLinear) or (
-                isinstance(m, LoRALinear)
-                and not any(m in f.members for f in self.modules() if isinstance(f, FusedLinear))
-            ):
+        fused = [m for m in self.modules() if isinstance(m, FusedLinear)]
+        in_group = {id(member) for f in fused for member in f.members}
+        for f in fused:
+            f.pack()  # its members never run their own GEMM
+        for m in self.lora_linears():
+            if id(m) not in in_group:
                 m.pack()
         self.packed_head = pack_weight(self._head_weight())
 
