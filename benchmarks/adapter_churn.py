@@ -136,7 +136,7 @@ def summarize(samples: list[Sample], wall: float) -> dict[str, Any]:
 
 def serve_cell(
     cluster_url: str, store: dict[str, str], names: list[str], policy: str,
-    args: argparse.Namespace, cache_dir: Path,
+    args: argparse.Namespace, cache_dir: Path, resident: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     from ray import serve
 
@@ -190,11 +190,14 @@ def serve_cell(
             time.sleep(2)
         # Warm both replicas (first forward, first adapter load and its imports) on the base
         # model and on WARM adapters outside the measured set, so the measured tiers start cold
-        # but no first-use cost lands in a cell.
-        asyncio.run(drive(cluster_url, [MODEL] * 12 + WARM, 16, 4))
+        # but no first-use cost lands in a cell. The all-resident baseline also loads its own
+        # adapters first (each at its home): resident means in a slot before the first request.
+        warm = [MODEL] * 12 + WARM + (names * 4 if resident else [])
+        asyncio.run(drive(cluster_url, warm, 16, 4))
         models = zipf_sequence(names, args.requests, 1.0, args.seed)
+        load_before = os.getloadavg()[0]
         samples, wall = asyncio.run(drive(cluster_url, models, args.concurrency, args.max_tokens))
-        return summarize(samples, wall)
+        return {**summarize(samples, wall), "load_average_1m_at_start": round(load_before, 2)}
     finally:
         serve.delete(APP)
 
@@ -299,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i, (label, subset, policy) in enumerate(plan):
             print(f"[{label}] {args.requests} requests ...", flush=True)
-            cells[label] = serve_cell(cluster.url, store, subset, policy, args, work / f"cache-{i}")
+            cells[label] = serve_cell(
+                cluster.url, store, subset, policy, args, work / f"cache-{i}", i == 0
+            )
             print(json.dumps(cells[label]), flush=True)
     finally:
         stop_local_cluster(cluster)
