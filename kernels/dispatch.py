@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from kernels.device_plan import DevicePlan
 from kernels.plan import SegmentPlan, routed_lora_planned
 from kernels.reference import REFERENCE_VARIANTS
 
@@ -86,11 +87,13 @@ def routed_lora(
     *,
     backend: str | None = None,
     plan: SegmentPlan | None = None,
+    meta: DevicePlan | None = None,
 ) -> torch.Tensor:
     """Return the routed LoRA delta [T, d_out] for x [T, d_in]; see the package docstring.
 
     `plan` (from `kernels.plan.build_segment_plan(slot_ids, weights)`, built once per routing
-    table) lets the CPU path skip re-sorting tokens by slot in every projection.
+    table) lets the CPU path skip re-sorting tokens by slot in every projection; `meta`
+    (`kernels.device_plan.build_device_plan`) does the same for the Triton path.
     """
     if plan is not None and not x.is_cuda and backend is None:
         return routed_lora_planned(x, A, B, plan)
@@ -99,7 +102,7 @@ def routed_lora(
         _check_triton_device(x)
         from kernels.triton_ops import routed_lora_triton
 
-        return routed_lora_triton(x, A, B, slot_ids, weights)
+        return routed_lora_triton(x, A, B, slot_ids, weights, plan=meta)
     return REFERENCE_VARIANTS[name](x, A, B, slot_ids, weights)
 
 
@@ -110,18 +113,23 @@ def routed_lora_multi(
     weights: torch.Tensor,
     *,
     backend: str | None = None,
+    plan: SegmentPlan | None = None,
+    meta: DevicePlan | None = None,
 ) -> list[torch.Tensor]:
     """Deltas for several projections sharing x and routing (fused q/k/v, gate/up).
 
-    On CUDA the shrinks (and expands) of up to three outputs run as one launch each; the
-    reference path simply loops.
+    On CUDA the shrinks (and expands) of up to three outputs run as one launch each, reading
+    `meta` when the caller built it once per table; the reference path simply loops (over the
+    prebuilt CPU `plan` when given).
     """
+    if plan is not None and not x.is_cuda and backend is None:
+        return [routed_lora_planned(x, A, B, plan) for A, B in pairs]
     flat = tuple(t for pair in pairs for t in pair)
     name = select_backend(x, pairs[0][0].shape[0], (*flat, weights), backend)
     if name == "triton":
         _check_triton_device(x)
         from kernels.triton_ops import routed_lora_multi_triton
 
-        return routed_lora_multi_triton(x, pairs, slot_ids, weights)
+        return routed_lora_multi_triton(x, pairs, slot_ids, weights, plan=meta)
     fn = REFERENCE_VARIANTS[name]
     return [fn(x, A, B, slot_ids, weights) for A, B in pairs]

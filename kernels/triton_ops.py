@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.device_plan import DevicePlan, build_device_plan
 from kernels.triton_bgmv import bgmv
 from kernels.triton_common import MAX_OUTPUTS, MAX_RANK
 from kernels.triton_sgmv import sgmv
@@ -38,8 +39,13 @@ def routed_lora_multi_triton(
     slot_ids: torch.Tensor,
     weights: torch.Tensor,
     mode: str = "auto",
+    plan: DevicePlan | None = None,
 ) -> list[torch.Tensor]:
-    """Deltas for several (A, B) sharing x and the routing; one shrink+expand per 3 outputs."""
+    """Deltas for several (A, B) sharing x and the routing; one shrink+expand per 3 outputs.
+
+    `plan` (`kernels.device_plan.build_device_plan(slot_ids, weights)`, cached per routing
+    table by the caller) skips rebuilding the int32 ids and SGMV segments in every projection.
+    """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     for A, B in pairs:
@@ -50,14 +56,19 @@ def routed_lora_multi_triton(
     outs = [torch.empty(T, B.shape[1], dtype=x.dtype, device=x.device) for _, B in pairs]
     if T == 0 or K == 0:
         return [o.zero_() for o in outs]
-    ids = slot_ids.to(torch.int32).contiguous()
-    w = weights.contiguous()
+    if plan is None:
+        plan = build_device_plan(slot_ids, weights)
+    ids, w = plan.slot_ids, plan.weights
     if mode == "auto":
         mode = "bgmv" if T * K <= DECODE_MAX_PAIRS else "sgmv"
-    launch = bgmv if mode == "bgmv" else sgmv
     for i in range(0, len(pairs), MAX_OUTPUTS):
         group = pairs[i : i + MAX_OUTPUTS]
-        launch(x, [a for a, _ in group], [b for _, b in group], ids, w, outs[i : i + MAX_OUTPUTS])
+        As, Bs = [a for a, _ in group], [b for _, b in group]
+        if mode == "bgmv":
+            bgmv(x, As, Bs, ids, w, outs[i : i + MAX_OUTPUTS])
+        else:
+            groups = plan.groups(As[0].shape[0])
+            sgmv(x, As, Bs, ids, w, outs[i : i + MAX_OUTPUTS], groups=groups)
     return outs
 
 
@@ -68,6 +79,7 @@ def routed_lora_triton(
     slot_ids: torch.Tensor,
     weights: torch.Tensor,
     mode: str = "auto",
+    plan: DevicePlan | None = None,
 ) -> torch.Tensor:
     """Routed LoRA delta [T, d_out] in x.dtype via the Triton kernels (fp32 accumulation)."""
-    return routed_lora_multi_triton(x, [(A, B)], slot_ids, weights, mode)[0]
+    return routed_lora_multi_triton(x, [(A, B)], slot_ids, weights, mode, plan)[0]

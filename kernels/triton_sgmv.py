@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.device_plan import PairGroups, group_pairs
 from kernels.triton_common import is_interpreted, pad3, rank_block, select_int, select_ptr
 
 
@@ -127,24 +128,6 @@ def _sgmv_expand_kernel(
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _group_pairs(
-    slot_ids: torch.Tensor, weights: torch.Tensor, S: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sort (token, j) pairs by j·S + slot; return sorted tokens, weights, segment starts/counts."""
-    T, K = slot_ids.shape
-    flat = slot_ids.reshape(-1).long()
-    j = torch.arange(K, device=flat.device).repeat(T)
-    key = torch.where(flat > 0, j * S + flat, torch.full_like(flat, K * S))
-    order = torch.argsort(key, stable=True)
-    counts = torch.zeros(K * S + 1, dtype=torch.int64, device=flat.device)
-    counts.scatter_add_(0, key, torch.ones_like(key))
-    counts = counts[: K * S]
-    starts = torch.cumsum(counts, 0) - counts
-    tokens = (order // K).to(torch.int32)
-    sorted_w = weights.reshape(-1)[order].float().contiguous()
-    return tokens, sorted_w, starts.to(torch.int32), counts.to(torch.int32)
-
-
 def sgmv(
     x: torch.Tensor,
     As: list[torch.Tensor],
@@ -153,6 +136,7 @@ def sgmv(
     weights: torch.Tensor,
     outs: list[torch.Tensor],
     block_m: int | None = None,
+    groups: PairGroups | None = None,
 ) -> None:
     """Write Σ_j w · B_o[s] A_o[s] x into each `outs[o]` (up to three outputs, same rank)."""
     T, K = slot_ids.shape
@@ -166,7 +150,9 @@ def sgmv(
     d_outs = [b.shape[1] for b in pad3(Bs)]
     block_n = max(16, min(128 if block_r <= 64 else 64, triton.next_power_of_2(max(d_outs))))
     dot_ieee = is_interpreted(x) or x.dtype == torch.float32
-    tokens, sorted_w, starts, counts = _group_pairs(slot_ids, weights, S)
+    if groups is None:  # callers with a per-step DevicePlan pass its cached segments
+        groups = group_pairs(slot_ids, weights, S)
+    tokens, sorted_w, starts, counts = groups
     h = torch.empty(num_out, P, block_r, dtype=torch.float32, device=x.device)
     a3 = pad3(As)
     sa = [st for a in a3 for st in a.stride()]

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# GPU checks for the routed-LoRA and paged-attention kernels (and any other @gpu check in
-# tests/gpu/), then the kernel benchmarks. Needs one NVIDIA GPU, torch and triton; no network, no
-# pytest.
+# GPU check v2: the routed-LoRA, fused-group LoRA and paged-attention kernels vs their twins
+# (compiled, eager and in CUDA graphs; every @gpu check in tests/gpu/, incl. graph replay under
+# adapter churn), then the benchmarks: routed-LoRA kernels (achieved HBM bandwidth of the decode
+# kernel, per-token vs 4 per-sequence passes at 2,048 tokens d=4,096), paged attention, and the
+# engine decode step (CUDA graphs vs eager p50/p99, 4 adapters vs base, churn) on a SmolLM2-shaped
+# and on a randomly initialised Llama-3-8B-shaped model (2 layers). Needs one NVIDIA GPU, torch
+# and triton (+ pydantic, safetensors for the engine parts); no network, no pytest.
 #   scripts/gpu_check.sh [OUT_DIR]     (default benchmarks/results)
 #   QUICK=1 scripts/gpu_check.sh       reduced benchmark grid
-# Writes OUT_DIR/gpu_checks.json, OUT_DIR/kernels_cuda.json, OUT_DIR/paged_attention_cuda.json,
-# OUT_DIR/decode_step_cuda.json and OUT_DIR/gpu_check_summary.json.
-# Time: checks capped at 150 s, routed-LoRA kernel benchmark at 200 s and paged-attention
-# benchmark at 40 s (both stop their grids early and keep what they measured), engine decode-step
-# benchmark at 90 s: 8 minutes in the worst case.
+#   DRY_RUN=1 scripts/gpu_check.sh     every Python entry point with --help only (runs on CPU)
+# Writes OUT_DIR/gpu_checks.json, kernels_cuda.json, paged_attention_cuda.json,
+# decode_step_cuda.json, decode_step_llama3_8b_cuda.json and gpu_check_summary.json.
+# Time caps: checks 110 s, kernel benchmark 150 s (target shapes first), paged attention 40 s,
+# SmolLM2 decode step 50 s, Llama-3-8B-shaped decode step 90 s (each keeps what it measured):
+# 7.3 minutes at worst.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,15 +24,24 @@ if [[ -x .venv/bin/python ]]; then PY="${PYTHON:-.venv/bin/python}"; else PY="${
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET MOLORA_KERNEL_BACKEND
 
+if [[ "${DRY_RUN:-0}" == "1" ]]; then
+    for entry in "-m tests.gpu.run_checks" "benchmarks/kernels.py" "-m benchmarks.paged_attention" "-m benchmarks.decode_step"; do
+        # shellcheck disable=SC2086
+        "$PY" $entry --help >/dev/null || { echo "entry point failed: $entry"; exit 1; }
+    done
+    echo "dry run: every entry point parses --help"
+    exit 0
+fi
+
 "$PY" -c 'import torch, triton; assert torch.cuda.is_available(), "no CUDA device"; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)' || exit 2
 
 start=$(date +%s)
-timeout 150 "$PY" -m tests.gpu.run_checks --out "$OUT/gpu_checks.json"
+timeout 110 "$PY" -m tests.gpu.run_checks --out "$OUT/gpu_checks.json"
 checks_rc=$?
 
-bench_args=(--device cuda --max-seconds 170 --out "$OUT/kernels_cuda.json")
+bench_args=(--device cuda --max-seconds 130 --out "$OUT/kernels_cuda.json")
 if [[ "${QUICK:-0}" == "1" ]]; then bench_args+=(--quick); fi
-timeout 200 "$PY" benchmarks/kernels.py "${bench_args[@]}"
+timeout 150 "$PY" benchmarks/kernels.py "${bench_args[@]}"
 bench_rc=$?
 
 # Paged decode attention (Triton) vs contiguous-cache SDPA / bmm, with achieved K/V bandwidth.
@@ -38,7 +52,10 @@ paged_rc=$?
 [[ $bench_rc -eq 0 ]] && bench_rc=$paged_rc
 
 # Engine level: decode-step p50/p99 with CUDA graphs vs eager, steady vs adapter churn.
-timeout 90 "$PY" -m benchmarks.decode_step --device cuda --batch 32 --steps 30 --out "$OUT/decode_step_cuda.json"
+timeout 50 "$PY" -m benchmarks.decode_step --device cuda --batch 32 --steps 30 --out "$OUT/decode_step_cuda.json"
+step_rc=$?
+[[ $bench_rc -eq 0 ]] && bench_rc=$step_rc
+timeout 90 "$PY" -m benchmarks.decode_step --device cuda --shape llama3-8b --layers 2 --batch 32 --steps 20 --out "$OUT/decode_step_llama3_8b_cuda.json"
 step_rc=$?
 [[ $bench_rc -eq 0 ]] && bench_rc=$step_rc
 
@@ -57,6 +74,9 @@ summary = {
     "targets": json.loads(bench.read_text()).get("targets") if bench.exists() else None,
     "paged_attention": json.loads(paged.read_text()).get("summary") if paged.exists() else None,
 }
+for name in ("decode_step_cuda", "decode_step_llama3_8b_cuda"):
+    step = out / f"{name}.json"
+    summary[name] = json.loads(step.read_text()).get("targets") if step.exists() else None
 (out / "gpu_check_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 print(json.dumps(summary, indent=1))
 PYEOF

@@ -48,13 +48,18 @@ class CudaGraphRunner:
         self.max_batch = max_batch
         self.buckets = batch_buckets(max_batch)
         B, W, dev = max_batch, width, device
-        self.input_ids = torch.zeros(B, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(B, dtype=torch.long, device=dev)
-        self.slot_blocks = torch.full((B,), kv.scratch_block, dtype=torch.long, device=dev)
-        self.slot_offsets = torch.zeros(B, dtype=torch.long, device=dev)
+        # The per-token int64 inputs are rows of one device tensor, so one host→device copy
+        # fills them; `_host` is its (pinned, on CUDA) staging twin, written through numpy.
+        self._rows = torch.zeros(4, B, dtype=torch.long, device=dev)
+        self.input_ids, self.positions, self.slot_blocks, self.slot_offsets = self._rows
         self.block_tables = torch.full(
             (B, max_blocks_per_seq), kv.scratch_block, dtype=torch.int32, device=dev
         )
+        pin = dev.type == "cuda" and torch.cuda.is_available()
+        self._pinned = pin
+        self._host_rows = torch.zeros(4, B, dtype=torch.long, pin_memory=pin)
+        self._host_tables = torch.zeros(B, max_blocks_per_seq, dtype=torch.int32, pin_memory=pin)
+        self._copied: torch.cuda.Event | None = None  # last staging upload (CUDA)
         self.context_lens = torch.ones(B, dtype=torch.int32, device=dev)
         self.slot_ids = torch.zeros(B, W, dtype=torch.long, device=dev)
         self.weights = torch.zeros(B, W, dtype=torch.float32, device=dev)
@@ -110,28 +115,45 @@ class CudaGraphRunner:
         self._graphs[bucket], self._outputs[bucket], self._contexts[bucket] = graph, logits, ctx
 
     def capture_all(self) -> None:
-        """Capture every bucket up front (startup), so no request pays for a capture."""
+        """Capture every bucket up front (startup), so no request pays for a capture.
+
+        Largest bucket first, all into one memory pool: the smaller graphs then reuse the
+        biggest one's blocks instead of each growing the pool.
+        """
         if self.capture:
-            for bucket in self.buckets:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            for bucket in sorted(self.buckets, reverse=True):
                 self._ensure_graph(bucket)
 
     def _load_inputs(self, batch: StepBatch, ids: torch.Tensor) -> None:
-        n, dev = batch.num_decode, self.device
+        """Stage the step's host lists and upload them with one non-blocking copy per tensor.
+
+        Padded rows (n..B) read token 0 at position 0, write K/V to the scratch block and
+        attend over it (context length 1).
+        """
+        n = batch.num_decode
+        if self._copied is not None:  # the previous upload may still read the staging buffers
+            self._copied.synchronize()
+        rows, tables = self._host_rows.numpy(), self._host_tables.numpy()
+        scratch = self.kv.scratch_block
+        rows[1:, n:] = 0
+        rows[2, n:] = scratch
+        rows[1, :n] = batch.positions[:n]
+        slots = batch.slots[:n]
+        rows[2, :n] = [b for b, _ in slots]
+        rows[3, :n] = [o for _, o in slots]
+        tables.fill(scratch)
+        for i, t in enumerate(batch.decode_tables[:n]):
+            tables[i, : len(t)] = t
+        self._rows[1:].copy_(self._host_rows[1:], non_blocking=self._pinned)
+        self.block_tables.copy_(self._host_tables, non_blocking=self._pinned)
+        if self._pinned:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         self.input_ids.zero_()
         self.input_ids[:n].copy_(ids[:n])
-        self.positions.zero_()
-        self.positions[:n].copy_(torch.tensor(batch.positions[:n], device=dev))
-        self.slot_blocks.fill_(self.kv.scratch_block)
-        self.slot_offsets.zero_()
-        self.slot_blocks[:n].copy_(torch.tensor([b for b, _ in batch.slots[:n]], device=dev))
-        self.slot_offsets[:n].copy_(torch.tensor([o for _, o in batch.slots[:n]], device=dev))
-        width = self.block_tables.shape[1]
-        scratch = self.kv.scratch_block
-        tables = [t + [scratch] * (width - len(t)) for t in batch.decode_tables]
-        self.block_tables.fill_(scratch)
-        self.block_tables[:n].copy_(torch.tensor(tables, dtype=torch.int32, device=dev))
-        self.context_lens.fill_(1)
-        self.context_lens[:n].copy_(self.positions[:n] + 1)
+        self.context_lens.copy_(self.positions + 1)
 
     def run(self, batch: StepBatch, ids: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
         """Run a decode-only batch through the static step; returns logits [n, V]."""

@@ -17,7 +17,7 @@ import torch
 from molora_runtime.engine.detokenizer import IncrementalDetokenizer
 from molora_runtime.engine.isolation import culprit_error, sample_isolated
 from molora_runtime.engine.logits_processing import RowInput, sample_rows, token_logprob
-from molora_runtime.engine.route_stats import GateStats, attribution, slot_names
+from molora_runtime.engine.route_stats import GateStats, attribution, attributions, slot_names
 from molora_runtime.engine.scheduler import Scheduler
 from molora_runtime.engine.sequence import SeqStatus, Sequence
 from molora_runtime.engine.step_batch import StepBatch
@@ -81,6 +81,13 @@ class OutputProcessor:
         picks = sample_isolated(logits, seqs, sample, lambda s, e: self.fail(s, e, outputs))
         now = time.monotonic()
         names = slot_names(self.hot_set) if any(s.request.return_attribution for s in seqs) else {}
+        wanted = [(i, token) for i, token in picks if seqs[i].request.return_attribution]
+        rows = [batch.logits_index[src[i]] for i, _ in wanted]
+        try:  # one read-back for the whole batch
+            found = attributions(ctx, rows, [t for _, t in wanted], names)
+            attrs = dict(zip([i for i, _ in wanted], found, strict=True))
+        except Exception:  # then row by row below, failing only the sequences it fails for
+            attrs = {}
         for i, token in picks:
             seq = seqs[i]
             try:
@@ -92,8 +99,10 @@ class OutputProcessor:
                 if seq.first_token_at is None:
                     seq.first_token_at = now
                 if seq.request.return_attribution:
-                    row = batch.logits_index[src[i]]
-                    seq.attribution.append(attribution(ctx, row, token, names))
+                    found_i = attrs.get(i)
+                    if found_i is None:
+                        found_i = attribution(ctx, batch.logits_index[src[i]], token, names)
+                    seq.attribution.append(found_i)
                 reason = self._check_stop(seq, token)
                 if reason is not None:
                     self.finish(seq, reason, outputs)

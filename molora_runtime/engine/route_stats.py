@@ -17,47 +17,85 @@ def attribution(
     ctx: LoRAContext | None, index: int, token: int, names: dict[int, str]
 ) -> TokenAttribution:
     """Mean weight of each adapter over the layers for the token at batch row `index`."""
-    if ctx is None or not ctx.layer_tables:
-        return TokenAttribution(token_id=token, adapters={})
-    slots = torch.stack([t[0][index] for t in ctx.layer_tables]).cpu()
-    weights = torch.stack([t[1][index] for t in ctx.layer_tables]).float().cpu()
-    totals: dict[str, float] = {}
-    for s, w in zip(slots.flatten().tolist(), weights.flatten().tolist(), strict=True):
-        if s > 0 and w != 0.0:
-            name = names.get(s, f"slot{s}")
-            totals[name] = totals.get(name, 0.0) + w
+    return attributions(ctx, [index], [token], names)[0]
+
+
+def attributions(
+    ctx: LoRAContext | None, rows: list[int], tokens: list[int], names: dict[int, str]
+) -> list[TokenAttribution]:
+    """`attribution` of several rows with one device→host read for all of them (not 2 a row)."""
+    if ctx is None or not ctx.layer_tables or not rows:
+        return [TokenAttribution(token_id=t, adapters={}) for t in tokens]
+    index = torch.tensor(rows, dtype=torch.long, device=ctx.layer_tables[0][0].device)
+    slots = torch.stack([t[0].index_select(0, index) for t in ctx.layer_tables])  # [L, R, W]
+    weights = torch.stack([t[1].index_select(0, index) for t in ctx.layer_tables]).float()
+    # slot ids are small integers: exact in fp32, so both ride in one transfer
+    both = torch.stack([slots.float(), weights]).cpu()
     n_layers = len(ctx.layer_tables)
-    return TokenAttribution(
-        token_id=token, adapters={k: round(v / n_layers, 4) for k, v in totals.items()}
-    )
+    out = []
+    for r, token in enumerate(tokens):
+        totals: dict[str, float] = {}
+        row_slots = both[0, :, r].flatten().long().tolist()
+        row_weights = both[1, :, r].flatten().tolist()
+        for s, w in zip(row_slots, row_weights, strict=True):
+            if s > 0 and w != 0.0:
+                name = names.get(s, f"slot{s}")
+                totals[name] = totals.get(name, 0.0) + w
+        out.append(
+            TokenAttribution(
+                token_id=token, adapters={k: round(v / n_layers, 4) for k, v in totals.items()}
+            )
+        )
+    return out
 
 
 class GateStats:
-    """Per composition, [layer][expert] token counts accumulated between `pop` calls."""
+    """Per composition, [layer][expert] token counts accumulated between `pop` calls.
 
-    def __init__(self, hot_set: HotSet) -> None:
+    `record` runs after every step with learned routes and must not stall the device: it only
+    queues device tensors (the step's counts and how many tokens the composition had). The
+    queue is read back — one sync for the lot — every `fold_every` records and on `pop`, where
+    the folding rules are applied in order: a step without tokens of a composition is skipped,
+    and a composition whose expert count changed starts over.
+    """
+
+    def __init__(self, hot_set: HotSet, fold_every: int = 64) -> None:
         self.hot_set = hot_set
+        self.fold_every = fold_every
         self._counts: dict[str, torch.Tensor] = {}
+        self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (comp, [L, K], seen)
 
     def record(self, ctx: LoRAContext) -> None:
         assert ctx.comp_idx is not None and ctx.gates is not None
         slots = torch.stack([t[0] for t in ctx.layer_tables])  # [L, T, W]
         weights = torch.stack([t[1] for t in ctx.layer_tables])
+        active = weights > 0
         for comp in self.hot_set.compositions():
             c = self.hot_set.comp_slot_of(comp)
-            mask = ctx.comp_idx == c
-            if not bool(mask.any()):
-                continue
-            k = int(ctx.gates.num_experts[c])
+            k = len(self.hot_set.composition_info(comp).experts)  # host copy of num_experts[c]
+            mask = ctx.comp_idx == c  # [T]
             experts = ctx.gates.expert_slots[c, :k]
-            hit = (slots[:, mask, :, None] == experts) & (weights[:, mask, :, None] > 0)
-            counts = hit.sum(dim=(1, 2)).cpu()  # [L, K]
+            hit = (slots[..., None] == experts) & (active & mask[None, :, None])[..., None]
+            self._pending.append((comp, hit.sum(dim=(1, 2)), mask.sum()))
+        if len(self._pending) >= self.fold_every:
+            self._fold()
+
+    def _fold(self) -> None:
+        if not self._pending:
+            return
+        seen = torch.stack([n for _, _, n in self._pending]).tolist()
+        for (comp, counts, _), n in zip(self._pending, seen, strict=True):
+            if n == 0:
+                continue
+            counts = counts.cpu()
             prev = self._counts.get(comp)
             self._counts[comp] = (
                 counts if prev is None or prev.shape != counts.shape else prev + counts
             )
+        self._pending.clear()
 
     def pop(self) -> dict[str, list[list[int]]]:
+        self._fold()
         out = {k: v.long().tolist() for k, v in self._counts.items()}
         self._counts.clear()
         return out

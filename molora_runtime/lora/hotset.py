@@ -26,6 +26,7 @@ from molora_runtime.lora.source import AdapterSource
 from molora_runtime.lora.tiers import Residency, StageTimes, TierCounts, TierReport, residency_view
 from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.decoder import CausalLM
+from molora_runtime.model.group_buffers import GroupLoRABuffers
 from molora_runtime.model.layers import LoRABuffers
 
 
@@ -79,13 +80,21 @@ class HotSet:
         # CPU serving stacks each layer's slots contiguously (`kernels.stacked`); CUDA keeps
         # the layout the Triton kernels read.
         stacked = device.type == "cpu"
+        # ... and a fused group's targeted members share one group layout (one shrink + expand)
+        self.groups: dict[tuple[str, ...], GroupLoRABuffers] = (
+            self._allocate_groups(model, S, L, r) if stacked else {}
+        )
         for module in config.target_modules:
+            if module in self.buffers:
+                continue
             d_in, d_out = self.arch.linear_shape(module)
             self.buffers[module] = LoRABuffers.allocate(
                 S, L, r, d_in, d_out, dtype, device, stacked=stacked
             )
         for linear in model.lora_linears():
             linear.lora = self.buffers.get(linear.name)
+        for group in model.fused_groups():
+            group.lora = self.groups.get(group.names)
         C, K, d = (
             max(1, config.max_compositions),
             config.max_composition_experts,
@@ -259,9 +268,35 @@ class HotSet:
         except Exception:  # stats must never fail a replica
             return {}
 
+    def _allocate_groups(
+        self, model: CausalLM, S: int, L: int, r: int
+    ) -> dict[tuple[str, ...], GroupLoRABuffers]:
+        """One stacked group buffer per fused group shape; members' buffers become its views."""
+        groups: dict[tuple[str, ...], GroupLoRABuffers] = {}
+        targets = set(self.config.target_modules)
+        for fused in model.fused_groups():
+            names = fused.names
+            if names in groups or not targets.intersection(names):
+                continue
+            shapes = [self.arch.linear_shape(n) for n in names]
+            group = GroupLoRABuffers(
+                S, L, r, shapes[0][0], [d_out for _, d_out in shapes],
+                [n in targets for n in names], self.dtype, self.device,
+            )  # fmt: skip
+            groups[names] = group
+            for name, member in zip(names, group.members, strict=True):
+                if member is not None:
+                    self.buffers[name] = member
+        return groups
+
     def slot_nbytes(self) -> int:
         """Device bytes of one slot (every target module, every layer, at max rank)."""
-        total = sum((b.A.numel() + b.B.numel()) * b.A.element_size() for b in self.buffers.values())
+        grouped = {n for names in self.groups for n in names}
+        total = sum(g.nbytes for g in self.groups.values()) + sum(
+            (b.A.numel() + b.B.numel()) * b.A.element_size()
+            for n, b in self.buffers.items()
+            if n not in grouped
+        )
         return total // (self.num_slots + 1)
 
     def tier_report(self) -> TierReport:

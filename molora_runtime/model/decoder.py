@@ -159,7 +159,7 @@ class CausalLM(nn.Module):
     def pack_cpu_weights(self) -> None:
         """Pack every base GEMM's weight for oneDNN once (CPU serving; see `packed_linear`).
         Call after the weights are loaded and fused; they must not change afterwards."""
-        fused = [m for m in self.modules() if isinstance(m, FusedLinear)]
+        fused = self.fused_groups()
         in_group = {id(member) for f in fused for member in f.members}
         for f in fused:
             f.pack()  # its members never run their own GEMM
@@ -170,6 +170,9 @@ class CausalLM(nn.Module):
 
     def _head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def fused_groups(self) -> list[FusedLinear]:
+        return [m for m in self.modules() if isinstance(m, FusedLinear)]
 
     def lora_linears(self) -> list[LoRALinear]:
         return [m for m in self.modules() if isinstance(m, LoRALinear)]

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from kernels import routed_lora
+from kernels import routed_lora, routed_lora_multi
 from kernels.stacked import routed_lora_stacked
 from molora_runtime.model.arch import RopeConfig
 from molora_runtime.model.lora_context import LoRAContext
 from molora_runtime.model.packed_linear import linear, pack_weight
+
+if TYPE_CHECKING:
+    from molora_runtime.model.group_buffers import GroupLoRABuffers
 
 
 class RMSNorm(nn.Module):
@@ -199,7 +203,9 @@ class LoRALinear(nn.Module):
             A, Bt = self.lora.stacked_pair(self.layer, first, count)
             return routed_lora_stacked(x, A, Bt, expanded, out=y)
         A, B = self.lora.kernel_pair(self.layer)
-        delta = routed_lora(x, A, B, ctx.slot_ids, ctx.weights, plan=ctx.segment_plan())
+        delta = routed_lora(
+            x, A, B, ctx.slot_ids, ctx.weights, plan=ctx.segment_plan(), meta=ctx.kernel_meta()
+        )
         return y + delta.to(y.dtype)
 
 
@@ -207,7 +213,8 @@ class FusedLinear(nn.Module):
     """Several projections of one input (q/k/v, gate/up) as one GEMM over concatenated weights.
 
     The members keep their own parameters as views of the fused weight, so loading, training
-    and the hot-set see them unchanged; only the forward runs one base GEMM instead of several.
+    and the hot-set see them unchanged; only the forward runs one base GEMM instead of several,
+    and one routed-LoRA shrink + expand for the whole group (`_add_group_delta`).
     Call `fuse()` once the members' weights are loaded.
     """
 
@@ -219,6 +226,15 @@ class FusedLinear(nn.Module):
         self.register_buffer("bias", None, persistent=False)
         self.splits = [m.weight.shape[0] for m in members]
         self.packed: torch.Tensor | None = None  # oneDNN copy of the fused weight (CPU serving)
+        self.lora: GroupLoRABuffers | None = None  # stacked group layout (CPU hot-set)
+
+    @property
+    def layer(self) -> int:
+        return self.members[0].layer
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.members)
 
     def pack(self) -> None:
         if self.weight is not None:
@@ -247,5 +263,31 @@ class FusedLinear(nn.Module):
         if self.weight is None:
             return [m(x, ctx) for m in self.members]
         y = linear(x, self.weight, self.bias, self.packed)
+        if ctx is not None and self.lora is not None:
+            stacked = ctx.stacked_weights(self.lora)
+            if stacked is not None:  # one shrink + one expand straight into the fused output
+                first, count, expanded = stacked
+                A, Bt = self.lora.stacked_pair(self.layer, first, count)
+                routed_lora_stacked(x, A, Bt, expanded, out=y)
+                return list(torch.split(y, self.splits, dim=-1))
         outs = list(torch.split(y, self.splits, dim=-1))
-        return [m.add_delta(x, o, ctx) for m, o in zip(self.members, outs, strict=True)]
+        if ctx is None:
+            return outs
+        return self._add_group_delta(x, outs, ctx)
+
+    def _add_group_delta(
+        self, x: torch.Tensor, outs: list[torch.Tensor], ctx: LoRAContext
+    ) -> list[torch.Tensor]:
+        """Kernel layout: one multi-output routed LoRA over the targeted members."""
+        hit = [i for i, m in enumerate(self.members) if m.lora is not None]
+        if not hit:
+            return outs
+        if any(self.members[i].lora.stacked for i in hit):  # type: ignore[union-attr]
+            return [m.add_delta(x, o, ctx) for m, o in zip(self.members, outs, strict=True)]
+        pairs = [self.members[i].lora.kernel_pair(self.layer) for i in hit]  # type: ignore[union-attr]
+        deltas = routed_lora_multi(
+            x, pairs, ctx.slot_ids, ctx.weights, plan=ctx.segment_plan(), meta=ctx.kernel_meta()
+        )
+        for i, delta in zip(hit, deltas, strict=True):
+            outs[i] = outs[i] + delta.to(outs[i].dtype)
+        return outs

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kernels.device_plan import DevicePlan, build_device_plan
 from kernels.plan import SegmentPlan, build_segment_plan
 from kernels.stacked import slot_weight_matrix
 
 if TYPE_CHECKING:
+    from molora_runtime.model.group_buffers import GroupLoRABuffers
     from molora_runtime.model.layers import LoRABuffers
 
 
@@ -58,29 +60,43 @@ class LoRAContext:
     gate_logits: list[torch.Tensor] = field(default_factory=list)
     _static: tuple[torch.Tensor, torch.Tensor] | None = None
     _plan: tuple[torch.Tensor, torch.Tensor, SegmentPlan] | None = None
-    _expanded: tuple[torch.Tensor, torch.Tensor, int, torch.Tensor] | None = None
+    # per table: (slot_ids, weights, {rank: [T, count·rank] expanded weights})
+    _expanded: tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]] | None = None
+    _device_plan: tuple[torch.Tensor, torch.Tensor, DevicePlan] | None = None
 
-    def stacked_weights(self, buffers: LoRABuffers) -> tuple[int, int, torch.Tensor] | None:
+    def stacked_weights(
+        self, buffers: LoRABuffers | GroupLoRABuffers
+    ) -> tuple[int, int, torch.Tensor] | None:
         """(first slot, slot count, [T, count·r] weights) for the stacked delta, or None.
 
-        Built once per routing table (once per step for static routes, once per layer for
-        learned ones) and shared by every projection that reads it.
+        Built once per routing table and rank (once per step for static routes, once per layer
+        for learned ones) and shared by every projection that reads it; a fused group's rank is
+        its members' ranks together.
         """
         if self.stacked_slots is None:
             return None
         first, count = self.stacked_slots
         rank = buffers.rank
         cached = self._expanded
-        if (
-            cached is None
-            or cached[0] is not self.slot_ids
-            or cached[1] is not self.weights
-            or cached[2] != rank
-        ):
-            expanded = slot_weight_matrix(self.slot_ids, self.weights, first, count, rank)
-            cached = (self.slot_ids, self.weights, rank, expanded)
+        if cached is None or cached[0] is not self.slot_ids or cached[1] is not self.weights:
+            cached = (self.slot_ids, self.weights, {})
             self._expanded = cached
-        return first, count, cached[3]
+        expanded = cached[2].get(rank)
+        if expanded is None:
+            expanded = slot_weight_matrix(self.slot_ids, self.weights, first, count, rank)
+            cached[2][rank] = expanded
+        return first, count, expanded
+
+    def kernel_meta(self) -> DevicePlan | None:
+        """The current table as the Triton kernels read it (CUDA), built once per table."""
+        if not self.slot_ids.is_cuda:
+            return None
+        cached = self._device_plan
+        if cached is None or cached[0] is not self.slot_ids or cached[1] is not self.weights:
+            plan = build_device_plan(self.slot_ids, self.weights)
+            cached = (self.slot_ids, self.weights, plan)
+            self._device_plan = cached
+        return cached[2]
 
     def segment_plan(self) -> SegmentPlan | None:
         """The current table grouped by slot (CPU path), built once per table, not per linear."""

@@ -66,6 +66,9 @@ def make_native_tiny_model(
     vocab_size: int = 512,
     hidden_size: int = 64,
     num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
 ) -> Path:
     """Like `make_tiny_model` but without transformers (for the bare GPU check machine)."""
     import json
@@ -81,11 +84,11 @@ def make_native_tiny_model(
         "model_type": family,
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
-        "intermediate_size": 2 * hidden_size,
+        "intermediate_size": intermediate_size or 2 * hidden_size,
         "num_hidden_layers": num_layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": hidden_size // 4,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": hidden_size // num_heads,
         "rms_norm_eps": 1e-6,
         "max_position_embeddings": 2048,
         "rope_theta": 10000.0,

@@ -68,3 +68,15 @@ def test_static_decode_equals_eager(tiny_engine_factory) -> None:
         assert [a.adapters for a in static[f"r{i}"]["attribution"]] == approx_list(
             [a.adapters for a in eager[f"r{i}"]["attribution"]]
         )
+
+
+def test_capture_all_goes_largest_first_into_one_pool(tiny_engine_factory, monkeypatch) -> None:
+    """Startup capture order and pool sharing (the capture itself needs CUDA: tests/gpu)."""
+    engine = tiny_engine_factory(max_num_seqs=8)
+    runner = CountingRunner(engine)
+    runner.capture = True
+    order: list[int] = []
+    monkeypatch.setattr("torch.cuda.graph_pool_handle", lambda: "the-pool")
+    monkeypatch.setattr(runner, "_ensure_graph", order.append)
+    runner.capture_all()
+    assert order == sorted(batch_buckets(8), reverse=True) and runner._pool == "the-pool"

@@ -1,0 +1,174 @@
+"""A fused group's one-shrink routed LoRA equals the per-projection twin, on every layout.
+
+The twin is the definition applied member by member: `base_m(x) + routed_lora_dense(x, A_m, B_m)`
+from the raw adapter tensors written into the hot-set. Cases cover random shapes, ranks, slot
+tables, adapters that target only some members (zero delta for the rest), members no adapter
+targets at all, and learned top-k routes (the table comes from the gates, per layer).
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_cases import assert_matches
+
+from kernels.device_plan import build_device_plan
+from kernels.reference import routed_lora_dense
+from molora_runtime.model.group_buffers import GroupLoRABuffers
+from molora_runtime.model.layers import FusedLinear, LoRABuffers, LoRALinear
+from molora_runtime.model.lora_context import GateTable, LoRAContext
+
+CPU = torch.device("cpu")
+
+
+def _group(widths: list[int], d_in: int, layer: int, dtype: torch.dtype, g: torch.Generator):
+    members = []
+    for i, w in enumerate(widths):
+        m = LoRALinear(d_in, w, False, f"m{i}", layer)
+        with torch.no_grad():
+            m.weight.copy_(torch.randn(w, d_in, generator=g) / d_in**0.5)
+        members.append(m.to(dtype))
+    fused = FusedLinear(members)
+    fused.fuse()
+    return fused
+
+
+def _learned_ctx(slot_ids, weights, S: int, L: int, d: int, g: torch.Generator) -> LoRAContext:
+    T, W = slot_ids.shape
+    C, K = 2, 3
+    gates = GateTable(
+        weight=torch.randn(C, L, K, d, generator=g),
+        bias=torch.randn(C, L, K, generator=g),
+        expert_slots=torch.randint(1, S, (C, K), generator=g),
+        num_experts=torch.randint(1, K + 1, (C,), generator=g),
+    )
+    return LoRAContext(
+        slot_ids=slot_ids,
+        weights=weights,
+        comp_idx=torch.randint(-1, C, (T,), generator=g),
+        gates=gates,
+        top_k=torch.randint(1, W + 1, (T,), generator=g),
+        temperature=torch.rand(T, generator=g) + 0.5,
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    T=st.integers(1, 12),
+    W=st.integers(1, 3),
+    S=st.integers(2, 5),
+    r=st.integers(1, 8),
+    d_in=st.integers(1, 40),
+    widths=st.lists(st.integers(1, 24), min_size=2, max_size=3),
+    data=st.data(),
+)
+def test_fused_group_delta_matches_per_projection_twin(
+    seed: int, T: int, W: int, S: int, r: int, d_in: int, widths: list[int], data: st.DataObject
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    n = len(widths)
+    targeted = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    if not any(targeted):
+        targeted[data.draw(st.integers(0, n - 1))] = True
+    L, layer = 2, 1
+    # Raw adapters: slot s targets member i iff hits[s][i] (partial-member adapters).
+    A = [torch.randn(S, r, d_in, generator=g) / d_in**0.5 for _ in widths]
+    B = [torch.randn(S, w, r, generator=g) / r**0.5 for w in widths]
+    hits = [[t and bool(torch.rand(1, generator=g) < 0.7) for t in targeted] for _ in range(S)]
+    for i in range(n):
+        for s in range(S):
+            if not hits[s][i]:
+                A[i][s].zero_()
+                B[i][s].zero_()
+    x = torch.randn(T, d_in, generator=g).to(dtype)
+    slot_ids = torch.randint(-1, S, (T, W), generator=g)
+    weights = torch.rand(T, W, generator=g) * 2 - 0.5
+    learned = data.draw(st.booleans())
+
+    def context() -> LoRAContext:
+        if learned:
+            ctx = _learned_ctx(slot_ids, weights, S, L, d_in, torch.Generator().manual_seed(seed))
+        else:
+            ctx = LoRAContext(slot_ids=slot_ids, weights=weights)
+        ctx.begin_layer(layer, x)
+        return ctx
+
+    table = context()
+    want = []
+    for i in range(n):
+        fused = _group(widths, d_in, layer, dtype, torch.Generator().manual_seed(seed))
+        base = (x @ fused.members[i].weight.t()).float()
+        Ad, Bd = A[i].to(dtype), B[i].to(dtype)
+        if targeted[i]:
+            base = base + routed_lora_dense(x, Ad, Bd, table.slot_ids, table.weights).float()
+        want.append(base.to(dtype))
+
+    # 1. stacked group layout: one shrink + one expand into the fused output
+    fused = _group(widths, d_in, layer, dtype, torch.Generator().manual_seed(seed))
+    group = GroupLoRABuffers(S, L, r, d_in, widths, targeted, dtype, CPU)
+    for i, member in enumerate(group.members):
+        fused.members[i].lora = member
+        if member is None:
+            continue
+        for s in range(S):
+            member.clear_slot(s)
+            if hits[s][i]:
+                member.write(s, layer, A[i][s], B[i][s])
+    fused.lora = group
+    ctx = context()
+    ctx.stacked_slots = (1, S - 1)
+    for got, w in zip(fused(x, ctx), want, strict=True):
+        assert_matches(got, w)
+    # 2. same buffers, no stacked range: per-member planned path
+    for got, w in zip(fused(x, context()), want, strict=True):
+        assert_matches(got, w)
+    # 3. kernel layout (CUDA / training): one multi-output routed LoRA
+    fused.lora = None
+    for i, m in enumerate(fused.members):
+        if targeted[i]:
+            buf = LoRABuffers.allocate(S, L, r, d_in, widths[i], dtype, CPU, stacked=False)
+            for s in range(S):
+                buf.write(s, layer, A[i][s], B[i][s])
+            m.lora = buf
+        else:
+            m.lora = None
+    for got, w in zip(fused(x, context()), want, strict=True):
+        assert_matches(got, w)
+
+
+def test_group_slot_clear_leaves_other_members_and_slots() -> None:
+    """Clearing one slot through a member view zeroes exactly that member's block of it."""
+    group = GroupLoRABuffers(3, 2, 2, 4, [5, 3, 3], [True, False, True], torch.float32, CPU)
+    for m in group.members:
+        if m is not None:
+            for s in range(3):
+                m.write(s, 1, torch.ones(2, 4), torch.ones(m.B.shape[-1], 2))
+    assert group.members[1] is None
+    assert not group.Bt[:, :, :, 5:8].any()  # the untargeted member's columns
+    group.members[0].clear_slot(1)  # type: ignore[union-attr]
+    assert not group.A[:, 1, :2].any() and group.A[1, 1, 2:].all()
+    assert group.A[1, 2].all()
+
+
+def test_triton_with_device_plan_matches_without() -> None:
+    """The Triton path reading a per-step DevicePlan equals rebuilding it per call (interpreter)."""
+    from kernels.triton_ops import routed_lora_multi_triton
+
+    g = torch.Generator().manual_seed(0)
+    S, r, d_in, T, W = 3, 4, 16, 5, 2
+    pairs = [
+        (torch.randn(S, r, d_in, generator=g), torch.randn(S, d, r, generator=g)) for d in (8, 4)
+    ]
+    x = torch.randn(T, d_in, generator=g)
+    ids = torch.randint(-1, S, (T, W), generator=g)
+    w = torch.rand(T, W, generator=g)
+    plan = build_device_plan(ids, w)
+    for mode in ("bgmv", "sgmv"):
+        a = routed_lora_multi_triton(x, pairs, ids, w, mode=mode)
+        b = routed_lora_multi_triton(x, pairs, ids, w, mode=mode, plan=plan)
+        for got, ref, (A, B) in zip(b, a, pairs, strict=True):
+            assert_matches(got, routed_lora_dense(x, A, B, ids, w))
+            torch.testing.assert_close(got, ref)
