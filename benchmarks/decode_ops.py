@@ -53,7 +53,7 @@ def measure(batch: int, steps: int, rank: int, dtype: str) -> dict[str, Any]:
             max_num_seqs=batch,
             max_model_len=256,
             max_num_batched_tokens=max(2048, 16 * batch),
-            hot_set=HotSetConfig(num_slots=4, max_rank=rank),
+            hot_set=HotSetConfig(num_slots=4, max_rank=rank, allow_base_mismatch=True),
         )
         engine = LLMEngine(config, DirectorySource(adapters))
         gen = torch.Generator().manual_seed(0)
@@ -63,7 +63,8 @@ def measure(batch: int, steps: int, rank: int, dtype: str) -> dict[str, Any]:
                     request_id=f"r{i}",
                     prompt_token_ids=torch.randint(100, 20000, (16,), generator=gen).tolist(),
                     route=as_route(names[i % len(names)]),
-                    sampling=SamplingParams(max_tokens=steps + 16, ignore_eos=True),
+                    # long enough that nobody finishes before the measured steps are done
+                    sampling=SamplingParams(max_tokens=200, ignore_eos=True),
                 )
             )
 
@@ -71,8 +72,13 @@ def measure(batch: int, steps: int, rank: int, dtype: str) -> dict[str, Any]:
             running = list(engine.running)
             return len(running) == batch and not any(s.in_prefill for s in running)
 
-        while not decoding():
+        for _ in range(1000):  # admission waits for background adapter loads
+            if decoding():
+                break
             engine.step()
+            time.sleep(0.01)
+        else:
+            raise RuntimeError("the batch never reached a full decode step")
         for _ in range(3):  # warm-up decode steps
             engine.step()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -97,7 +103,7 @@ def _run_tree(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     cmd += ["--batch", str(args.batch), "--steps", str(args.steps), "--rank", str(args.rank)]
     cmd += ["--dtype", args.dtype]
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -107,7 +113,7 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=ROOT, help="tree of the 'after' code")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=20, help="timed decode steps (<= 150)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--measure", action="store_true", help="one measurement, JSON on stdout")

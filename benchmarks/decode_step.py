@@ -140,7 +140,7 @@ def main() -> None:
                 max_num_batched_tokens=max(2048, 16 * args.batch),
                 enable_cuda_graph=graphs,
                 cuda_graph_max_batch=args.batch,
-                hot_set=HotSetConfig(num_slots=4, max_rank=args.rank),
+                hot_set=HotSetConfig(num_slots=4, max_rank=args.rank, allow_base_mismatch=True),
             )
             engine = LLMEngine(config, DirectorySource(adapters))
             for label, routes in cases.items():
