@@ -52,6 +52,9 @@ class AdapterTrainConfig(BaseModel):
     save_dtype: str = Field("bfloat16", pattern="^(bfloat16|float32)$")
     device: str = "auto"
     threads: int | None = Field(None, ge=1, description="torch CPU threads")
+    init_from: str | None = Field(
+        None, description="PEFT folder (same rank, layers, modules) whose weights start the run"
+    )
 
     def resume_key(self) -> dict:
         """Fields that must match for a checkpoint to be resumed."""
@@ -115,6 +118,8 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(base, lora)
+    if cfg.init_from:
+        warm_start(model, Path(cfg.init_from))
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     optimizer = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=0.0)
 
@@ -153,6 +158,25 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
     return out
 
 
+def warm_start(model, folder: Path) -> None:
+    """Load a finished adapter's LoRA weights so a run continues it (a fresh schedule and data).
+
+    Every LoRA weight must be covered and match in shape: a partial start would silently train
+    some matrices from zero.
+    """
+    from peft import set_peft_model_state_dict
+
+    weights = {k: v.float() for k, v in load_file(str(folder / ADAPTER_WEIGHTS)).items()}
+    result = set_peft_model_state_dict(model, weights)
+    lora = [n for n, p in model.named_parameters() if p.requires_grad]
+    missing = [k for k in result.missing_keys if k in lora]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"init_from {folder.name}: {len(missing)} LoRA weights missing, "
+            f"{len(result.unexpected_keys)} unexpected (rank, layers or modules differ)"
+        )
+
+
 def _encoded_examples(cfg: AdapterTrainConfig, tokenizer) -> list[tuple[list[int], list[int]]]:
     """The run's (ids, labels): a reasoning-gym domain, or a multimodal digits adapter."""
     count = cfg.steps * cfg.batch_size
@@ -164,7 +188,10 @@ def _encoded_examples(cfg: AdapterTrainConfig, tokenizer) -> list[tuple[list[int
 
 def public_config(cfg: AdapterTrainConfig) -> AdapterTrainConfig:
     """The config as recorded: output folder shown by name only (no machine paths)."""
-    return cfg.model_copy(update={"output": Path(cfg.output).name})
+    update = {"output": Path(cfg.output).name}
+    if cfg.init_from:
+        update["init_from"] = Path(cfg.init_from).name
+    return cfg.model_copy(update=update)
 
 
 def save_peft_folder(model, out: Path, cfg: AdapterTrainConfig) -> None:

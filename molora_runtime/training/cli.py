@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ad.add_argument("--steps", type=int, default=150)
     ad.add_argument("--batch-size", type=int, default=8)
     ad.add_argument("--lr", type=float, default=2e-3)
+    ad.add_argument(
+        "--init-from", default=None, help="PEFT folder to continue from (same rank and layers)"
+    )
     ad.set_defaults(func=_adapter)
 
     ro = sub.add_parser("router", help="train only the per-layer gates of a composition")
@@ -92,6 +95,7 @@ def _adapter(args: argparse.Namespace) -> int:
         device=args.device,
         threads=args.threads,
         checkpoint_every=args.checkpoint_every,
+        init_from=args.init_from,
         **extra,
     )
     out = train_adapter(cfg)
