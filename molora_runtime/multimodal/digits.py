@@ -155,14 +155,34 @@ MIXTURE = {
 }
 
 
+KINDS = ("draw", "read", "mixed")
+
+
+def parse_mixture(text: str) -> dict[str, float]:
+    """'read=0.85,mixed=0.15' -> {'read': 0.85, 'mixed': 0.15} (a CLI override of MIXTURE)."""
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        kind, sep, share = item.partition("=")
+        if not sep or kind.strip() not in KINDS:
+            raise ValueError(f"mixture item {item!r} must be KIND=SHARE, KIND in {KINDS}")
+        out[kind.strip()] = float(share)
+    if any(v < 0 for v in out.values()) or abs(sum(out.values()) - 1) > 1e-6:
+        raise ValueError(f"mixture shares must be >= 0 and sum to 1, got {out}")
+    return out
+
+
 def training_examples(
-    tokenizer, adapter: str, count: int, seed: int
+    tokenizer, adapter: str, count: int, seed: int, mixture: dict[str, float] | None = None
 ) -> list[tuple[list[int], list[int]]]:
-    """`count` encoded train-split examples for `adapter`, interleaved in a seeded order."""
+    """`count` encoded train-split examples for `adapter`, interleaved in a seeded order.
+
+    `mixture` (kind -> share) replaces the adapter's default MIXTURE.
+    """
     if adapter not in MIXTURE:
         raise ValueError(f"unknown multimodal adapter {adapter!r}; known: {sorted(MIXTURE)}")
+    shares = tuple(mixture.items()) if mixture else MIXTURE[adapter]
     chosen: list[DigitTask] = []
-    for kind, share in MIXTURE[adapter]:
+    for kind, share in shares:
         chosen += tasks(kind, round(count * share), "train", seed)
     random.Random(f"mix-{adapter}-{seed}").shuffle(chosen)
     encoded = [encode_task(tokenizer, t, adapter) for t in chosen[:count]]

@@ -52,6 +52,12 @@ class AdapterTrainConfig(BaseModel):
     save_dtype: str = Field("bfloat16", pattern="^(bfloat16|float32)$")
     device: str = "auto"
     threads: int | None = Field(None, ge=1, description="torch CPU threads")
+    loss_per_example: bool = Field(
+        False, description="mean loss per example, then over the batch (short answers count)"
+    )
+    mixture: dict[str, float] | None = Field(
+        None, description="multimodal domains only: task kind -> share, replacing the default"
+    )
     init_from: str | None = Field(
         None, description="PEFT folder (same rank, layers, modules) whose weights start the run"
     )
@@ -141,7 +147,9 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
         hidden = inner.model(
             input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)
         ).last_hidden_state
-        loss = answer_loss(hidden, inner.lm_head, batch.labels.to(device))
+        loss = answer_loss(
+            hidden, inner.lm_head, batch.labels.to(device), per_example=cfg.loss_per_example
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
@@ -181,7 +189,9 @@ def _encoded_examples(cfg: AdapterTrainConfig, tokenizer) -> list[tuple[list[int
     """The run's (ids, labels): a reasoning-gym domain, or a multimodal digits adapter."""
     count = cfg.steps * cfg.batch_size
     if cfg.domain in MULTIMODAL_DOMAINS:
-        return training_examples(tokenizer, cfg.domain, count, cfg.seed)
+        return training_examples(tokenizer, cfg.domain, count, cfg.seed, cfg.mixture)
+    if cfg.mixture:
+        raise ValueError("mixture applies to the multimodal domains only")
     examples = domain_examples(cfg.domain, count, cfg.seed, "train", max_tasks=cfg.max_tasks)
     return [encode_example(tokenizer, e) for e in examples]
 
