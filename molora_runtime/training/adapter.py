@@ -58,6 +58,10 @@ class AdapterTrainConfig(BaseModel):
     mixture: dict[str, float] | None = Field(
         None, description="multimodal domains only: task kind -> share, replacing the default"
     )
+    image_adapter: str | None = Field(
+        None,
+        description="PEFT folder (frozen) that serves image-range positions, as a vocab route does",
+    )
     init_from: str | None = Field(
         None, description="PEFT folder (same rank, layers, modules) whose weights start the run"
     )
@@ -126,6 +130,11 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
     model = get_peft_model(base, lora)
     if cfg.init_from:
         warm_start(model, Path(cfg.init_from))
+    route = None
+    if cfg.image_adapter:
+        from molora_runtime.training.vocab_lora import attach_image_adapter
+
+        route = attach_image_adapter(model, Path(cfg.image_adapter))
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     optimizer = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=0.0)
 
@@ -144,6 +153,8 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
         batch = collate(encoded[step * cfg.batch_size : (step + 1) * cfg.batch_size], 0)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg.steps, cfg.warmup, cfg.lr)
+        if route is not None:
+            route.set(batch.input_ids.to(device))
         hidden = inner.model(
             input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)
         ).last_hidden_state
@@ -199,14 +210,15 @@ def _encoded_examples(cfg: AdapterTrainConfig, tokenizer) -> list[tuple[list[int
 def public_config(cfg: AdapterTrainConfig) -> AdapterTrainConfig:
     """The config as recorded: output folder shown by name only (no machine paths)."""
     update = {"output": Path(cfg.output).name}
-    if cfg.init_from:
-        update["init_from"] = Path(cfg.init_from).name
+    for key in ("init_from", "image_adapter"):
+        if getattr(cfg, key):
+            update[key] = Path(getattr(cfg, key)).name
     return cfg.model_copy(update=update)
 
 
 def save_peft_folder(model, out: Path, cfg: AdapterTrainConfig) -> None:
     """Write a standard PEFT folder, weights cast to `save_dtype`, base named by alias not path."""
-    model.save_pretrained(str(out))
+    model.save_pretrained(str(out), selected_adapters=["default"])
     # PEFT's own model card embeds local paths; ours (README.md) replaces it below.
     weights = out / ADAPTER_WEIGHTS
     dtype = getattr(torch, cfg.save_dtype)

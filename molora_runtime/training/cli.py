@@ -38,6 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ad.add_argument(
         "--mixture", default=None, help="multimodal task shares, e.g. read=0.85,mixed=0.15"
     )
+    ad.add_argument(
+        "--image-adapter",
+        default=None,
+        help="frozen PEFT folder serving image-code positions (train as the vocab route serves)",
+    )
     ad.set_defaults(func=_adapter)
 
     ro = sub.add_parser("router", help="train only the per-layer gates of a composition")
@@ -108,6 +113,7 @@ def _adapter(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         init_from=args.init_from,
         loss_per_example=args.loss_per_example,
+        image_adapter=args.image_adapter,
         **extra,
     )
     out = train_adapter(cfg)
