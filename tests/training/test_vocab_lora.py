@@ -7,16 +7,7 @@ from pathlib import Path
 import torch
 
 from molora_runtime.training.vocab_lora import IMAGE_ADAPTER, attach_image_adapter
-
-TINY = dict(
-    vocab_size=64,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    max_position_embeddings=32,
-)
+from tests.training.tiny_llama import TINY_LLAMA
 
 
 def _peft(lora_seed: int):
@@ -25,7 +16,7 @@ def _peft(lora_seed: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    base = LlamaForCausalLM(LlamaConfig(**TINY))
+    base = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))
     torch.manual_seed(lora_seed)
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     return get_peft_model(base, lora).eval()

@@ -7,15 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-TINY = dict(
-    vocab_size=64,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    max_position_embeddings=32,
-)
+from tests.training.tiny_llama import TINY_LLAMA
 
 
 def _peft(rank: int, seed: int):
@@ -24,7 +16,7 @@ def _peft(rank: int, seed: int):
 
     torch.manual_seed(seed)
     lora = LoraConfig(r=rank, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    return get_peft_model(LlamaForCausalLM(LlamaConfig(**TINY)), lora)
+    return get_peft_model(LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)), lora)
 
 
 def _lora(model) -> dict[str, torch.Tensor]:
