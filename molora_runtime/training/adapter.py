@@ -52,6 +52,19 @@ class AdapterTrainConfig(BaseModel):
     save_dtype: str = Field("bfloat16", pattern="^(bfloat16|float32)$")
     device: str = "auto"
     threads: int | None = Field(None, ge=1, description="torch CPU threads")
+    loss_per_example: bool = Field(
+        False, description="mean loss per example, then over the batch (short answers count)"
+    )
+    mixture: dict[str, float] | None = Field(
+        None, description="multimodal domains only: task kind -> share, replacing the default"
+    )
+    image_adapter: str | None = Field(
+        None,
+        description="PEFT folder (frozen) that serves image-range positions, as a vocab route does",
+    )
+    init_from: str | None = Field(
+        None, description="PEFT folder (same rank, layers, modules) whose weights start the run"
+    )
 
     def resume_key(self) -> dict:
         """Fields that must match for a checkpoint to be resumed."""
@@ -115,6 +128,13 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
         task_type="CAUSAL_LM",
     )
     model = get_peft_model(base, lora)
+    if cfg.init_from:
+        warm_start(model, Path(cfg.init_from))
+    route = None
+    if cfg.image_adapter:
+        from molora_runtime.training.vocab_lora import attach_image_adapter
+
+        route = attach_image_adapter(model, Path(cfg.image_adapter))
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     optimizer = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=0.0)
 
@@ -133,10 +153,14 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
         batch = collate(encoded[step * cfg.batch_size : (step + 1) * cfg.batch_size], 0)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg.steps, cfg.warmup, cfg.lr)
+        if route is not None:
+            route.set(batch.input_ids.to(device))
         hidden = inner.model(
             input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)
         ).last_hidden_state
-        loss = answer_loss(hidden, inner.lm_head, batch.labels.to(device))
+        loss = answer_loss(
+            hidden, inner.lm_head, batch.labels.to(device), per_example=cfg.loss_per_example
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
@@ -153,23 +177,48 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
     return out
 
 
+def warm_start(model, folder: Path) -> None:
+    """Load a finished adapter's LoRA weights so a run continues it (a fresh schedule and data).
+
+    Every LoRA weight must be covered and match in shape: a partial start would silently train
+    some matrices from zero.
+    """
+    from peft import set_peft_model_state_dict
+
+    weights = {k: v.float() for k, v in load_file(str(folder / ADAPTER_WEIGHTS)).items()}
+    result = set_peft_model_state_dict(model, weights)
+    lora = [n for n, p in model.named_parameters() if p.requires_grad]
+    missing = [k for k in result.missing_keys if k in lora]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"init_from {folder.name}: {len(missing)} LoRA weights missing, "
+            f"{len(result.unexpected_keys)} unexpected (rank, layers or modules differ)"
+        )
+
+
 def _encoded_examples(cfg: AdapterTrainConfig, tokenizer) -> list[tuple[list[int], list[int]]]:
     """The run's (ids, labels): a reasoning-gym domain, or a multimodal digits adapter."""
     count = cfg.steps * cfg.batch_size
     if cfg.domain in MULTIMODAL_DOMAINS:
-        return training_examples(tokenizer, cfg.domain, count, cfg.seed)
+        return training_examples(tokenizer, cfg.domain, count, cfg.seed, cfg.mixture)
+    if cfg.mixture:
+        raise ValueError("mixture applies to the multimodal domains only")
     examples = domain_examples(cfg.domain, count, cfg.seed, "train", max_tasks=cfg.max_tasks)
     return [encode_example(tokenizer, e) for e in examples]
 
 
 def public_config(cfg: AdapterTrainConfig) -> AdapterTrainConfig:
     """The config as recorded: output folder shown by name only (no machine paths)."""
-    return cfg.model_copy(update={"output": Path(cfg.output).name})
+    update = {"output": Path(cfg.output).name}
+    for key in ("init_from", "image_adapter"):
+        if getattr(cfg, key):
+            update[key] = Path(getattr(cfg, key)).name
+    return cfg.model_copy(update=update)
 
 
 def save_peft_folder(model, out: Path, cfg: AdapterTrainConfig) -> None:
     """Write a standard PEFT folder, weights cast to `save_dtype`, base named by alias not path."""
-    model.save_pretrained(str(out))
+    model.save_pretrained(str(out), selected_adapters=["default"])
     # PEFT's own model card embeds local paths; ours (README.md) replaces it below.
     weights = out / ADAPTER_WEIGHTS
     dtype = getattr(torch, cfg.save_dtype)

@@ -117,8 +117,22 @@ def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> Batch:
     return Batch(input_ids=ids_t, attention_mask=mask, labels=labels)
 
 
-def answer_loss(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.Tensor):
-    """Cross-entropy over answer positions only; projecting just those saves most lm_head work."""
+def answer_loss(
+    hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.Tensor, per_example: bool = False
+):
+    """Cross-entropy over answer positions only; projecting just those saves most lm_head work.
+
+    `per_example`: mean over each row's supervised tokens, then over rows, so a 2-token answer
+    (a digit and end of turn) weighs as much as a 17-token one; the default is the mean over all
+    supervised tokens of the batch, where long answers dominate.
+    """
     keep = labels != IGNORE
     logits = lm_head(hidden[keep])
-    return torch.nn.functional.cross_entropy(logits.float(), labels[keep])
+    if not per_example:
+        return torch.nn.functional.cross_entropy(logits.float(), labels[keep])
+    token_loss = torch.nn.functional.cross_entropy(logits.float(), labels[keep], reduction="none")
+    rows = keep.nonzero()[:, 0]
+    counts = keep.sum(dim=1)
+    per_row = torch.zeros(labels.shape[0], device=token_loss.device).index_add(0, rows, token_loss)
+    has = counts > 0
+    return (per_row[has] / counts[has]).mean()

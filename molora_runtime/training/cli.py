@@ -27,6 +27,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ad.add_argument("--steps", type=int, default=150)
     ad.add_argument("--batch-size", type=int, default=8)
     ad.add_argument("--lr", type=float, default=2e-3)
+    ad.add_argument(
+        "--init-from", default=None, help="PEFT folder to continue from (same rank and layers)"
+    )
+    ad.add_argument(
+        "--loss-per-example",
+        action="store_true",
+        help="average the loss per example, then over the batch (default: over all tokens)",
+    )
+    ad.add_argument(
+        "--mixture", default=None, help="multimodal task shares, e.g. read=0.85,mixed=0.15"
+    )
+    ad.add_argument(
+        "--image-adapter",
+        default=None,
+        help="frozen PEFT folder serving image-code positions (train as the vocab route serves)",
+    )
     ad.set_defaults(func=_adapter)
 
     ro = sub.add_parser("router", help="train only the per-layer gates of a composition")
@@ -74,10 +90,13 @@ def _command_line() -> str:
 
 
 def _adapter(args: argparse.Namespace) -> int:
+    from molora_runtime.multimodal.digits import parse_mixture
     from molora_runtime.training.adapter import AdapterTrainConfig, public_config, train_adapter
     from molora_runtime.training.record import write_card
 
     extra = {"target_modules": args.target_modules.split(",")} if args.target_modules else {}
+    if args.mixture:
+        extra["mixture"] = parse_mixture(args.mixture)
     cfg = AdapterTrainConfig(
         model=args.model,
         domain=args.domain,
@@ -92,6 +111,9 @@ def _adapter(args: argparse.Namespace) -> int:
         device=args.device,
         threads=args.threads,
         checkpoint_every=args.checkpoint_every,
+        init_from=args.init_from,
+        loss_per_example=args.loss_per_example,
+        image_adapter=args.image_adapter,
         **extra,
     )
     out = train_adapter(cfg)

@@ -78,3 +78,10 @@ def test_judge_reads_real_eval_digits_and_scoring_is_strict() -> None:
     assert score_tasks(judge, [task], [good])[0] == {"image": 1.0, "text": 1.0, "both": 1.0}
     no_image = Parsed(text=task.answer_text(), image=None)
     assert score_tasks(judge, [task], [no_image])[0]["both"] == 0.0
+
+
+def test_mixture_override_sets_the_task_shares(tokenizer) -> None:
+    """`--mixture read=0.9,mixed=0.1`: 9 of 10 examples are pure reads (2 labels: digit, end)."""
+    examples = digits.training_examples(tokenizer, "read", 20, 0, {"read": 0.9, "mixed": 0.1})
+    short = [e for e in examples if sum(y != -100 for y in e[1]) == 2]
+    assert len(examples) == 20 and len(short) == 18
