@@ -7,7 +7,7 @@ nested ones included) and decode tok/s. The driver runs that process for this tr
 `--baseline` (e.g. a `git archive` of the previous commit) alternately, `--rounds` times each,
 because absolute timings on a shared box are noisy; it writes a JSON and prints a table.
 
-    python -m benchmarks.decode_ops --baseline /tmp/base [--rounds 3] [--out FILE]
+    python -m benchmarks.decode_ops --baseline BEFORE_TREE [--rounds 3] [--out FILE]
 """
 
 from __future__ import annotations
