@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from adapter_store import ports
+from deployments.serve_env import SERVE_ENV_VARS
 
 # Newest first in the report: the logs that say why a local cluster did not come up.
 LOG_PATTERNS = (
@@ -164,6 +165,8 @@ def start_local_cluster(
 ) -> LocalCluster:
     """Start Ray (head on 127.0.0.1) and Serve's HTTP proxy; retried once on fresh ports."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    for key, value in SERVE_ENV_VARS.items():  # the shipped configs' Serve settings, inherited
+        os.environ.setdefault(key, value)  # by every process of the cluster
     require_token_auth()
     errors: list[str] = []
     tail = ""
