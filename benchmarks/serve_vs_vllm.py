@@ -213,7 +213,7 @@ def molora_config(store: Path, dtype: str, path: Path) -> Path:
     for dep in app["deployments"]:
         if dep["name"] == "ModelReplica":
             dep.pop("autoscaling_config", None)
-            dep["max_ongoing_requests"] = MAX_NUM_SEQS
+            dep["max_ongoing_requests"] = MAX_NUM_SEQS + 1  # + the router's stream channel
             dep["max_queued_requests"] = 256
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

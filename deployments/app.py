@@ -19,6 +19,7 @@ from deployments.ingress import Router
 from deployments.replica import ModelReplica
 
 AFFINITY_ROUTER = "deployments.request_router:AdapterAffinityRouter"
+DEFAULT_ROUTER = "deployments.request_router:TargetingPowerOfTwoRouter"
 
 
 def router_config(cfg: ServeConfig) -> RequestRouterConfig:
@@ -28,8 +29,8 @@ def router_config(cfg: ServeConfig) -> RequestRouterConfig:
         "request_routing_stats_period_s": period,
         "request_routing_stats_timeout_s": max(5.0, 4 * period),
     }
-    if cfg.placement.policy == "default":
-        return RequestRouterConfig(**common)
+    if cfg.placement.policy == "default":  # Ray's own placement, able to reach one replica
+        return RequestRouterConfig(request_router_class=DEFAULT_ROUTER, **common)
     return RequestRouterConfig(
         request_router_class=AFFINITY_ROUTER,
         request_router_kwargs={

@@ -129,6 +129,12 @@ class ServerConfig(StrictModel):
         1, ge=1, description="least Retry-After of 429/503 overload answers (the rest is estimated)"
     )
     request_timeout_s: float = Field(600.0, gt=0)
+    stream_channels: bool = Field(
+        True,
+        description="stream every request's tokens from a replica through one multiplexed "
+        "channel per router (one Ray message per engine step instead of one per sequence); "
+        "false: each request streams on its own call",
+    )
     auth: AuthConfig = Field(default_factory=AuthConfig, description="API keys (off by default)")
     quotas: QuotaConfig = Field(default_factory=QuotaConfig, description="per-key limits")
     runtime_lora: RuntimeLoraConfig = Field(

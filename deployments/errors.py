@@ -57,3 +57,8 @@ def error_item(exc: BaseException | None, message: str | None = None) -> ErrorIt
 def output_error(out: GenerationOutput) -> ErrorItem:
     """A request the engine ended with finish_reason "error": its own error, its own status."""
     return error_item(out.exception, out.error or "the request failed")
+
+
+def stopped_item() -> ErrorItem:
+    """A request the replica stopped before its end (its call cancelled: a draining replica)."""
+    return ErrorItem(status=503, message="the model replica stopped the request; retry it")

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -76,8 +77,9 @@ from deployments.replica_protocol import (
     UsageItem,
     decode,
 )
-from deployments.request_router import PLACEMENT_KWARG
+from deployments.request_router import PLACEMENT_KWARG, TARGET_KWARG
 from deployments.store import load_catalog
+from deployments.stream_channel import CHANNEL_LOST, ChannelClient
 from deployments.tenancy import visible_routes
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 
@@ -391,8 +393,18 @@ class Router:
             lambda: asyncio.to_thread(load_catalog, self.cfg.store), self.cfg.store.refresh_s
         )
         self._last_forced = 0.0
+        self._channel_id = uuid.uuid4().hex
+        self.channels = (
+            ChannelClient(self._open_channel) if self.cfg.server.stream_channels else None
+        )
         self.access = Access(self.cfg.server, self.cfg.engine.max_num_seqs, REPO_ROOT)
         self.access.announce()
+
+    def _open_channel(self, replica: str) -> Any:
+        """This router's stream channel from one model replica (deployments/stream_channel.py)."""
+        return self.model.options(stream=True).channel.remote(
+            self._channel_id, **{TARGET_KWARG: replica}
+        )
 
     # -- endpoints --------------------------------------------------------------------------
 
@@ -677,7 +689,31 @@ class Router:
         that cannot load included — still get a real status before any header is sent."""
         payload = req.model_dump(mode="json")
         placement = {"adapters": list(resolved.placement_adapters)}
-        extra = {"n": n} if n > 1 else {}
+        extra: dict[str, Any] = {"n": n} if n > 1 else {}
+        if self.channels is not None:
+            extra["channel"] = self._channel_id
+            self.channels.register(req.request_id)
+        try:
+            stream, head = await self._send(req, payload, placement, extra)
+        except BaseException:
+            self._forget(req.request_id)
+            raise
+        info = head[0] if isinstance(head[0], InfoItem) else None
+        if self.channels is not None and info is not None:
+            self.channels.on_replica(req.request_id, info.replica, info.channel)
+        return stream, head
+
+    def _forget(self, key: str) -> None:
+        if self.channels is not None:
+            self.channels.unregister(key)
+
+    async def _send(
+        self,
+        req: GenerationRequest,
+        payload: dict[str, Any],
+        placement: dict[str, Any],
+        extra: dict[str, Any],
+    ) -> tuple[Any, list[Item]]:
         for attempt in range(2):
             stream = self.model.options(stream=True).generate.remote(
                 payload, **{PLACEMENT_KWARG: placement}, **extra
@@ -714,28 +750,53 @@ class Router:
             return stream, head
         raise AssertionError("unreachable")
 
-    async def _items(self, stream: Any, head: list[Item], tracker: _Tracker) -> AsyncIterator[Item]:
-        """All items of a started stream up to `usage` or `error`; cancelling the consumer
-        cancels the replica call."""
+    async def _items(
+        self, stream: Any, head: list[Item], tracker: _Tracker, key: str
+    ) -> AsyncIterator[Item]:
+        """All items of a started stream up to `usage` or `error` (after the head from the
+        stream channel when the replica routed them there); cancelling the consumer cancels
+        the replica call."""
         try:
             for item in head:
                 tracker.on_item(item)
                 yield item
-            async for raw in stream:
-                item = decode(raw)
-                tracker.on_item(item)
-                yield item
-                if isinstance(item, UsageItem | ErrorItem):
-                    return
+            if isinstance(head[-1], UsageItem | ErrorItem):
+                return
+            info = head[0] if isinstance(head[0], InfoItem) else None
+            via_channel = self.channels is not None and info is not None and info.channel
+            source = self._channel_items(key) if via_channel else self._stream_items(stream)
+            async with contextlib.aclosing(source) as raws:
+                async for raw in raws:
+                    item = decode(raw)
+                    tracker.on_item(item)
+                    yield item
+                    if isinstance(item, UsageItem | ErrorItem):
+                        return
         finally:
             stream.cancel()
+            self._forget(key)
+
+    @staticmethod
+    async def _stream_items(stream: Any) -> AsyncIterator[Any]:
+        async for raw in stream:
+            yield raw
+
+    async def _channel_items(self, key: str) -> AsyncIterator[Any]:
+        queue = self.channels.queue_of(key)  # type: ignore[union-attr]
+        if queue is None:
+            raise RuntimeError("the request's stream channel entry is gone")
+        while True:
+            raw = await queue.get()
+            if raw is CHANNEL_LOST:
+                raise RuntimeError("the stream channel from the model replica ended")
+            yield raw
 
     async def _collect(
         self, stream: Any, head: list[Item], shaper: _Shaper, tracker: _Tracker
     ) -> JSONResponse:
         items: list[Item] = []
         try:
-            async with contextlib.aclosing(self._items(stream, head, tracker)) as source:
+            async with contextlib.aclosing(self._items(stream, head, tracker, shaper.id)) as source:
                 async for item in source:
                     if isinstance(item, ErrorItem):
                         tracker.done(str(item.status))
@@ -758,7 +819,7 @@ class Router:
         status = "ok"
         try:
             failed = False
-            async with contextlib.aclosing(self._items(stream, head, tracker)) as source:
+            async with contextlib.aclosing(self._items(stream, head, tracker, shaper.id)) as source:
                 async for item in source:
                     if isinstance(item, ErrorItem):
                         status, failed = str(item.status), True

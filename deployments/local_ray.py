@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +106,25 @@ def _wait_proxies_healthy(timeout_s: float) -> None:
     raise TimeoutError(f"Serve's HTTP proxy not healthy after {timeout_s}s: {proxies}")
 
 
+@contextlib.contextmanager
+def cluster_serve_env() -> Iterator[None]:
+    """The shipped configs' Serve settings (deployments/serve_env.py) in the environment the
+    cluster's processes inherit from its raylet, but not in this process: its own Serve
+    (test handles on short-lived event loops) keeps Ray's defaults."""
+    import ray.serve  # noqa: F401  (the driver's Serve constants are read now, without them)
+
+    saved = {key: os.environ.get(key) for key in SERVE_ENV_VARS}
+    os.environ.update(SERVE_ENV_VARS)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _stop_ray() -> None:
     import ray
     from ray import serve
@@ -127,15 +146,16 @@ def _start_once(
     temp_dir = Path(tempfile.mkdtemp(prefix="molora-ray-"))  # its own logs; short socket paths
     cluster = LocalCluster(http_port=http_port, metrics_port=-1, temp_dir=temp_dir)
     try:
-        context = ray.init(
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            _temp_dir=str(temp_dir),
-            _system_config=system_config or None,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        with cluster_serve_env():
+            context = ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                _temp_dir=str(temp_dir),
+                _system_config=system_config or None,
+                log_to_driver=False,
+                configure_logging=False,
+            )
         cluster.session_dir = Path(context.address_info["session_dir"])
         # Ray's metrics exporter bound a port of its own choosing; read it back.
         cluster.metrics_port = int(context.address_info.get("metrics_export_port") or -1)
@@ -165,8 +185,6 @@ def start_local_cluster(
 ) -> LocalCluster:
     """Start Ray (head on 127.0.0.1) and Serve's HTTP proxy; retried once on fresh ports."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    for key, value in SERVE_ENV_VARS.items():  # the shipped configs' Serve settings, inherited
-        os.environ.setdefault(key, value)  # by every process of the cluster
     require_token_auth()
     errors: list[str] = []
     tail = ""

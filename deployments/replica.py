@@ -24,7 +24,7 @@ from ray import serve
 from deployments import metrics
 from deployments.choices import choice_requests, merged_choices
 from deployments.config import ServeConfig
-from deployments.errors import error_item, output_error
+from deployments.errors import error_item, output_error, stopped_item
 from deployments.logprobs import logprob_items, prompt_items
 from deployments.placement import base_name
 from deployments.replica_protocol import (
@@ -35,6 +35,7 @@ from deployments.replica_protocol import (
     encode,
 )
 from deployments.store import open_source
+from deployments.stream_channel import Outboxes
 from molora_runtime.engine.types import (
     EngineStats,
     GenerationOutput,
@@ -101,6 +102,18 @@ def share_the_gil_quickly() -> None:
     sys.setswitchinterval(0.0005)
 
 
+def warn_if_slow_serve_path() -> None:
+    """Say so when Serve runs user code on its own thread (the shipped env vars are missing)."""
+    from deployments.serve_env import SERVE_ENV_VARS, serve_fast_path_active
+
+    if not serve_fast_path_active():
+        logger.warning(
+            "Ray Serve hands every streamed token across threads: set the application's "
+            "runtime_env.env_vars to %s (as serve_config.yaml does) for the fast path",
+            SERVE_ENV_VARS,
+        )
+
+
 def stats_dict(stats: EngineStats) -> dict[str, Any]:
     return asdict(stats)
 
@@ -130,6 +143,7 @@ class ModelReplica:
 
         use_assigned_cores()
         share_the_gil_quickly()
+        warn_if_slow_serve_path()
         self._config = ServeConfig.model_validate(config)
         self._source = open_source(self._config.store)
         self._engine = AsyncEngine(self._config.engine, self._source)
@@ -139,6 +153,7 @@ class ModelReplica:
         except Exception:  # outside Serve (unit use)
             self._replica_id = "local"
         self._stopped: str | None = None
+        self._outboxes = Outboxes()
         self._last_counters: dict[str, int] = {}
         self._experts: dict[str, list[str]] = {}
         self._metrics_task = asyncio.get_running_loop().create_task(self._export_metrics())
@@ -146,10 +161,15 @@ class ModelReplica:
     # -- serving ----------------------------------------------------------------------------
 
     async def generate(
-        self, request: dict[str, Any], placement: dict[str, Any] | None = None, n: int = 1
+        self,
+        request: dict[str, Any],
+        placement: dict[str, Any] | None = None,
+        n: int = 1,
+        channel: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream one request of `n` choices; `placement` (the adapter set) is read by the
-        router, not here."""
+        router, not here. With `channel` (the calling router's channel id) attached here, the
+        items after the first output go through that channel; `info.channel` says so."""
         try:
             req = GenerationRequest.model_validate(request)
             if not isinstance(n, int) or not 1 <= n <= 64:
@@ -158,16 +178,51 @@ class ModelReplica:
         except Exception as exc:
             yield encode(error_item(exc))
             return
+        box = self._outboxes.open(channel) if isinstance(channel, str) else None
         wanted = {base_name(a) for a in (placement or {}).get("adapters", [])}
         info = InfoItem(
             replica=self._replica_id,
             hot_set_hit=wanted <= self._hot_names(),
             tier=self._tier_of(req),
+            channel=box is not None,
         )
         # The engine validates (tokenizes) once, off the event loop; its errors arrive here
         # before any output. Outputs that queued up while Ray sent the previous item travel
         # together as one delta.
         stream = merged_choices(self._engine, reqs)
+        key = req.request_id
+        routed = False  # past the first output: items go through the channel (if any)
+        ended = False  # the request's last item (usage or error) is out
+        try:
+            async for item in self._items(stream, info, len(reqs)):
+                ended = item["type"] in ("usage", "error")
+                if routed:
+                    if not box.put(key, item):  # type: ignore[union-attr]
+                        return  # the channel is gone (its router too): abort
+                else:
+                    yield item
+                    routed = box is not None and item["type"] != "info"
+                if ended:
+                    return
+        except asyncio.CancelledError:
+            if routed and not ended:  # the router hears it on the channel, not this call
+                box.put(key, encode(stopped_item()))  # type: ignore[union-attr]
+            raise
+        finally:
+            if box is not None:
+                box.active -= 1
+            # Closing the engine stream aborts the request; abort again in case it never started.
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+            for r in reqs:
+                with contextlib.suppress(Exception):
+                    await self._engine.abort(r.request_id)
+
+    async def _items(
+        self, stream: Any, info: InfoItem, choices: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The request's wire items: `info` before the first output, deltas, `usage` last;
+        or an `error` (an engine error output, or the stream failing)."""
         tokenizer = self._engine.tokenizer
         sent_info = False
         completion: dict[int, int] = {}
@@ -182,25 +237,30 @@ class ModelReplica:
                 yield encode(delta_item(out, index, tokenizer))
                 if out.finished:
                     completion[index] = out.completion_tokens
-                    if len(completion) == len(reqs):
-                        usage = UsageItem(
-                            prompt_tokens=out.prompt_tokens,
-                            completion_tokens=sum(completion.values()),
+                    if len(completion) == choices:
+                        yield encode(
+                            UsageItem(
+                                prompt_tokens=out.prompt_tokens,
+                                completion_tokens=sum(completion.values()),
+                            )
                         )
-                        yield encode(usage)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if isinstance(exc, EngineStoppedError) and not self._engine.healthy:
                 self._stopped = str(exc)
             yield encode(error_item(exc))
-        finally:
-            # Closing the engine stream aborts the request; abort again in case it never started.
-            with contextlib.suppress(Exception):
-                await stream.aclose()
-            for r in reqs:
-                with contextlib.suppress(Exception):
-                    await self._engine.abort(r.request_id)
+
+    async def channel(
+        self, channel_id: str, target_replica: str | None = None
+    ) -> AsyncIterator[list[list[Any]]]:
+        """A router's stream channel (deployments/stream_channel.py): an empty hello, then one
+        batch of `[request id, item]` pairs per send, until idle; `target_replica` was read by
+        the request router."""
+        if not isinstance(channel_id, str) or not 0 < len(channel_id) <= 128:
+            raise ValueError("channel_id must be a short string")
+        async for batch in self._outboxes.serve(channel_id):
+            yield batch
 
     def _hot_names(self) -> set[str]:
         """Hot adapters and gate slots, named as placement names them."""
@@ -218,7 +278,11 @@ class ModelReplica:
             return None
 
     async def stats(self) -> dict[str, Any]:
-        return {"replica": self._replica_id, **stats_dict(self._engine.stats())}
+        return {
+            "replica": self._replica_id,
+            "stream_channels": len(self._outboxes),
+            **stats_dict(self._engine.stats()),
+        }
 
     async def tier_stats(self) -> dict[str, Any]:
         """Per-tier counters, stage latencies and the per-adapter residency view (the admin

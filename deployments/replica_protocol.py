@@ -2,7 +2,8 @@
 
 The replica encodes with `encode` (a model, dumped once) and the ingress decodes with `decode`
 (one `validate_python` per item), so a field cannot be dropped by a misspelt key. Items:
-- `info`: first, which replica serves the request and whether its adapters were hot;
+- `info`: first, which replica serves the request, whether its adapters were hot, and whether
+  the items after the first output come through the router's stream channel;
 - `delta`: the text and token ids of one or more new tokens (several when the replica coalesces
   an engine step's outputs) of choice `index` (0 .. n-1), their optional attribution and
   logprobs, and the finish reason on that choice's last;
@@ -28,6 +29,11 @@ class InfoItem(_Item):
     tier: str | None = Field(
         None,
         description="where the request's adapters were on arrival: slot|host|loading|disk|store",
+    )
+    channel: bool = Field(
+        False,
+        description="the items after the first output come through the router's stream channel "
+        "(deployments/stream_channel.py), not this call",
     )
 
 

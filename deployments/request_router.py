@@ -4,6 +4,9 @@ Replicas report their hot-set (and host tier) through `record_routing_stats`; th
 itself in the last few seconds (the reports lag) and its own in-flight counts, then ranks
 replicas with `placement.place`. Ray probes the ranks in order and falls back to the next
 rank when a replica rejects (full), so overload spills instead of queueing at the home.
+
+A call that names `target_replica` (a router's stream channel, deployments/stream_channel.py)
+goes to that replica only, under either policy.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import time
 from collections import OrderedDict, defaultdict
 from typing import Any
 
+from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from deployments import metrics
@@ -21,6 +25,20 @@ from deployments.placement import ReplicaView, place
 logger = logging.getLogger("ray.serve")
 
 PLACEMENT_KWARG = "placement"
+TARGET_KWARG = "target_replica"  # a call for one named replica: the router's stream channel
+
+
+def request_target(pending_request: PendingRequest | None) -> str | None:
+    """The replica a call must reach (its stream channel), or None for placed calls."""
+    if pending_request is None:
+        return None
+    target = pending_request.kwargs.get(TARGET_KWARG)
+    return target if isinstance(target, str) else None
+
+
+def targeted(candidates: list[RunningReplica], target: str) -> list[list[RunningReplica]]:
+    """Only the named replica (none if it is gone: the caller's timeout ends the call)."""
+    return [[r] for r in candidates if r.replica_id.unique_id == target]
 
 
 def request_adapters(pending_request: PendingRequest | None) -> list[str]:
@@ -88,6 +106,8 @@ class AdapterAffinityRouter(RequestRouter):
     ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
+        if (target := request_target(pending_request)) is not None:
+            return targeted(candidate_replicas, target)
         if pending_request is not None:
             # Every rank is offered in one pass, so a further pass must back off, not spin.
             pending_request.routing_context.should_backoff = True
@@ -130,3 +150,16 @@ class AdapterAffinityRouter(RequestRouter):
         super().on_replica_actor_died(replica_id)
         self._inflight.pop(replica_id, None)
         self._recent.pop(replica_id, None)
+
+
+class TargetingPowerOfTwoRouter(PowerOfTwoChoicesRequestRouter):
+    """Ray's default placement (power of two choices), plus calls for one named replica."""
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if (target := request_target(pending_request)) is not None:
+            return targeted(candidate_replicas, target)
+        return await super().choose_replicas(candidate_replicas, pending_request)

@@ -300,6 +300,36 @@ async def test_client_disconnect_frees_the_request(app_url):
     assert freed_s < 0.8 * full_s, (freed_s, full_s)
 
 
+async def test_streams_come_through_the_routers_channel_unchanged(app_url):
+    """Once a request has met the replica, the router's stream channel is attached there and
+    later streams ride it: token for token what the same request answers unstreamed."""
+    body = {
+        "model": "math",
+        "messages": MESSAGES,
+        "max_tokens": 24,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    async with httpx.AsyncClient(base_url=app_url, timeout=60) as http:
+        full = (await http.post("/v1/chat/completions", json=body)).json()
+        deadline = time.monotonic() + 30
+        while (await model_handle().stats.remote())["stream_channels"] < 1:
+            assert time.monotonic() < deadline, "no stream channel attached"
+            await asyncio.sleep(0.1)
+        text, chunks = "", 0
+        async with http.stream(
+            "POST", "/v1/chat/completions", json={**body, "stream": True}
+        ) as resp:
+            assert resp.status_code == 200
+            async for line in resp.aiter_lines():
+                if line.startswith("data: {"):
+                    choices = json.loads(line[6:])["choices"]
+                    text += "".join(c["delta"].get("content") or "" for c in choices)
+                    chunks += 1
+    assert text == full["choices"][0]["message"]["content"]
+    assert chunks >= 10  # token by token, not one lump at the end
+
+
 def test_health(app_url):
     resp = httpx.get(f"{app_url}/health")
     assert resp.status_code == 200 and resp.json()["status"] == "ok"

@@ -44,8 +44,9 @@ def test_missing_names_what_differs() -> None:
 
 
 def test_the_test_cluster_runs_the_fast_path(ray_cluster) -> None:
-    """local_ray exports the settings, so a worker of the test cluster (where replicas run)
-    imports Serve the way `serve run serve_config.yaml` makes it."""
+    """local_ray hands the settings to the cluster, so a worker of the test cluster (where
+    replicas run) imports Serve the way `serve run serve_config.yaml` makes it; the test
+    process itself keeps Ray's defaults."""
     import ray
 
     @ray.remote(num_cpus=0)
@@ -57,3 +58,4 @@ def test_the_test_cluster_runs_the_fast_path(ray_cluster) -> None:
     env, active = ray.get(worker_view.remote(), timeout=60)
     assert env == SERVE_ENV_VARS
     assert active
+    assert "RAY_SERVE_THROUGHPUT_OPTIMIZED" not in os.environ

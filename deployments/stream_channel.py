@@ -1,0 +1,203 @@
+"""Stream channels: one Ray stream per (router, model replica) that carries every request's items.
+
+Without them each request streams its own items through Serve, so a decode step of 32
+sequences costs 32 Ray messages (each pickled, sent and woken on both sides) on a box where
+that CPU is taken from the engine. With a channel the replica drains what all of one router's
+requests produced since the last send into one message: one per step, not one per sequence.
+
+The per-request `generate` call stays what it was for everything but the items after the
+first output: placement, Serve's ongoing-request count (load, backpressure, autoscaling) and
+cancellation (the client went away -> the router cancels the call -> the replica aborts the
+request) still ride on it; it only stops carrying deltas once a channel is open.
+
+Replica side: `Outboxes` holds one `Outbox` per attached router; `generate` uses it only when
+that router's channel is attached at the request's start (the first `info` item says so), so
+a request never waits on a channel that does not exist. A channel closes itself after
+`IDLE_CLOSE_S` without a request using it, which lets a draining replica finish.
+
+Router side: `ChannelClient` opens a replica's channel the first time it meets that replica and
+hands each item to the queue of its request. When a channel ends while requests still wait
+on it (the replica died), each of them gets `CHANNEL_LOST` and fails with a 503 mid-stream;
+requests on other replicas and channels go on.
+
+No Ray here: the deployments hand in the stream-opening function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+logger = logging.getLogger("ray.serve")
+
+IDLE_CLOSE_S = 5.0
+HELLO_TIMEOUT_S = 30.0
+CHANNEL_LOST = object()  # put into a request's queue when its channel ended under it
+
+Batch = list[list[Any]]  # [[request key, wire item], ...]
+
+
+class Outbox:
+    """What one router's requests produced on this replica since the last send."""
+
+    def __init__(self) -> None:
+        self._items: Batch = []
+        self._ready = asyncio.Event()
+        self.active = 0  # requests streaming through this outbox now
+        self.closed = False
+
+    def put(self, key: str, item: dict[str, Any]) -> bool:
+        """Queue an item; False once the channel is gone (the caller aborts its request)."""
+        if self.closed:
+            return False
+        self._items.append([key, item])
+        self._ready.set()
+        return True
+
+    async def drain(self, timeout_s: float) -> Batch | None:
+        """Everything queued (waiting for the first item up to `timeout_s`; None: none came)."""
+        if not self._items:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), timeout_s)
+        self._ready.clear()
+        if not self._items:
+            return None
+        items, self._items = self._items, []
+        return items
+
+    def close(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+
+class Outboxes:
+    """The replica's attached channels, by the router's channel id."""
+
+    def __init__(self) -> None:
+        self._boxes: dict[str, Outbox] = {}
+
+    def __len__(self) -> int:
+        return len(self._boxes)
+
+    def open(self, channel_id: str) -> Outbox | None:
+        """The attached outbox of `channel_id`, counted as used by one more request."""
+        box = self._boxes.get(channel_id)
+        if box is None or box.closed:
+            return None
+        box.active += 1
+        return box
+
+    async def serve(
+        self, channel_id: str, idle_close_s: float = IDLE_CLOSE_S
+    ) -> AsyncIterator[Batch]:
+        """The channel's stream: an empty hello, then batches until idle (or cancelled)."""
+        previous = self._boxes.get(channel_id)
+        if previous is not None:  # the router reopened it: the old stream ends
+            previous.close()
+        box = self._boxes[channel_id] = Outbox()
+        try:
+            yield []
+            while not box.closed:
+                batch = await box.drain(idle_close_s)
+                if batch:
+                    yield batch
+                elif batch is None and box.active == 0:
+                    return  # idle: a later request reopens it
+        finally:
+            box.close()
+            if self._boxes.get(channel_id) is box:
+                del self._boxes[channel_id]
+
+
+class _Route:
+    """One request's place on the router: its queue and, once known, its replica."""
+
+    __slots__ = ("queue", "replica")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.replica: str | None = None
+
+
+class ChannelClient:
+    """The router's end of the channels: opens them, demultiplexes their batches."""
+
+    def __init__(
+        self,
+        open_channel: Callable[[str], Any],
+        hello_timeout_s: float = HELLO_TIMEOUT_S,
+    ) -> None:
+        self._open = open_channel  # replica id -> an async iterator of batches (cancellable)
+        self._hello_timeout_s = hello_timeout_s
+        self._routes: dict[str, _Route] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._alive: set[str] = set()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def register(self, key: str) -> asyncio.Queue[Any]:
+        """Before the request is sent: where its channel items will land."""
+        route = self._routes[key] = _Route()
+        return route.queue
+
+    def queue_of(self, key: str) -> asyncio.Queue[Any] | None:
+        route = self._routes.get(key)
+        return route.queue if route is not None else None
+
+    def unregister(self, key: str) -> None:
+        self._routes.pop(key, None)
+
+    def on_replica(self, key: str, replica: str, via_channel: bool) -> None:
+        """The request's `info` arrived: open that replica's channel for the next requests,
+        and if this one streams through a channel that is already gone, fail it now."""
+        route = self._routes.get(key)
+        if route is not None:
+            route.replica = replica
+            if via_channel and replica not in self._alive:
+                route.queue.put_nowait(CHANNEL_LOST)
+        self.ensure(replica)
+
+    # -- channels ---------------------------------------------------------------------------
+
+    def ensure(self, replica: str) -> None:
+        task = self._tasks.get(replica)
+        if task is None or task.done():
+            self._tasks[replica] = asyncio.get_running_loop().create_task(self._run(replica))
+
+    def alive(self, replica: str) -> bool:
+        return replica in self._alive
+
+    async def _run(self, replica: str) -> None:
+        stream = self._open(replica)
+        self._alive.add(replica)
+        try:
+            hello = await asyncio.wait_for(stream.__anext__(), self._hello_timeout_s)
+            if hello != []:
+                raise RuntimeError(f"unexpected channel hello {hello!r}")
+            async for batch in stream:
+                for key, item in batch:
+                    route = self._routes.get(key)
+                    if route is not None:  # else: the request is gone (client disconnect)
+                        route.replica = replica
+                        route.queue.put_nowait(item)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("stream channel to replica %s ended: %r", replica, exc)
+        finally:
+            self._alive.discard(replica)
+            with contextlib.suppress(Exception):
+                stream.cancel()
+            for route in self._routes.values():
+                if route.replica == replica:
+                    route.queue.put_nowait(CHANNEL_LOST)
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        for task in self._tasks.values():
+            with contextlib.suppress(BaseException):
+                await task
