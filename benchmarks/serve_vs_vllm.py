@@ -8,7 +8,9 @@ concurrency 1/8/32 × base, one adapter, 4 adapters (one per request), and for M
 learned top-2 composition over the 4 and a vocabulary route. Per cell: output tok/s, TTFT
 p50/p99, inter-token latency p50/p99. Before timing, each server answers one prompt greedily on
 the base model and on every adapter: the texts must differ (LoRA is really applied). Each
-server's thread binding is recorded from its own log / replica stats as evidence.
+server's thread binding is recorded from its own log / replica stats as evidence. The offline
+engine on the same workload and replica layout (`benchmarks.serve_offline`: no Ray, no HTTP) is
+the yardstick for what the serving layer keeps ("kept" = endpoint ÷ offline).
 
     .venv/bin/python -m benchmarks.serve_vs_vllm [--dtypes float32 bfloat16] [--quick]
 
@@ -36,6 +38,7 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks import serve_offline
 from benchmarks.report import write_json
 from benchmarks.sse import sse_events
 from benchmarks.vllm_env import vllm_cpu_env
@@ -382,17 +385,24 @@ def drive(port: int, mode_names: list[str], cells: list[tuple[int, int]], vocab_
 
 def summarize(runs: dict[str, Any]) -> list[str]:
     lines = [
-        "| dtype | mode | c | vLLM tok/s | MoLoRA tok/s | ratio | TTFT p50 v/m ms | ITL p99 v/m ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dtype | mode | c | vLLM tok/s | MoLoRA tok/s | ratio | offline tok/s | kept | "
+        "TTFT p50 v/m ms | ITL p99 v/m ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for dtype, run in runs.items():
         vllm = {(r["mode"], r["concurrency"]): r for r in run.get("vllm", {}).get("cells", [])}
+        offline = {
+            (r["mode"], r["concurrency"]): r for r in run.get("offline", {}).get("cells", [])
+        }
         for r in run["molora"]["cells"]:
             v = vllm.get((r["mode"], r["concurrency"]))
+            o = offline.get((r["mode"], r["concurrency"]))
             ratio = f"{r['tok_per_s'] / v['tok_per_s']:.2f}" if v and v["tok_per_s"] else "-"
+            kept = f"{r['tok_per_s'] / o['tok_per_s']:.2f}" if o and o["tok_per_s"] else "-"
             lines.append(
                 f"| {dtype} | {r['mode']} | {r['concurrency']} | "
                 f"{v['tok_per_s'] if v else '-'} | {r['tok_per_s']} | {ratio} | "
+                f"{o['tok_per_s'] if o else '-'} | {kept} | "
                 f"{v['ttft_p50_ms'] if v else '-'}/{r['ttft_p50_ms']} | "
                 f"{v['itl_p99_ms'] if v else '-'}/{r['itl_p99_ms']} |"
             )
@@ -406,6 +416,9 @@ def main() -> None:
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--work", default=None, help="keep adapters/store here between runs")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument(
+        "--skip-offline", action="store_true", help="no offline-engine yardstick (serve_offline)"
+    )
     ap.add_argument("--modes", nargs="+", default=None, help="only these modes (a quick A/B)")
     ap.add_argument("--concurrency", nargs="+", type=int, default=None, help="only these c")
     ap.add_argument("--out", default=str(RESULTS), help="where the JSON goes")
@@ -457,6 +470,19 @@ def main() -> None:
         finally:
             stop(proc)
         run["molora"]["thread_binding"] = molora_binding(log)
+        if not args.skip_offline:
+            layout = replica_layout()
+            run["offline"] = {
+                "layout": layout,
+                "cells": serve_offline.measure(
+                    store,
+                    dtype,
+                    cells,
+                    [m for m in ("base", "single", "mixed") if m in only],
+                    int(layout["num_replicas"]),
+                    max(1, round(float(layout.get("num_cpus", 1)))),
+                ),
+            }
         runs[dtype] = run
     table = summarize(runs)
     print("\n".join(table))
