@@ -5,8 +5,10 @@ Serve's ingress wrapper, or it takes `request` for a query parameter.)
 
 It authenticates the caller and takes its quota (deployments/access.py), validates the body,
 resolves `model` into a route against the registry as the caller's tenant sees it, and streams the
-request through the model handle, whose `AdapterAffinityRouter` picks the replica. It holds no
-tokenizer and no tensors; prompt-length checks happen in the replica and come back as 400s.
+request through the model handle, whose `AdapterAffinityRouter` picks the replica; after the
+first output, tokens come back through this router's stream channel from that replica when one is
+attached (deployments/stream_channel.py). It holds no tokenizer and no tensors; prompt-length
+checks happen in the replica and come back as 400s.
 """
 
 import asyncio
