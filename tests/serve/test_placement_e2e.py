@@ -93,6 +93,23 @@ def _replica_actor(replica_id: str):
     raise LookupError(replica_id)
 
 
+async def test_the_router_holds_one_stream_channel_on_each_replica_it_met(app_url):
+    """Channels are opened for a named replica (the request router's target), one per
+    (router, replica): both replicas have exactly one after requests reached both."""
+    async with httpx.AsyncClient(base_url=app_url, timeout=120) as http:
+        for _ in range(3):
+            met = {(await chat(http, name))["replica"] for name in SETS}
+            if len(met) == 2:
+                break
+        assert len(met) == 2, met
+        for _ in range(50):
+            stats = await replica_stats()
+            if all(s["stream_channels"] == 1 for s in stats.values()):
+                break
+            await asyncio.sleep(0.1)
+    assert {r: s["stream_channels"] for r, s in stats.items()} == dict.fromkeys(met, 1)
+
+
 async def _stream_until_end(resp: httpx.Response, first_lines: list[str]) -> list[str]:
     lines = list(first_lines)
     async for line in resp.aiter_lines():
