@@ -171,12 +171,37 @@ def parse_mixture(text: str) -> dict[str, float]:
     return out
 
 
+def drop_codes(
+    ids: list[int], labels: list[int], rate: float, rng: random.Random
+) -> tuple[list[int], list[int]]:
+    """Word dropout on the answer's image codes: each *input* code becomes a random code with
+    probability `rate`; the labels (the true next tokens) stay. Teacher-forced, a drawing's first
+    codes already tell the digit, so only the first few predictions need the prompt and `draw`
+    learns the image prior but not the digit (draw@v2: same loss with the wrong digit asked).
+    Corrupting the prefix makes the prompt's digit pay at every code (Bowman et al. 2016)."""
+    if rate <= 0:
+        return ids, labels
+    lo, hi = IMAGE_RANGE[0] + 1, IMAGE_RANGE[1]  # codes only; BOI stays
+    first = next((t for t, label in enumerate(labels) if label != IGNORE), len(ids))
+    out = list(ids)
+    for t in range(first + 1, len(ids)):
+        if lo <= ids[t] < hi and rng.random() < rate:
+            out[t] = rng.randrange(lo, hi)
+    return out, labels
+
+
 def training_examples(
-    tokenizer, adapter: str, count: int, seed: int, mixture: dict[str, float] | None = None
+    tokenizer,
+    adapter: str,
+    count: int,
+    seed: int,
+    mixture: dict[str, float] | None = None,
+    code_dropout: float = 0.0,
 ) -> list[tuple[list[int], list[int]]]:
     """`count` encoded train-split examples for `adapter`, interleaved in a seeded order.
 
-    `mixture` (kind -> share) replaces the adapter's default MIXTURE.
+    `mixture` (kind -> share) replaces the adapter's default MIXTURE; `code_dropout` corrupts
+    that share of the answer's input image codes (`drop_codes`; labels untouched).
     """
     if adapter not in MIXTURE:
         raise ValueError(f"unknown multimodal adapter {adapter!r}; known: {sorted(MIXTURE)}")
@@ -186,4 +211,6 @@ def training_examples(
         chosen += tasks(kind, round(count * share), "train", seed)
     random.Random(f"mix-{adapter}-{seed}").shuffle(chosen)
     encoded = [encode_task(tokenizer, t, adapter) for t in chosen[:count]]
+    drop = random.Random(f"code-dropout-{adapter}-{seed}")
+    encoded = [drop_codes(ids, labels, code_dropout, drop) for ids, labels in encoded]
     return [e for e in encoded if any(label != IGNORE for label in e[1])]

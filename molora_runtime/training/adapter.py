@@ -43,6 +43,12 @@ class AdapterTrainConfig(BaseModel):
         0, ge=0, description="adapt layers from this one up; later start = cheaper backward"
     )
     steps: int = Field(150, ge=1)
+    stop_at: int | None = Field(
+        None,
+        ge=1,
+        description="end after this step (of the `steps` schedule) and save the adapter there; "
+        "resumes a checkpoint of the full run, so a stopped run's checkpoint becomes an adapter",
+    )
     batch_size: int = Field(8, ge=1)
     lr: float = Field(2e-3, gt=0)
     warmup: int = Field(10, ge=0)
@@ -62,13 +68,41 @@ class AdapterTrainConfig(BaseModel):
         None,
         description="PEFT folder (frozen) that serves image-range positions, as a vocab route does",
     )
+    code_dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="multimodal domains only: share of the answer's input image codes "
+        "replaced by random codes (labels kept), so the prompt's digit must be used",
+    )
+    text_adapter: str | None = Field(
+        None,
+        description="PEFT folder (frozen) that serves text positions, as a vocab route does",
+    )
+    routed_fraction: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="with image_adapter/text_adapter: share of steps trained routed (seeded); "
+        "the others train the adapter alone on every position",
+    )
     init_from: str | None = Field(
         None, description="PEFT folder (same rank, layers, modules) whose weights start the run"
     )
 
     def resume_key(self) -> dict:
-        """Fields that must match for a checkpoint to be resumed."""
-        return self.model_dump(exclude={"output", "checkpoint_every", "device", "threads"})
+        """Fields that must match for a checkpoint to be resumed. Fields added after checkpoints
+        were written (issue 19's draw options) count only when set, so those still resume."""
+        key = self.model_dump(
+            exclude={"output", "checkpoint_every", "device", "threads", "stop_at"}
+        )
+        for name, default in _LATER_FIELDS.items():
+            if key.get(name) == default:
+                del key[name]
+        return key
+
+
+_LATER_FIELDS = {"code_dropout": 0.0, "text_adapter": None, "routed_fraction": 1.0}
 
 
 def pick_device(name: str) -> torch.device:
@@ -131,10 +165,13 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
     if cfg.init_from:
         warm_start(model, Path(cfg.init_from))
     route = None
-    if cfg.image_adapter:
-        from molora_runtime.training.vocab_lora import attach_image_adapter
+    if cfg.image_adapter and cfg.text_adapter:
+        raise ValueError("image_adapter and text_adapter exclude each other")
+    if cfg.image_adapter or cfg.text_adapter:
+        from molora_runtime.training.vocab_lora import attach_frozen_adapter
 
-        route = attach_image_adapter(model, Path(cfg.image_adapter))
+        at = "image" if cfg.image_adapter else "text"
+        route = attach_frozen_adapter(model, Path(cfg.image_adapter or cfg.text_adapter), at=at)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     optimizer = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=0.0)
 
@@ -149,12 +186,18 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
     inner = model.get_base_model()
     progress = Progress(cfg.steps, start=start, label=f"adapter:{cfg.domain}")
     model.train()
-    for step in range(start, cfg.steps):
+    end = min(cfg.stop_at or cfg.steps, cfg.steps)
+    if start > end:
+        raise ValueError(f"checkpoint is at step {start}, past stop_at={cfg.stop_at}")
+    for step in range(start, end):
         batch = collate(encoded[step * cfg.batch_size : (step + 1) * cfg.batch_size], 0)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg.steps, cfg.warmup, cfg.lr)
         if route is not None:
-            route.set(batch.input_ids.to(device))
+            if routed_step(cfg, step):
+                route.set(batch.input_ids.to(device))
+            else:
+                route.image = None
         hidden = inner.model(
             input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)
         ).last_hidden_state
@@ -166,15 +209,26 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
         torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
         optimizer.step()
         progress.update(step + 1, loss.item())
-        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < end:
             save_checkpoint(ckpt, step + 1, params, optimizer, cfg.resume_key())
 
     save_peft_folder(model, out, cfg)
+    if end < cfg.steps:  # stopped early: keep the checkpoint (it is where this adapter stands)
+        if start < end:
+            save_checkpoint(ckpt, end, params, optimizer, cfg.resume_key())
+        return out
     if ckpt.exists():
         for f in ckpt.iterdir():
             f.unlink()
         ckpt.rmdir()
     return out
+
+
+def routed_step(cfg: AdapterTrainConfig, step: int) -> bool:
+    """Does `step` train routed (frozen adapter on its side)? Seeded per step, so resumable."""
+    if cfg.routed_fraction >= 1:
+        return True
+    return random.Random(f"routed-{cfg.seed}-{step}").random() < cfg.routed_fraction
 
 
 def warm_start(model, folder: Path) -> None:
@@ -200,9 +254,11 @@ def _encoded_examples(cfg: AdapterTrainConfig, tokenizer) -> list[tuple[list[int
     """The run's (ids, labels): a reasoning-gym domain, or a multimodal digits adapter."""
     count = cfg.steps * cfg.batch_size
     if cfg.domain in MULTIMODAL_DOMAINS:
-        return training_examples(tokenizer, cfg.domain, count, cfg.seed, cfg.mixture)
-    if cfg.mixture:
-        raise ValueError("mixture applies to the multimodal domains only")
+        return training_examples(
+            tokenizer, cfg.domain, count, cfg.seed, cfg.mixture, cfg.code_dropout
+        )
+    if cfg.mixture or cfg.code_dropout:
+        raise ValueError("mixture and code_dropout apply to the multimodal domains only")
     examples = domain_examples(cfg.domain, count, cfg.seed, "train", max_tasks=cfg.max_tasks)
     return [encode_example(tokenizer, e) for e in examples]
 
@@ -210,7 +266,7 @@ def _encoded_examples(cfg: AdapterTrainConfig, tokenizer) -> list[tuple[list[int
 def public_config(cfg: AdapterTrainConfig) -> AdapterTrainConfig:
     """The config as recorded: output folder shown by name only (no machine paths)."""
     update = {"output": Path(cfg.output).name}
-    for key in ("init_from", "image_adapter"):
+    for key in ("init_from", "image_adapter", "text_adapter"):
         if getattr(cfg, key):
             update[key] = Path(getattr(cfg, key)).name
     return cfg.model_copy(update=update)

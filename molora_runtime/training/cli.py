@@ -25,6 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ad.add_argument("--target-modules", default=None, help="comma list (default: all linears)")
     ad.add_argument("--first-layer", type=int, default=0, help="adapt layers >= this one")
     ad.add_argument("--steps", type=int, default=150)
+    ad.add_argument(
+        "--stop-at",
+        type=int,
+        default=None,
+        help="end (and save) after this step of the --steps schedule; resumes its checkpoint",
+    )
     ad.add_argument("--batch-size", type=int, default=8)
     ad.add_argument("--lr", type=float, default=2e-3)
     ad.add_argument(
@@ -42,6 +48,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--image-adapter",
         default=None,
         help="frozen PEFT folder serving image-code positions (train as the vocab route serves)",
+    )
+    ad.add_argument(
+        "--code-dropout",
+        type=float,
+        default=0.0,
+        help="multimodal: share of input image codes replaced by random ones (labels kept)",
+    )
+    ad.add_argument(
+        "--text-adapter",
+        default=None,
+        help="frozen PEFT folder serving text positions (train `draw` as the vocab route serves)",
+    )
+    ad.add_argument(
+        "--routed-fraction",
+        type=float,
+        default=1.0,
+        help="share of steps trained routed with --image/--text-adapter (others alone)",
     )
     ad.set_defaults(func=_adapter)
 
@@ -105,6 +128,7 @@ def _adapter(args: argparse.Namespace) -> int:
         alpha=args.alpha,
         first_layer=args.first_layer,
         steps=args.steps,
+        stop_at=args.stop_at,
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
@@ -114,6 +138,9 @@ def _adapter(args: argparse.Namespace) -> int:
         init_from=args.init_from,
         loss_per_example=args.loss_per_example,
         image_adapter=args.image_adapter,
+        code_dropout=args.code_dropout,
+        text_adapter=args.text_adapter,
+        routed_fraction=args.routed_fraction,
         **extra,
     )
     out = train_adapter(cfg)

@@ -85,3 +85,22 @@ def test_mixture_override_sets_the_task_shares(tokenizer) -> None:
     examples = digits.training_examples(tokenizer, "read", 20, 0, {"read": 0.9, "mixed": 0.1})
     short = [e for e in examples if sum(y != -100 for y in e[1]) == 2]
     assert len(examples) == 20 and len(short) == 18
+
+
+def test_code_dropout_corrupts_input_codes_only(tokenizer) -> None:
+    """`--code-dropout`: some input image codes become random codes; labels and BOI stay."""
+    clean = digits.training_examples(tokenizer, "draw", 20, 0, {"draw": 0.5, "mixed": 0.5})
+    noisy = digits.training_examples(tokenizer, "draw", 20, 0, {"draw": 0.5, "mixed": 0.5}, 0.5)
+    codes = range(tokens.CODE0, tokens.EOI)
+    changed = 0
+    for (ids, labels), (nids, nlabels) in zip(clean, noisy, strict=True):
+        assert nlabels == labels and len(nids) == len(ids)
+        diff = [t for t, (a, b) in enumerate(zip(ids, nids, strict=True)) if a != b]
+        assert all(ids[t] in codes and nids[t] in codes for t in diff)
+        changed += len(diff)
+        assert nids.count(tokens.BOI) == ids.count(tokens.BOI)
+    total = sum(sum(t in codes for t in ids) for ids, _ in clean)
+    assert 0.3 * total < changed < 0.6 * total  # ~half, minus random codes equal to the true one
+    assert noisy == digits.training_examples(
+        tokenizer, "draw", 20, 0, {"draw": 0.5, "mixed": 0.5}, 0.5
+    )

@@ -1,4 +1,4 @@
-"""`--image-adapter`: image positions run the frozen adapter's LoRA, the others the trained one."""
+"""`--image-adapter`, `--text-adapter`: one side's positions run a frozen LoRA, the other trains."""
 
 from __future__ import annotations
 
@@ -51,3 +51,59 @@ def test_only_the_trained_adapter_learns(tmp_path: Path) -> None:
     learning = [n for n, p in trained.named_parameters() if p.requires_grad]
     assert learning and all(".default." in n for n in learning)
     assert any(f".{IMAGE_ADAPTER}." in n for n, _ in trained.named_parameters())
+
+
+def test_text_adapter_is_the_mirror_image(tmp_path: Path) -> None:
+    """`--text-adapter` (train `draw` as the route serves it): the frozen one serves text."""
+    from molora_runtime.training.vocab_lora import TEXT_ADAPTER, attach_text_adapter
+
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    text = _peft(1)
+    with torch.no_grad():
+        text_only = text(input_ids=ids).logits
+    text.save_pretrained(str(tmp_path / "text"))
+    trained = _peft(2)
+    with torch.no_grad():
+        trained_only = trained(input_ids=ids).logits
+    route = attach_text_adapter(trained, tmp_path / "text")
+    with torch.no_grad():
+        route.image = torch.ones(1, 5, 1, dtype=torch.bool)
+        assert torch.allclose(trained(input_ids=ids).logits, trained_only, atol=1e-5)
+        route.image = torch.zeros(1, 5, 1, dtype=torch.bool)
+        assert torch.allclose(trained(input_ids=ids).logits, text_only, atol=1e-5)
+        route.image = None  # an unrouted step: the trained adapter everywhere
+        assert torch.allclose(trained(input_ids=ids).logits, trained_only, atol=1e-5)
+    learning = [n for n, p in trained.named_parameters() if p.requires_grad]
+    assert learning and all(".default." in n for n in learning)
+    assert any(f".{TEXT_ADAPTER}." in n for n, _ in trained.named_parameters())
+
+
+def test_routed_fraction_picks_a_seeded_share_of_steps() -> None:
+    from molora_runtime.training.adapter import AdapterTrainConfig, routed_step
+
+    cfg = AdapterTrainConfig(domain="draw", output="x", text_adapter="read", routed_fraction=0.5)
+    picks = [routed_step(cfg, s) for s in range(400)]
+    assert 150 < sum(picks) < 250
+    assert picks == [routed_step(cfg, s) for s in range(400)]
+    assert all(routed_step(cfg.model_copy(update={"routed_fraction": 1.0}), s) for s in range(9))
+
+
+def test_stop_at_resumes_the_full_runs_checkpoint() -> None:
+    """`--stop-at N` reads the checkpoint of the same run (its schedule is the full `steps`)."""
+    from molora_runtime.training.adapter import AdapterTrainConfig
+
+    full = AdapterTrainConfig(domain="draw", output="x", steps=260, code_dropout=0.5)
+    stopped = full.model_copy(update={"stop_at": 120, "output": "y"})
+    assert stopped.resume_key() == full.resume_key()
+    assert full.model_copy(update={"steps": 120}).resume_key() != full.resume_key()
+
+
+def test_checkpoints_from_before_the_draw_options_still_resume() -> None:
+    from molora_runtime.training.adapter import AdapterTrainConfig
+
+    key = AdapterTrainConfig(domain="read", output="x").resume_key()
+    assert not {"code_dropout", "text_adapter", "routed_fraction", "stop_at"} & set(key)
+    assert (
+        "code_dropout"
+        in AdapterTrainConfig(domain="draw", output="x", code_dropout=0.5).resume_key()
+    )
