@@ -16,8 +16,7 @@ import torch
 
 
 def main() -> None:
-    from benchmarks.multimodal_quality import params_for, vocab_route
-    from molora_runtime import LLM
+    from benchmarks.multimodal_quality import digits_llm, params_for, vocab_route
     from molora_runtime.multimodal.classifier import DigitJudge
     from molora_runtime.multimodal.digits import DigitTask, prompt_ids
     from molora_runtime.multimodal.scoring import parse_completion, score_tasks
@@ -33,14 +32,7 @@ def main() -> None:
     a = p.parse_args()
     sampling = argparse.Namespace(draw_temperature=0.7, seed=0)
     draws = dict(x.split("=", 1) for x in a.draw)
-    llm = LLM(
-        model="smollm2-135m-instruct",
-        adapters={**draws, "read": a.read},
-        hot_set={"num_slots": 4, "max_rank": 16},
-        max_num_seqs=32,
-        max_model_len=256,
-        max_num_batched_tokens=2048,
-    )
+    llm = digits_llm("smollm2-135m-instruct", {**draws, "read": a.read})
     tok = llm.tokenizer
     judge = DigitJudge()
     ts = [

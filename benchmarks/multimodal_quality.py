@@ -20,6 +20,7 @@ import argparse
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -198,19 +199,24 @@ def timing(llm, prompts, all_tasks, args) -> dict[str, float]:
     return best
 
 
-def main() -> None:
+def digits_llm(model: str, adapters: dict[str, Any]) -> Any:
+    """The engine every digits evaluation runs on (short sequences, r16 adapters)."""
     from molora_runtime import LLM
 
-    args = parse_args()
-    folders = resolve_folders(args)
-    llm = LLM(
-        model=args.model,
-        adapters=folders,
+    return LLM(
+        model=model,
+        adapters=adapters,
         hot_set={"num_slots": 4, "max_rank": 16},
         max_num_seqs=32,
         max_model_len=256,
         max_num_batched_tokens=2048,
     )
+
+
+def main() -> None:
+    args = parse_args()
+    folders = resolve_folders(args)
+    llm = digits_llm(args.model, folders)
     tok = llm.tokenizer
     judge = DigitJudge()
     all_tasks = eval_tasks(args)
