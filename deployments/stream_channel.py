@@ -35,6 +35,7 @@ logger = logging.getLogger("ray.serve")
 
 IDLE_CLOSE_S = 5.0
 HELLO_TIMEOUT_S = 30.0
+RETRY_AFTER_S = 1.0  # a channel that failed is not reopened sooner (a full replica: no storm)
 CHANNEL_LOST = object()  # put into a request's queue when its channel ended under it
 
 Batch = list[list[Any]]  # [[request key, wire item], ...]
@@ -129,9 +130,12 @@ class ChannelClient:
         self,
         open_channel: Callable[[str], Any],
         hello_timeout_s: float = HELLO_TIMEOUT_S,
+        retry_after_s: float = RETRY_AFTER_S,
     ) -> None:
         self._open = open_channel  # replica id -> an async iterator of batches (cancellable)
         self._hello_timeout_s = hello_timeout_s
+        self._retry_after_s = retry_after_s
+        self._failed_at: dict[str, float] = {}
         self._routes: dict[str, _Route] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._alive: set[str] = set()
@@ -164,8 +168,12 @@ class ChannelClient:
 
     def ensure(self, replica: str) -> None:
         task = self._tasks.get(replica)
-        if task is None or task.done():
-            self._tasks[replica] = asyncio.get_running_loop().create_task(self._run(replica))
+        if task is not None and not task.done():
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._failed_at.get(replica, -1e9) < self._retry_after_s:
+            return  # it failed just now: those requests stream on their own calls meanwhile
+        self._tasks[replica] = loop.create_task(self._run(replica))
 
     def alive(self, replica: str) -> bool:
         return replica in self._alive
@@ -187,8 +195,11 @@ class ChannelClient:
             raise
         except Exception as exc:
             logger.warning("stream channel to replica %s ended: %r", replica, exc)
+            self._failed_at[replica] = asyncio.get_running_loop().time()
         finally:
             self._alive.discard(replica)
+            if self._tasks.get(replica) is asyncio.current_task():
+                del self._tasks[replica]  # replicas come and go: keep no dead entries
             with contextlib.suppress(Exception):
                 stream.cancel()
             for route in self._routes.values():
@@ -196,8 +207,9 @@ class ChannelClient:
                     route.queue.put_nowait(CHANNEL_LOST)
 
     async def close(self) -> None:
-        for task in self._tasks.values():
+        tasks = list(self._tasks.values())  # each task drops its own entry as it ends
+        for task in tasks:
             task.cancel()
-        for task in self._tasks.values():
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task

@@ -144,12 +144,16 @@ async def test_a_channel_that_never_says_hello_gives_up() -> None:
         streams.append(FakeStream(silent(replica)))
         return streams[-1]
 
-    client = ChannelClient(open_channel, hello_timeout_s=0.05)
+    client = ChannelClient(open_channel, hello_timeout_s=0.05, retry_after_s=0.5)
     client.register("k")
     client.on_replica("k", "rep-1", via_channel=False)
     await asyncio.sleep(0.3)
     assert not client.alive("rep-1") and streams[0].cancelled
-    client.ensure("rep-1")  # the next request tries again
+    client.ensure("rep-1")  # failed just now: no retry storm
+    await asyncio.sleep(0.01)
+    assert len(streams) == 1
+    await asyncio.sleep(0.5)
+    client.ensure("rep-1")  # a later request tries again
     await asyncio.sleep(0.01)
     assert len(streams) == 2
     await client.close()
