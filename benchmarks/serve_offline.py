@@ -73,6 +73,7 @@ def worker(args: argparse.Namespace) -> None:
     """One replica's share: print one JSON line per cell."""
     import torch
 
+    from benchmarks.serve_vs_vllm import MAX_MODEL_LEN, MAX_NUM_SEQS
     from deployments.config import StoreConfig
     from deployments.store import open_source
     from molora_runtime.config import EngineConfig, HotSetConfig
@@ -83,8 +84,8 @@ def worker(args: argparse.Namespace) -> None:
         model="smollm2-135m-instruct",
         device="cpu",
         dtype=args.dtype,
-        max_num_seqs=32,
-        max_model_len=1024,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_model_len=MAX_MODEL_LEN,
         max_num_batched_tokens=1024,
         max_queue_len=256,
         hot_set=HotSetConfig(num_slots=4, max_rank=8),

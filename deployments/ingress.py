@@ -152,6 +152,11 @@ def route_label(resolved: Resolved) -> str:
     return adapter_key(resolved.placement_adapters) or "base"
 
 
+def head_info(head: list[Item]) -> InfoItem | None:
+    """The `info` a started stream opened with (absent when it failed before any output)."""
+    return head[0] if isinstance(head[0], InfoItem) else None
+
+
 def sse(payload: Any) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n"
@@ -700,7 +705,7 @@ class Router:
         except BaseException:
             self._forget(req.request_id)
             raise
-        info = head[0] if isinstance(head[0], InfoItem) else None
+        info = head_info(head)
         if self.channels is not None and info is not None:
             self.channels.on_replica(req.request_id, info.replica, info.channel)
         return stream, head
@@ -764,7 +769,7 @@ class Router:
                 yield item
             if isinstance(head[-1], UsageItem | ErrorItem):
                 return
-            info = head[0] if isinstance(head[0], InfoItem) else None
+            info = head_info(head)
             via_channel = self.channels is not None and info is not None and info.channel
             source = self._channel_items(key) if via_channel else self._stream_items(stream)
             async with contextlib.aclosing(source) as raws:

@@ -194,16 +194,17 @@ class ModelReplica:
         routed = False  # past the first output: items go through the channel (if any)
         ended = False  # the request's last item (usage or error) is out
         try:
-            async for item in self._items(stream, info, len(reqs)):
-                ended = item["type"] in ("usage", "error")
-                if routed:
-                    if not box.put(key, item):  # type: ignore[union-attr]
-                        return  # the channel is gone (its router too): abort
-                else:
-                    yield item
-                    routed = box is not None and item["type"] != "info"
-                if ended:
-                    return
+            async with contextlib.aclosing(self._items(stream, info, len(reqs))) as items:
+                async for item in items:
+                    ended = item["type"] in ("usage", "error")
+                    if routed:
+                        if not box.put(key, item):  # type: ignore[union-attr]
+                            return  # the channel is gone (its router too): abort
+                    else:
+                        yield item
+                        routed = box is not None and item["type"] != "info"
+                    if ended:
+                        return
         except asyncio.CancelledError:
             if routed and not ended:  # the router hears it on the channel, not this call
                 box.put(key, encode(stopped_item()))  # type: ignore[union-attr]
