@@ -223,7 +223,15 @@ def molora_config(store: Path, dtype: str, path: Path) -> Path:
 
 
 def start_molora(config: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONPATH": str(ROOT)}
+    # Ray starts its workers at nice 15 by default; vLLM runs at the caller's priority. Both
+    # servers compute at the same priority, else any other process on the box (the client
+    # included) takes its CPU from MoLoRA first.
+    env = {
+        **os.environ,
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "PYTHONPATH": str(ROOT),
+        "RAY_worker_niceness": "0",
+    }
     serve = Path(sys.executable).parent / "serve"
     out = log.open("w")
     proc = subprocess.Popen([str(serve), "run", str(config)], env=env, stdout=out,
@@ -237,6 +245,28 @@ def replica_layout() -> dict[str, Any]:
     app = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
     dep = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
     return {"num_replicas": dep["num_replicas"], **dep["ray_actor_options"]}
+
+
+def priorities(proc: subprocess.Popen) -> dict[str, int]:
+    """Nice value of each busy process the server started (its session), as evidence that both
+    servers computed at the same priority: {"name pid": nice} for processes with >1 s of CPU."""
+    out: dict[str, int] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        session, cpu_s, nice = (
+            int(fields[3]),
+            (int(fields[11]) + int(fields[12])) / tick,
+            int(fields[16]),
+        )
+        if session == proc.pid and cpu_s > 1:
+            out[f"{name} {stat.parent.name}"] = nice
+    return out
 
 
 def molora_binding(log: Path) -> list[str]:
@@ -453,6 +483,7 @@ def main() -> None:
                         vocab_split,
                     ),
                 }
+                run["vllm"]["priorities"] = priorities(proc)
             finally:
                 stop(proc)
             run["vllm"]["thread_binding"] = vllm_binding(log)
@@ -467,6 +498,7 @@ def main() -> None:
                     MOLORA_PORT, [m for m in modes(vocab_split) if m in only], cells, vocab_split
                 ),
             }
+            run["molora"]["priorities"] = priorities(proc)
         finally:
             stop(proc)
         run["molora"]["thread_binding"] = molora_binding(log)

@@ -759,44 +759,53 @@ class Router:
 
     async def _items(
         self, stream: Any, head: list[Item], tracker: _Tracker, key: str
-    ) -> AsyncIterator[Item]:
-        """All items of a started stream up to `usage` or `error` (after the head from the
-        stream channel when the replica routed them there); cancelling the consumer cancels
-        the replica call."""
+    ) -> AsyncIterator[list[Item]]:
+        """A started stream's items up to `usage` or `error`, in batches: the head, then what
+        had arrived by the time the consumer asked (from the stream channel when the replica
+        routed them there), so a router that fell behind catches up in one write per request,
+        not one per token. Cancelling the consumer cancels the replica call."""
         try:
             for item in head:
                 tracker.on_item(item)
-                yield item
+            yield head
             if isinstance(head[-1], UsageItem | ErrorItem):
                 return
             info = head_info(head)
             via_channel = self.channels is not None and info is not None and info.channel
             source = self._channel_items(key) if via_channel else self._stream_items(stream)
             async with contextlib.aclosing(source) as raws:
-                async for raw in raws:
-                    item = decode(raw)
-                    tracker.on_item(item)
-                    yield item
-                    if isinstance(item, UsageItem | ErrorItem):
-                        return
+                async for batch in raws:
+                    items: list[Item] = []
+                    for raw in batch:
+                        item = decode(raw)
+                        tracker.on_item(item)
+                        items.append(item)
+                        if isinstance(item, UsageItem | ErrorItem):
+                            yield items
+                            return
+                    yield items
         finally:
             stream.cancel()
             self._forget(key)
 
     @staticmethod
-    async def _stream_items(stream: Any) -> AsyncIterator[Any]:
+    async def _stream_items(stream: Any) -> AsyncIterator[list[Any]]:
         async for raw in stream:
-            yield raw
+            yield [raw]
 
-    async def _channel_items(self, key: str) -> AsyncIterator[Any]:
+    async def _channel_items(self, key: str) -> AsyncIterator[list[Any]]:
         queue = self.channels.queue_of(key)  # type: ignore[union-attr]
         if queue is None:
             raise RuntimeError("the request's stream channel entry is gone")
         while True:
-            raw = await queue.get()
-            if raw is CHANNEL_LOST:
+            batch = [await queue.get()]
+            while not queue.empty() and batch[-1] != CHANNEL_LOST:
+                batch.append(queue.get_nowait())
+            if batch[-1] == CHANNEL_LOST:
+                if len(batch) > 1:
+                    yield batch[:-1]
                 raise RuntimeError("the stream channel from the model replica ended")
-            yield raw
+            yield batch
 
     async def _collect(
         self, stream: Any, head: list[Item], shaper: _Shaper, tracker: _Tracker
@@ -804,11 +813,12 @@ class Router:
         items: list[Item] = []
         try:
             async with contextlib.aclosing(self._items(stream, head, tracker, shaper.id)) as source:
-                async for item in source:
-                    if isinstance(item, ErrorItem):
-                        tracker.done(str(item.status))
-                        return error_response(item.status, item.message, item.param)
-                    items.append(item)
+                async for batch in source:
+                    for item in batch:
+                        if isinstance(item, ErrorItem):
+                            tracker.done(str(item.status))
+                            return error_response(item.status, item.message, item.param)
+                        items.append(item)
         except asyncio.CancelledError:
             tracker.done("cancelled")
             raise
@@ -827,13 +837,18 @@ class Router:
         try:
             failed = False
             async with contextlib.aclosing(self._items(stream, head, tracker, shaper.id)) as source:
-                async for item in source:
-                    if isinstance(item, ErrorItem):
-                        status, failed = str(item.status), True
-                        yield sse(error_payload(item.status, item.message, item.param))
+                async for batch in source:
+                    out: list[str] = []
+                    for item in batch:
+                        if isinstance(item, ErrorItem):
+                            status, failed = str(item.status), True
+                            out.append(sse(error_payload(item.status, item.message, item.param)))
+                            break
+                        out.extend(sse(chunk) for chunk in shaper.chunks(item))
+                    if out:
+                        yield "".join(out)
+                    if failed:
                         break
-                    for chunk in shaper.chunks(item):
-                        yield sse(chunk)
             if not failed and shaper.include_usage:
                 yield sse(shaper.usage_chunk())
         except asyncio.CancelledError:

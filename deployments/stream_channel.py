@@ -36,7 +36,10 @@ logger = logging.getLogger("ray.serve")
 IDLE_CLOSE_S = 5.0
 HELLO_TIMEOUT_S = 30.0
 RETRY_AFTER_S = 1.0  # a channel that failed is not reopened sooner (a full replica: no storm)
-CHANNEL_LOST = object()  # put into a request's queue when its channel ended under it
+# Put into a request's queue when its channel ended under it. A string compared by equality,
+# not an `object()` compared by identity: Serve copies the router class by value into its
+# replica, and with it the globals its methods see, so an identity sentinel would not match.
+CHANNEL_LOST = "<stream channel lost>"
 
 Batch = list[list[Any]]  # [[request key, wire item], ...]
 

@@ -122,14 +122,14 @@ async def test_a_lost_channel_fails_only_its_own_requests() -> None:
     feeds["rep-2"].put_nowait([["two", {"type": "delta"}]])
     assert await _next(q1) == {"type": "delta"} and await _next(q2) == {"type": "delta"}
     feeds["rep-1"].put_nowait(RuntimeError("actor died"))
-    assert await _next(q1) is CHANNEL_LOST
+    assert await _next(q1) == CHANNEL_LOST
     assert not client.alive("rep-1") and client.alive("rep-2")
     feeds["rep-2"].put_nowait([["two", {"type": "usage"}]])
     assert await _next(q2) == {"type": "usage"}  # the other replica's stream goes on
     # A request the replica put on a channel that is already gone fails at once.
     q3 = client.register("three")
     client.on_replica("three", "rep-9-never-opened", via_channel=True)
-    assert await _next(q3) is CHANNEL_LOST
+    assert await _next(q3) == CHANNEL_LOST
     await client.close()
 
 
