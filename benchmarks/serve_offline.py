@@ -3,8 +3,8 @@ what the serving layer keeps).
 
 `benchmarks.serve_vs_vllm` calls this once per dtype: one process per model replica of the
 shipped layout (`num_replicas` x `num_cpus` torch threads each), every process serving its
-share of each cell's requests with `c / replicas` in flight, through `LLMEngine` directly (no
-Ray, no HTTP). Same prompts, chat template, adapters, 64 greedy tokens with `ignore_eos`.
+share of each cell's requests (`share_of`: `c / replicas` in flight), through `LLMEngine`
+directly (no Ray, no HTTP). Same prompts, chat template, adapters, 64 greedy tokens with `ignore_eos`.
 A cell's tok/s is all tokens over the slowest process's time.
 
     python -m benchmarks.serve_offline --store DIR --dtype bfloat16 --cells 8:32 32:64 \
@@ -69,6 +69,17 @@ def run_share(engine: Any, mode: str, conc: int, n: int, offset: int) -> tuple[i
     return tokens, time.perf_counter() - start
 
 
+def share_of(conc: int, n: int, replicas: int, rank: int) -> tuple[int, int, int]:
+    """Replica `rank`'s (concurrency, requests, first request index) of a cell: the cell's
+    `conc` in-flight requests spread over the replicas, each serving requests in proportion to
+    its concurrency. Below one request per replica some replicas get none: at c=1 one process
+    serves every request, as one replica does at the endpoint (not c=1 in each process)."""
+    concs = [conc // replicas + (k < conc % replicas) for k in range(replicas)]
+    counts = [n * c // conc for c in concs]
+    counts[0] += n - sum(counts)
+    return concs[rank], counts[rank], sum(counts[:rank])
+
+
 def worker(args: argparse.Namespace) -> None:
     """One replica's share: print one JSON line per cell."""
     import torch
@@ -94,10 +105,11 @@ def worker(args: argparse.Namespace) -> None:
     run_share(engine, "mixed", 4, 4 * args.replicas, 0)  # warm up every adapter
     for cell in args.cells:
         conc, n = (int(x) for x in cell.split(":"))
+        share_c, share_n, offset = share_of(conc, n, args.replicas, args.rank)
         for mode in args.modes:
-            share_c, share_n = max(1, conc // args.replicas), max(1, n // args.replicas)
-            # Replica k serves the requests the endpoint would round-robin to it.
-            tokens, seconds = run_share(engine, mode, share_c, share_n, args.rank * share_n)
+            tokens, seconds = (
+                run_share(engine, mode, share_c, share_n, offset) if share_c else (0, 0.0)
+            )
             print(json.dumps({"mode": mode, "concurrency": conc, "requests": share_n,
                               "tokens": tokens, "seconds": seconds}), flush=True)  # fmt: skip
 
@@ -122,7 +134,7 @@ def measure(
     rows = []
     for parts in zip(*per_rank, strict=True):
         tokens = sum(p["tokens"] for p in parts)
-        seconds = max(p["seconds"] for p in parts)
+        seconds = max(p["seconds"] for p in parts)  # a replica with no share took 0 s
         rows.append({
             "mode": parts[0]["mode"], "concurrency": parts[0]["concurrency"],
             "requests": sum(p["requests"] for p in parts), "completion_tokens": tokens,
