@@ -9,11 +9,12 @@ a slot. A failed fetch fails only the requests that need that adapter.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from molora_runtime.lora.peft_adapter import AdapterWeights
@@ -48,6 +49,7 @@ class HostTier:
         self._cache: OrderedDict[str, AdapterWeights] = OrderedDict()
         self._bytes = 0
         self._loading: set[str] = set()
+        self._pending: dict[str, Future[None]] = {}  # the background fetch of each loading name
         self._failed: dict[str, BaseException] = {}
         self._pinned: set[str] = set()  # never evicted (hot_set.pinned)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="molora-fetch")
@@ -97,7 +99,7 @@ class HostTier:
             if name not in self._loading:
                 self._loading.add(name)
                 self.counters.misses += 1
-                self._pool.submit(self._fetch, name)
+                self._pending[name] = self._pool.submit(self._fetch, name)
             return False
 
     def warm(self, name: str) -> bool:
@@ -111,16 +113,40 @@ class HostTier:
         return self.ready(name)
 
     def read_now(self, name: str) -> AdapterWeights:
-        """Fetch synchronously (start-up pinning, offline use); the result is kept."""
+        """Fetch synchronously (start-up pinning, an idle engine, offline use); the result is
+        kept. A fetch of `name` already running in the background is joined, not repeated:
+        the same files are not read and parsed twice."""
         cached = self.get(name)
         if cached is not None:
             return cached
+        with self._lock:
+            pending = self._pending.get(name)
+        if pending is not None:
+            joined = self._join(name, pending)
+            if joined is not None:
+                return joined
         weights = self._read(name)
         with self._lock:
             self.counters.misses += 1
             self.counters.fetches += 1
             self._keep(name, weights)
         return weights
+
+    def _join(self, name: str, pending: Future[None]) -> AdapterWeights | None:
+        """Wait for the background fetch of `name`: its weights, its error (raised once, as
+        `ready` would), or None when it was cancelled or its result is gone (read again)."""
+        with contextlib.suppress(CancelledError):
+            pending.result()
+        with self._lock:
+            weights = self._cache.get(name)
+            if weights is not None:
+                self._cache.move_to_end(name)
+                self.counters.hits += 1
+                return weights
+            failure = self._failed.pop(name, None)
+        if failure is not None:
+            raise failure
+        return None
 
     def _fetch(self, name: str) -> None:
         start = time.perf_counter()
@@ -129,11 +155,13 @@ class HostTier:
         except BaseException as exc:
             with self._lock:
                 self._loading.discard(name)
+                self._pending.pop(name, None)
                 self._failed[name] = exc
                 self.counters.failures += 1
         else:
             with self._lock:
                 self._loading.discard(name)
+                self._pending.pop(name, None)
                 self._keep(name, weights)
                 self.counters.fetches += 1
                 self.counters.fetch_seconds.append(time.perf_counter() - start)

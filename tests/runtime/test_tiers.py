@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,38 @@ def test_engine_reports_tiers_and_residency(tiny_llama: Path, tiny_adapters) -> 
     assert view["a"] == "slot" and set(view) == {"a", "b", "c"}
     assert hs.tier_of(["a"]) == "slot" and hs.tier_of(["a", "zzz"]) == "store"
     engine.hot_set.host.shutdown()
+
+
+def test_a_synchronous_read_joins_the_background_fetch_of_the_same_adapter() -> None:
+    # An idle engine loads a request's adapter at once (read_now) while the prefetch of the
+    # same adapter may still be parsing it: the files must be read and parsed once.
+    gate, calls = threading.Event(), []
+
+    def slow_read(name: str) -> _Weights:
+        calls.append(name)
+        gate.wait(5)
+        if name == "bad":
+            raise OSError("store unreachable")
+        return _Weights(10)
+
+    tier = HostTier(slow_read, budget_bytes=100)  # type: ignore[arg-type]
+    assert not tier.ready("x") and not tier.ready("bad")  # both fetches start, blocked
+    results: dict[str, object] = {}
+
+    def reader(name: str) -> None:
+        try:
+            results[name] = tier.read_now(name)
+        except OSError as exc:
+            results[name] = exc
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in ("x", "bad")]
+    for t in threads:
+        t.start()
+    gate.set()
+    for t in threads:
+        t.join(5)
+    assert sorted(calls) == ["bad", "x"]  # one read each
+    assert results["x"] is tier.get("x")
+    assert isinstance(results["bad"], OSError)  # the fetch's own error, for the caller
+    assert tier.counters.fetches == 1 and tier.counters.failures == 1
+    tier.shutdown()
