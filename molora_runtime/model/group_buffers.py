@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from molora_runtime.model.layers import LoRABuffers
+from molora_runtime.model.layers import LoRABuffers, stacked_delta
+from molora_runtime.model.packed_linear import PackedPairs
 
 
 class GroupLoRABuffers:
@@ -43,6 +44,7 @@ class GroupLoRABuffers:
         self.member_rank = rank
         self.A = torch.zeros(layers, slots, n * rank, d_in, dtype=dtype, device=device)
         self.Bt = torch.zeros(layers, slots, n * rank, sum(widths), dtype=dtype, device=device)
+        self.packed_pairs = PackedPairs()  # oneDNN copies of stacked pairs (CPU bf16)
         self.members: list[LoRABuffers | None] = []
         block, col = 0, 0
         for width, hit in zip(widths, targeted, strict=True):
@@ -70,3 +72,14 @@ class GroupLoRABuffers:
         A = self.A[layer, first : first + count].reshape(count * self.rank, -1)
         Bt = self.Bt[layer, first : first + count].reshape(count * self.rank, -1)
         return A, Bt
+
+    def stacked_delta(
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        layer: int,
+        stacked: tuple[int, int, torch.Tensor],
+    ) -> torch.Tensor:
+        """The group's routed delta over `stacked = (first, count, expanded)` added to the
+        fused output `out`: one shrink, one expand."""
+        return stacked_delta(self, self.A, self.Bt, x, out, layer, stacked)

@@ -12,7 +12,13 @@ from kernels import routed_lora, routed_lora_multi
 from kernels.stacked import routed_lora_stacked
 from molora_runtime.model.arch import RopeConfig
 from molora_runtime.model.lora_context import LoRAContext
-from molora_runtime.model.packed_linear import linear, pack_weight
+from molora_runtime.model.packed_linear import (
+    PackedPairs,
+    linear,
+    pack_weight,
+    packed_ready,
+    routed_lora_packed,
+)
 
 if TYPE_CHECKING:
     from molora_runtime.model.group_buffers import GroupLoRABuffers
@@ -90,6 +96,30 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (xf * cos + rotated * sin).to(dtype)
 
 
+def stacked_delta(
+    buffers: LoRABuffers | GroupLoRABuffers,
+    A: torch.Tensor,
+    Bt: torch.Tensor,
+    x: torch.Tensor,
+    out: torch.Tensor,
+    layer: int,
+    stacked: tuple[int, int, torch.Tensor],
+) -> torch.Tensor:
+    """The stacked routed delta of `x` added to `out`, for a member's or a group's buffers
+    (`A`, `Bt`: their whole stacked tensors, whose version says when packed copies are stale)."""
+    first, count, expanded = stacked
+
+    def pair() -> tuple[torch.Tensor, torch.Tensor]:
+        return buffers.stacked_pair(layer, first, count)
+
+    if packed_ready(x):
+        packed = buffers.packed_pairs.get(A, Bt, (layer, first, count), pair)
+        if packed is not None:
+            return routed_lora_packed(x, packed[0], packed[1], expanded, out)
+    a_flat, bt_flat = pair()
+    return routed_lora_stacked(x, a_flat, bt_flat, expanded, out=out)
+
+
 class LoRABuffers:
     """The hot-set's static slot buffers of one target module, in one of two layouts.
 
@@ -107,6 +137,7 @@ class LoRABuffers:
         self.A = A
         self.B = B  # kernel layout: B; stacked layout: Bt
         self.stacked = stacked
+        self.packed_pairs = PackedPairs()  # oneDNN copies of stacked pairs (CPU bf16)
 
     @classmethod
     def allocate(
@@ -149,6 +180,17 @@ class LoRABuffers:
         A = self.A[layer, first : first + count].reshape(count * r, -1)
         Bt = self.B[layer, first : first + count].reshape(count * r, -1)
         return A, Bt
+
+    def stacked_delta(
+        self,
+        x: torch.Tensor,
+        out: torch.Tensor,
+        layer: int,
+        stacked: tuple[int, int, torch.Tensor],
+    ) -> torch.Tensor:
+        """Add the routed delta over slots `stacked = (first, count, expanded weights)` to
+        `out` (packed GEMMs where they pay, `kernels.stacked` otherwise)."""
+        return stacked_delta(self, self.A, self.B, x, out, layer, stacked)
 
     def clear_slot(self, slot: int) -> None:
         if self.stacked:
@@ -199,9 +241,7 @@ class LoRALinear(nn.Module):
             return y
         stacked = ctx.stacked_weights(self.lora) if self.lora.stacked else None
         if stacked is not None:
-            first, count, expanded = stacked
-            A, Bt = self.lora.stacked_pair(self.layer, first, count)
-            return routed_lora_stacked(x, A, Bt, expanded, out=y)
+            return self.lora.stacked_delta(x, y, self.layer, stacked)
         A, B = self.lora.kernel_pair(self.layer)
         delta = routed_lora(
             x, A, B, ctx.slot_ids, ctx.weights, plan=ctx.segment_plan(), meta=ctx.kernel_meta()
@@ -266,9 +306,7 @@ class FusedLinear(nn.Module):
         if ctx is not None and self.lora is not None:
             stacked = ctx.stacked_weights(self.lora)
             if stacked is not None:  # one shrink + one expand straight into the fused output
-                first, count, expanded = stacked
-                A, Bt = self.lora.stacked_pair(self.layer, first, count)
-                routed_lora_stacked(x, A, Bt, expanded, out=y)
+                self.lora.stacked_delta(x, y, self.layer, stacked)
                 return list(torch.split(y, self.splits, dim=-1))
         outs = list(torch.split(y, self.splits, dim=-1))
         if ctx is None:

@@ -1,0 +1,58 @@
+"""A bf16 CPU engine serves mixed adapters through packed LoRA GEMMs: same tokens and logprobs
+as through the plain stacked GEMMs (`kernels.stacked`), and the packed path is really taken."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import molora_runtime.model.layers as layers
+from molora_runtime.engine.types import SamplingParams
+from molora_runtime.model.packed_linear import pack_weight
+from tests.runtime.rt_util import build_engine, random_prompts, request, run_to_completion
+
+pytestmark = pytest.mark.skipif(
+    pack_weight(torch.zeros(8, 8, dtype=torch.bfloat16)) is None,
+    reason="oneDNN bf16 packing unsupported on this CPU",
+)
+
+
+def _run(tiny_llama: Path, tiny_adapters: dict[str, Path]) -> dict[str, dict]:
+    engine = build_engine(tiny_llama, tiny_adapters, dtype="bfloat16", hot_set={"num_slots": 3})
+    prompts = random_prompts(6, 256, [5, 9, 3, 12, 7, 4], seed=7)
+    routes = ["a", "b", "c", "a:0.6,b:0.4", None, "c"]
+    sampling = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
+    reqs = [
+        request(f"r{i}", p, route, sampling=sampling)
+        for i, (p, route) in enumerate(zip(prompts, routes, strict=True))
+    ]
+    return run_to_completion(engine, reqs)
+
+
+def test_packed_and_plain_lora_gemms_serve_the_same_tokens(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    used = []
+    real = layers.routed_lora_packed
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        used.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layers, "routed_lora_packed", counting)
+    packed = _run(tiny_llama, tiny_adapters)
+    assert used, "the bf16 CPU engine never took the packed LoRA path"
+    monkeypatch.setattr(layers, "packed_ready", lambda x: False)
+    plain = _run(tiny_llama, tiny_adapters)
+    for rid, want in plain.items():
+        got = packed[rid]
+        assert got["error"] is None and want["error"] is None
+        assert got["tokens"] == want["tokens"], rid
+        lp_got = [o.logprobs[0].logprob for o in got["outputs"] if o.logprobs]
+        lp_want = [o.logprobs[0].logprob for o in want["outputs"] if o.logprobs]
+        assert len(lp_got) == len(lp_want) == len(want["tokens"])
+        torch.testing.assert_close(
+            torch.tensor(lp_got), torch.tensor(lp_want), rtol=0.05, atol=0.05
+        )
