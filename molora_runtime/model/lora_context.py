@@ -60,8 +60,10 @@ class LoRAContext:
     gate_logits: list[torch.Tensor] = field(default_factory=list)
     _static: tuple[torch.Tensor, torch.Tensor] | None = None
     _plan: tuple[torch.Tensor, torch.Tensor, SegmentPlan] | None = None
-    # per table: (slot_ids, weights, {rank: [T, count·rank] expanded weights})
-    _expanded: tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]] | None = None
+    # per table: (slot_ids, weights, {(rank, dtype): [T, count·rank] expanded weights})
+    _expanded: (
+        tuple[torch.Tensor, torch.Tensor, dict[tuple[int, torch.dtype], torch.Tensor]] | None
+    ) = None
     _device_plan: tuple[torch.Tensor, torch.Tensor, DevicePlan] | None = None
 
     def stacked_weights(
@@ -69,7 +71,7 @@ class LoRAContext:
     ) -> tuple[int, int, torch.Tensor] | None:
         """(first slot, slot count, [T, count·r] weights) for the stacked delta, or None.
 
-        Built once per routing table and rank (once per step for static routes, once per layer
+        Built once per routing table, rank and dtype (once per step for static routes, once per layer
         for learned ones) and shared by every projection that reads it; a fused group's rank is
         its members' ranks together.
         """
@@ -81,10 +83,12 @@ class LoRAContext:
         if cached is None or cached[0] is not self.slot_ids or cached[1] is not self.weights:
             cached = (self.slot_ids, self.weights, {})
             self._expanded = cached
-        expanded = cached[2].get(rank)
+        key = (rank, buffers.A.dtype)  # in the GEMMs' dtype: no conversion per projection
+        expanded = cached[2].get(key)
         if expanded is None:
             expanded = slot_weight_matrix(self.slot_ids, self.weights, first, count, rank)
-            cached[2][rank] = expanded
+            expanded = expanded.to(buffers.A.dtype)
+            cached[2][key] = expanded
         return first, count, expanded
 
     def kernel_meta(self) -> DevicePlan | None:
