@@ -131,7 +131,7 @@ def test_group_members_writes_reach_the_groups_packed_copies() -> None:
 
 def test_packed_path_is_for_bf16_serving_only() -> None:
     x = torch.randn(4, 8)
-    assert not packed_ready(x)  # fp32: MKL's plain small GEMMs are faster
+    assert not packed_ready(x)  # fp32: MKL's plain small GEMMs are as fast
     assert packed_ready(x.to(BF16))
     grad = x.to(BF16).requires_grad_()
     with torch.enable_grad():
