@@ -60,11 +60,15 @@ class HostTier:
     def get(self, name: str) -> AdapterWeights | None:
         """The parsed adapter if resident (marks it recently used)."""
         with self._lock:
-            weights = self._cache.get(name)
-            if weights is not None:
-                self._cache.move_to_end(name)
-                self.counters.hits += 1
-            return weights
+            return self._lookup(name)
+
+    def _lookup(self, name: str) -> AdapterWeights | None:
+        """`get` for a caller that holds the lock."""
+        weights = self._cache.get(name)
+        if weights is not None:
+            self._cache.move_to_end(name)
+            self.counters.hits += 1
+        return weights
 
     def resident(self) -> list[str]:
         with self._lock:
@@ -138,10 +142,8 @@ class HostTier:
         with contextlib.suppress(CancelledError):
             pending.result()
         with self._lock:
-            weights = self._cache.get(name)
+            weights = self._lookup(name)
             if weights is not None:
-                self._cache.move_to_end(name)
-                self.counters.hits += 1
                 return weights
             failure = self._failed.pop(name, None)
         if failure is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from molora_runtime.model.layers import LoRABuffers, stacked_delta
+from molora_runtime.model.layers import LoRABuffers
 from molora_runtime.model.packed_linear import PackedPairs
 
 
@@ -73,13 +73,6 @@ class GroupLoRABuffers:
         Bt = self.Bt[layer, first : first + count].reshape(count * self.rank, -1)
         return A, Bt
 
-    def stacked_delta(
-        self,
-        x: torch.Tensor,
-        out: torch.Tensor,
-        layer: int,
-        stacked: tuple[int, int, torch.Tensor],
-    ) -> torch.Tensor:
-        """The group's routed delta over `stacked = (first, count, expanded)` added to the
-        fused output `out`: one shrink, one expand."""
-        return stacked_delta(self, self.A, self.Bt, x, out, layer, stacked)
+    @property
+    def stacked_Bt(self) -> torch.Tensor:
+        return self.Bt

@@ -98,22 +98,22 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def stacked_delta(
     buffers: LoRABuffers | GroupLoRABuffers,
-    A: torch.Tensor,
-    Bt: torch.Tensor,
     x: torch.Tensor,
     out: torch.Tensor,
     layer: int,
     stacked: tuple[int, int, torch.Tensor],
 ) -> torch.Tensor:
-    """The stacked routed delta of `x` added to `out`, for a member's or a group's buffers
-    (`A`, `Bt`: their whole stacked tensors, whose version says when packed copies are stale)."""
+    """Add the routed delta of `x` over slots `stacked = (first, count, expanded weights)` to
+    `out`, for a member's or a fused group's buffers: on their oneDNN-packed copies where that
+    pays (bf16 CPU serving), else through `kernels.stacked`."""
     first, count, expanded = stacked
 
     def pair() -> tuple[torch.Tensor, torch.Tensor]:
         return buffers.stacked_pair(layer, first, count)
 
     if packed_ready(x):
-        packed = buffers.packed_pairs.get(A, Bt, (layer, first, count), pair)
+        key = (layer, first, count)
+        packed = buffers.packed_pairs.get(buffers.A, buffers.stacked_Bt, key, pair)
         if packed is not None:
             return routed_lora_packed(x, packed[0], packed[1], expanded, out)
     a_flat, bt_flat = pair()
@@ -181,16 +181,10 @@ class LoRABuffers:
         Bt = self.B[layer, first : first + count].reshape(count * r, -1)
         return A, Bt
 
-    def stacked_delta(
-        self,
-        x: torch.Tensor,
-        out: torch.Tensor,
-        layer: int,
-        stacked: tuple[int, int, torch.Tensor],
-    ) -> torch.Tensor:
-        """Add the routed delta over slots `stacked = (first, count, expanded weights)` to
-        `out` (packed GEMMs where they pay, `kernels.stacked` otherwise)."""
-        return stacked_delta(self, self.A, self.B, x, out, layer, stacked)
+    @property
+    def stacked_Bt(self) -> torch.Tensor:
+        """The whole stacked `Bt` tensor (stacked layout only)."""
+        return self.B
 
     def clear_slot(self, slot: int) -> None:
         if self.stacked:
@@ -241,7 +235,7 @@ class LoRALinear(nn.Module):
             return y
         stacked = ctx.stacked_weights(self.lora) if self.lora.stacked else None
         if stacked is not None:
-            return self.lora.stacked_delta(x, y, self.layer, stacked)
+            return stacked_delta(self.lora, x, y, self.layer, stacked)
         A, B = self.lora.kernel_pair(self.layer)
         delta = routed_lora(
             x, A, B, ctx.slot_ids, ctx.weights, plan=ctx.segment_plan(), meta=ctx.kernel_meta()
@@ -306,7 +300,7 @@ class FusedLinear(nn.Module):
         if ctx is not None and self.lora is not None:
             stacked = ctx.stacked_weights(self.lora)
             if stacked is not None:  # one shrink + one expand straight into the fused output
-                self.lora.stacked_delta(x, y, self.layer, stacked)
+                stacked_delta(self.lora, x, y, self.layer, stacked)
                 return list(torch.split(y, self.splits, dim=-1))
         outs = list(torch.split(y, self.splits, dim=-1))
         if ctx is None:

@@ -11,7 +11,7 @@ from kernel_cases import TOLERANCES
 
 from kernels.stacked import routed_lora_stacked, slot_weight_matrix
 from molora_runtime.model.group_buffers import GroupLoRABuffers
-from molora_runtime.model.layers import LoRABuffers
+from molora_runtime.model.layers import LoRABuffers, stacked_delta
 from molora_runtime.model.packed_linear import (
     pack_weight,
     packed_ready,
@@ -88,7 +88,7 @@ def test_packed_copies_follow_writes_and_clears() -> None:
 
     def delta() -> torch.Tensor:
         out = torch.zeros(T, d_out, dtype=BF16)
-        buf.stacked_delta(x, out, 0, (1, S - 1, expanded))
+        stacked_delta(buf, x, out, 0, (1, S - 1, expanded))
         return out.float()
 
     def reference() -> torch.Tensor:
@@ -118,7 +118,7 @@ def test_group_members_writes_reach_the_groups_packed_copies() -> None:
 
     def delta() -> torch.Tensor:
         out = torch.zeros(5, 24, dtype=BF16)
-        return group.stacked_delta(x, out, 0, (1, 2, expanded)).float()
+        return stacked_delta(group, x, out, 0, (1, 2, expanded)).float()
 
     with torch.no_grad():
         assert not delta().any()
