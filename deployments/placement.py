@@ -107,15 +107,20 @@ def place(
         ranked = sorted(replicas, key=lambda r: (r.full(), r.load, hrw[r.replica_id]))
         return Placement(ranked=[r.replica_id for r in ranked], outcome="base")
 
-    def rank_key(r: ReplicaView) -> tuple[bool, int, int, bool, int]:
+    def rank_key(r: ReplicaView) -> tuple[bool, int, int, bool, int, int]:
         # Eligible first; then most adapters already in slots; then most of the rest parsed
         # in host memory; then room to load the rest without evicting another set's
-        # adapters; then the set's rendezvous order.
+        # adapters; then, among replicas that already hold the set equally well, the least
+        # loaded (a hot adapter resident on several replicas is shared by load, not piled on
+        # its home up to the bound); then the set's rendezvous order (a set held nowhere goes
+        # to one stable home, so concurrent first requests load it once).
+        holds = r.overlap(wanted) > 0 or r.host_overlap(wanted) > 0
         return (
             not eligible(r),
             -r.overlap(wanted),
             -r.host_overlap(wanted),
             not r.has_room(wanted),
+            r.load if holds else 0,
             hrw[r.replica_id],
         )
 

@@ -129,3 +129,28 @@ def test_affinity_shards_hot_sets_across_replicas():
     # 4 adapter sets, 2 slots per replica: only sharding keeps every set hot.
     assert _simulate("affinity") >= 0.9
     assert _simulate("random") < 0.7
+
+
+def test_a_set_held_by_several_replicas_goes_to_the_least_loaded_of_them():
+    # Once a hot adapter is resident on both replicas, piling its requests on its rendezvous
+    # home up to the load bound only unbalances the batches (6 + 2 instead of 4 + 4 at c=8).
+    home = rendezvous_order("a", ["r0", "r1"])[0]
+    other = "r1" if home == "r0" else "r0"
+    views = [
+        ReplicaView(home, frozenset({"a"}), load=3),
+        ReplicaView(other, frozenset({"a"}), load=1),
+    ]
+    decision = place(["a"], views, load_bound=4)
+    assert decision.ranked[0] == other and decision.outcome == "affinity"
+    # Held only in host memory on both: the same.
+    views = [
+        ReplicaView(home, frozenset(), host_set=frozenset({"a"}), load=3),
+        ReplicaView(other, frozenset(), host_set=frozenset({"a"}), load=1),
+    ]
+    assert place(["a"], views, load_bound=4).ranked[0] == other
+    # Better overlap still beats load within the bound.
+    views = [
+        ReplicaView(home, frozenset({"a", "b"}), load=3),
+        ReplicaView(other, frozenset({"a"}), load=0),
+    ]
+    assert place(["a", "b"], views, load_bound=4).ranked[0] == home
