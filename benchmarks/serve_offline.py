@@ -4,7 +4,8 @@ what the serving layer keeps).
 `benchmarks.serve_vs_vllm` calls this once per dtype: one process per model replica of the
 shipped layout (`num_replicas` x `num_cpus` torch threads each), every process serving its
 share of each cell's requests (`share_of`: `c / replicas` in flight), through `LLMEngine`
-directly (no Ray, no HTTP). Same prompts, chat template, adapters, 64 greedy tokens with `ignore_eos`.
+directly (no Ray, no HTTP). Same prompts, chat template, adapters, 64 greedy tokens with
+`ignore_eos`.
 A cell's tok/s is all tokens over the slowest process's time.
 
     python -m benchmarks.serve_offline --store DIR --dtype bfloat16 --cells 8:32 32:64 \
