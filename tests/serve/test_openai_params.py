@@ -91,7 +91,10 @@ def test_chat_logprobs_streamed_and_not(client):
         if ch.logprobs is not None
         for e in ch.logprobs.content or []
     ]
-    assert [(e.token, e.logprob) for e in streamed] == [(c.token, c.logprob) for c in content]
+    # The second request finds the prompt's blocks in the prefix cache and prefills only the
+    # rest: other GEMM shapes, so the same logprobs can differ in the last float bits.
+    assert [e.token for e in streamed] == [c.token for c in content]
+    assert [e.logprob for e in streamed] == pytest.approx([c.logprob for c in content], abs=1e-4)
     plain = client.chat.completions.create(model="math", messages=MESSAGES, max_tokens=3)
     assert plain.choices[0].logprobs is None
 
