@@ -31,7 +31,9 @@ serve: models
 	# A local single-machine server: Ray on loopback with Ray's token auth, on by default for a new
 	# local cluster (Ray writes its token to ~/.ray/auth_token). Never turn it off: Serve replicas'
 	# gRPC servers listen on every interface and unpickle what they are sent.
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 $(VENV)/bin/serve run serve_config.yaml
+	# Ray starts its workers (the engines among them) at nice 15 unless told otherwise, below
+	# its own GCS, raylet and dashboard and anything else on the box: serving runs at nice 0.
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_worker_niceness=0 $(VENV)/bin/serve run serve_config.yaml
 
 test: models
 	bash scripts/test_services.sh

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -247,26 +248,75 @@ def replica_layout() -> dict[str, Any]:
     return {"num_replicas": dep["num_replicas"], **dep["ray_actor_options"]}
 
 
-def priorities(proc: subprocess.Popen) -> dict[str, int]:
-    """Nice value of each busy process the server started (its session), as evidence that both
-    servers computed at the same priority: {"name pid": nice} for processes with >1 s of CPU."""
-    out: dict[str, int] = {}
+def _session_processes(proc: subprocess.Popen) -> list[tuple[str, float, int]]:
+    """("label pid", CPU seconds so far, nice) of every process in the server's session. A Ray
+    worker is labelled by its command's first word (ray::ServeReplica:..., ray::ProxyActor)."""
+    out = []
     tick = os.sysconf("SC_CLK_TCK")
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0", 1)[0]
         except OSError:
             continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
         fields = text[text.rindex(")") + 2 :].split()
-        session, cpu_s, nice = (
-            int(fields[3]),
-            (int(fields[11]) + int(fields[12])) / tick,
-            int(fields[16]),
+        if int(fields[3]) != proc.pid:
+            continue
+        word = cmdline.decode(errors="replace")
+        name = (
+            word[:60] if word.startswith("ray::") else text[text.index("(") + 1 : text.rindex(")")]
         )
-        if session == proc.pid and cpu_s > 1:
-            out[f"{name} {stat.parent.name}"] = nice
+        cpu_s = (int(fields[11]) + int(fields[12])) / tick
+        out.append((f"{name} {stat.parent.name}", cpu_s, int(fields[16])))
     return out
+
+
+def priorities(proc: subprocess.Popen) -> dict[str, int]:
+    """Nice value of each busy process the server started (its session), as evidence that both
+    servers computed at the same priority: {"name pid": nice} for processes with >1 s of CPU."""
+    return {label: nice for label, cpu_s, nice in _session_processes(proc) if cpu_s > 1}
+
+
+class CpuMeter:
+    """Where a cell's CPU went: each server process's CPU seconds over the cell, and the
+    client's own (it shares the box's cores with the server)."""
+
+    def __init__(self, proc: subprocess.Popen | None) -> None:
+        self.proc = proc
+        self._start: dict[str, float] = {}
+        self._client = 0.0
+
+    def __enter__(self) -> CpuMeter:
+        self._start = self._server()
+        self._client = time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client_s = round(time.process_time() - self._client, 2)
+        end = self._server()
+        spent = {k: v - self._start.get(k, 0.0) for k, v in end.items()}
+        self.server_s = {k: round(v, 2) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
+                         if v >= 0.1}  # fmt: skip
+
+    def _server(self) -> dict[str, float]:
+        if self.proc is None:
+            return {}
+        return {label: cpu_s for label, cpu_s, _ in _session_processes(self.proc)}
+
+
+def machine() -> dict[str, Any]:
+    """The box, with what decides the GEMM path: bf16 in hardware (AVX512-BF16/AMX) or not.
+    Runs on boxes with and without it are not comparable cell for cell."""
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform()}
+    with contextlib.suppress(OSError):
+        text = Path("/proc/cpuinfo").read_text()
+        model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+        flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+        info["cpu"] = model.group(1).strip() if model else None
+        have = set(flags.group(1).split()) if flags else set()
+        wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+        info["isa"] = [f for f in wanted if f in have]
+    return info
 
 
 def molora_binding(log: Path) -> list[str]:
@@ -397,14 +447,22 @@ def modes(vocab_split: int) -> dict[str, list[tuple[str, dict | None]]]:
 CELLS = {"full": [(1, 4), (8, 32), (32, 64)], "quick": [(8, 16), (32, 64)]}
 
 
-def drive(port: int, mode_names: list[str], cells: list[tuple[int, int]], vocab_split: int):
+def drive(
+    port: int,
+    mode_names: list[str],
+    cells: list[tuple[int, int]],
+    vocab_split: int,
+    proc: subprocess.Popen | None = None,
+):
     all_modes = modes(vocab_split)
     rows = []
     asyncio.run(run_cell(port, all_modes["mixed"], 8, 8))  # warm up every adapter
     for conc, n in cells:
         for mode in mode_names:
-            row = asyncio.run(run_cell(port, all_modes[mode], conc, n))
+            with CpuMeter(proc) as cpu:
+                row = asyncio.run(run_cell(port, all_modes[mode], conc, n))
             row["mode"] = mode
+            row["cpu_s"] = {"client": cpu.client_s, "server": cpu.server_s}
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -481,6 +539,7 @@ def main() -> None:
                         [m for m in ("base", "single", "mixed") if m in only],
                         cells,
                         vocab_split,
+                        proc,
                     ),
                 }
                 run["vllm"]["priorities"] = priorities(proc)
@@ -495,7 +554,11 @@ def main() -> None:
             run["molora"] = {
                 "sanity": asyncio.run(sanity(MOLORA_PORT)),
                 "cells": drive(
-                    MOLORA_PORT, [m for m in modes(vocab_split) if m in only], cells, vocab_split
+                    MOLORA_PORT,
+                    [m for m in modes(vocab_split) if m in only],
+                    cells,
+                    vocab_split,
+                    proc,
                 ),
             }
             run["molora"]["priorities"] = priorities(proc)
@@ -522,7 +585,7 @@ def main() -> None:
         Path(args.out),
         {
             "benchmark": "serve_vs_vllm",
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "machine": machine(),
             "workload": {
                 "model": "SmolLM2-135M-Instruct",
                 "adapters": "4 PEFT LoRAs r=8 alpha=16 on all 7 projections",

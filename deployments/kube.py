@@ -208,6 +208,9 @@ def _container(
         "imagePullPolicy": "IfNotPresent",
         "ports": ports,
         "envFrom": _env_from(profile),
+        # Ray starts its workers (the engines) at nice 15 unless told otherwise, below its own
+        # raylet and agents in the same pod: serving runs at nice 0.
+        "env": [{"name": "RAY_worker_niceness", "value": "0"}],
         "resources": resources.to_k8s(),
         "volumeMounts": volumes_mounts,
         "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}},
