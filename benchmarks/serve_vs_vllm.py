@@ -285,6 +285,8 @@ class CpuMeter:
         self.proc = proc
         self._start: dict[str, float] = {}
         self._client = 0.0
+        self.client_s = 0.0  # the benchmark process's CPU over the cell (it is the client)
+        self.server_s: dict[str, float] = {}  # "label pid" -> CPU seconds, >= 0.1 s only
 
     def __enter__(self) -> CpuMeter:
         self._start = self._server()
