@@ -256,13 +256,14 @@ def _session_processes(proc: subprocess.Popen) -> list[tuple[str, float, int]]:
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
-            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0", 1)[0]
+            fields = text[text.rindex(")") + 2 :].split()
+            if int(fields[3]) != proc.pid:  # another session: its command line is not read
+                continue
+            word = (
+                (stat.parent / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+            )
         except OSError:
             continue
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[3]) != proc.pid:
-            continue
-        word = cmdline.decode(errors="replace")
         name = (
             word[:60] if word.startswith("ray::") else text[text.index("(") + 1 : text.rindex(")")]
         )

@@ -17,7 +17,7 @@ BUSY = "import time\nend = time.process_time() + float(__import__('sys').argv[1]
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
-def test_a_busy_server_process_is_charged_and_an_idle_one_is_not() -> None:
+def test_a_busy_server_process_is_charged_and_the_sleeping_client_is_not() -> None:
     # A "server": a session leader that burns 0.6 s of CPU during the cell, then waits.
     proc = subprocess.Popen(
         [sys.executable, "-c", BUSY, "0.6"], stdin=subprocess.PIPE, start_new_session=True
