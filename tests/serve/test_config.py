@@ -35,8 +35,8 @@ def test_default_config_is_cpu_loopback_embedded_model():
     assert cfg.engine.model == "smollm2-135m-instruct"
     assert cfg.store.url == "deployments/default_store"
     replica = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
-    # Replicas own every core of the 2-core default box from the first request (two 1-CPU
-    # engines: the measured default; see the comment in serve_config.yaml).
+    # Replicas own every core of the 2-core default box from the first request (one 2-CPU
+    # engine: the measured default; see the comment in serve_config.yaml).
     assert "autoscaling_config" not in replica
     assert replica["num_replicas"] * replica["ray_actor_options"]["num_cpus"] == 2
     assert cfg.engine.max_num_seqs >= 32
