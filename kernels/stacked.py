@@ -55,3 +55,30 @@ def routed_lora_stacked(
     if out is None:
         return h @ Bt_flat
     return out.addmm_(h, Bt_flat)
+
+
+def routed_lora_stacked_group(
+    x: torch.Tensor,
+    A_flat: torch.Tensor,
+    member_Bt: list[tuple[torch.Tensor, int]],
+    rank: int,
+    expanded_weights: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """`routed_lora_stacked` (its twin) for a fused projection group, expanded per member.
+
+    `A_flat [S·n·r, d_in]` holds, slot after slot, the n targeted members' A rows back to back
+    (one shrink for the whole group); `member_Bt` holds each member's own `Bt_flat [S·r, w]`
+    and the first column of its block in `out [T, D]`. The twin's block-structured expand
+    multiplies every member's rank rows by every member's columns, n-1 of n of them zeros; here
+    each member multiplies only its own (1/n of the expand flops), into a strided column view
+    of `out`. `expanded_weights [T, S·n·r]` is `slot_weight_matrix` at rank n·r.
+    """
+    h = x @ A_flat.t()
+    h = h * expanded_weights.to(h.dtype)
+    n = len(member_Bt)
+    per_member = h.view(h.shape[0], h.shape[1] // (n * rank), n, rank)  # [T, S, n, r]
+    for i, (bt_flat, first_col) in enumerate(member_Bt):
+        h_i = per_member[:, :, i].reshape(h.shape[0], bt_flat.shape[0])  # [T, S·r]: its rows
+        out[:, first_col : first_col + bt_flat.shape[1]].addmm_(h_i, bt_flat)
+    return out

@@ -1,24 +1,26 @@
-"""Slot buffers of a fused projection group (q/k/v, gate/up) laid out for ONE shrink + ONE expand.
+"""Slot buffers of a fused projection group (q/k/v, gate/up) laid out for ONE shrink per group.
 
-The CPU serving path (`kernels.stacked`) runs a projection's routed delta as two GEMMs over one
-layer's slots. A fused group would pay that per member; laid out as below it pays it once:
+The CPU serving path (`kernels.stacked`) runs a projection's routed delta as a shrink GEMM and
+an expand GEMM over one layer's slots. A fused group lays its members out so that the shrink is
+paid once for all of them:
 
 - `A [L, S, n·r, d_in]`: one slot's block holds the n targeted members' A rows back to back, so
   slots `[first, first + count)` of a layer are one contiguous `[count·n·r, d_in]` matrix.
-- `Bt [L, S, n·r, D]` (D = the fused output width, every member of the group): block-structured,
-  member i's rows `i·r..(i+1)·r` are non-zero only in its own output columns, so one GEMM writes
-  the whole fused output before it is split. Members the adapters never target own columns that
-  stay zero, so their delta is exactly zero.
+- `Bt [L, Σ S·r·w]`: each targeted member's own `[S, r, w]` block per layer (member-major), so
+  a member's slots `[first, first + count)` are one contiguous `[count·r, w]` matrix and the
+  expand runs per member into its own output columns (`routed_lora_stacked_group`), with no
+  zero blocks multiplied. Members the adapters never target have no block and no delta.
 
 Each targeted member keeps an ordinary stacked `LoRABuffers` made of views into these tensors, so
-hot-set writes and slot clears go through the member unchanged. Costs n× the expand flops and
-Bt memory of separate members; at CPU decode sizes the step is bound by per-op overhead instead.
+hot-set writes and slot clears go through the member unchanged, and every view shares its
+base's version counter (the packed bf16 copies see every write).
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels.stacked import routed_lora_stacked_group
 from molora_runtime.model.layers import LoRABuffers
 from molora_runtime.model.packed_linear import PackedPairs
 
@@ -42,18 +44,23 @@ class GroupLoRABuffers:
         if n == 0:
             raise ValueError("a group buffer needs at least one targeted member")
         self.member_rank = rank
+        self.width = sum(widths)
+        hit_widths = [w for w, hit in zip(widths, targeted, strict=True) if hit]
         self.A = torch.zeros(layers, slots, n * rank, d_in, dtype=dtype, device=device)
-        self.Bt = torch.zeros(layers, slots, n * rank, sum(widths), dtype=dtype, device=device)
+        self.Bt = torch.zeros(layers, slots * rank * sum(hit_widths), dtype=dtype, device=device)
         self.packed_pairs = PackedPairs()  # oneDNN copies of stacked pairs (CPU bf16)
         self.members: list[LoRABuffers | None] = []
-        block, col = 0, 0
+        self._columns: list[int] = []  # first output column of each targeted member
+        block, col, offset = 0, 0, 0
         for width, hit in zip(widths, targeted, strict=True):
             if hit:
                 rows = slice(block * rank, (block + 1) * rank)
-                self.members.append(
-                    LoRABuffers(self.A[:, :, rows], self.Bt[:, :, rows, col : col + width], True)
-                )
+                size = slots * rank * width
+                bt = self.Bt[:, offset : offset + size].unflatten(1, (slots, rank, width))
+                self.members.append(LoRABuffers(self.A[:, :, rows], bt, True))
+                self._columns.append(col)
                 block += 1
+                offset += size
             else:
                 self.members.append(None)
             col += width
@@ -67,11 +74,37 @@ class GroupLoRABuffers:
     def nbytes(self) -> int:
         return (self.A.numel() + self.Bt.numel()) * self.A.element_size()
 
+    def _targeted(self) -> list[LoRABuffers]:
+        return [m for m in self.members if m is not None]
+
+    def member_pairs(self, layer: int, first: int, count: int) -> list[tuple[torch.Tensor, int]]:
+        """Each targeted member's `Bt_flat [count·r, w]` (a view) and its first output column."""
+        return [
+            (m.stacked_pair(layer, first, count)[1], col)
+            for m, col in zip(self._targeted(), self._columns, strict=True)
+        ]
+
     def stacked_pair(self, layer: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`A_flat [count·n·r, d_in]`, `Bt_flat [count·n·r, D]` over slots first..first+count-1."""
+        """`A_flat [count·n·r, d_in]` (a view) and the block-structured `Bt_flat [count·n·r, D]`
+        (a copy: member i's rows are non-zero only in its own columns), for a one-GEMM expand
+        (the oneDNN-packed bf16 path, which packs it once per slot-buffer version)."""
+        r = self.member_rank
         A = self.A[layer, first : first + count].reshape(count * self.rank, -1)
-        Bt = self.Bt[layer, first : first + count].reshape(count * self.rank, -1)
-        return A, Bt
+        Bt = torch.zeros(count, self.rank, self.width, dtype=self.Bt.dtype, device=self.Bt.device)
+        for i, (bt_flat, col) in enumerate(self.member_pairs(layer, first, count)):
+            block = bt_flat.view(count, r, -1)
+            Bt[:, i * r : (i + 1) * r, col : col + block.shape[-1]] = block
+        return A, Bt.reshape(count * self.rank, self.width)
+
+    def add_stacked_delta(
+        self, x: torch.Tensor, out: torch.Tensor, layer: int, first: int, count: int,
+        expanded: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """Add the group's routed delta of `x` to the fused output `out`: one shrink, one
+        expand per targeted member."""
+        A = self.A[layer, first : first + count].reshape(count * self.rank, -1)
+        pairs = self.member_pairs(layer, first, count)
+        return routed_lora_stacked_group(x, A, pairs, self.member_rank, expanded, out)
 
     @property
     def stacked_Bt(self) -> torch.Tensor:

@@ -105,7 +105,7 @@ def stacked_delta(
 ) -> torch.Tensor:
     """Add the routed delta of `x` over slots `stacked = (first, count, expanded weights)` to
     `out`, for a member's or a fused group's buffers: on their oneDNN-packed copies where that
-    pays (bf16 CPU serving), else through `kernels.stacked`."""
+    pays (bf16 CPU serving), else through `kernels.stacked` (a group: one expand per member)."""
     first, count, expanded = stacked
 
     def pair() -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,8 +116,7 @@ def stacked_delta(
         packed = buffers.packed_pairs.get(buffers.A, buffers.stacked_Bt, key, pair)
         if packed is not None:
             return routed_lora_packed(x, packed[0], packed[1], expanded, out)
-    a_flat, bt_flat = pair()
-    return routed_lora_stacked(x, a_flat, bt_flat, expanded, out=out)
+    return buffers.add_stacked_delta(x, out, layer, first, count, expanded)
 
 
 class LoRABuffers:
@@ -180,6 +179,14 @@ class LoRABuffers:
         A = self.A[layer, first : first + count].reshape(count * r, -1)
         Bt = self.B[layer, first : first + count].reshape(count * r, -1)
         return A, Bt
+
+    def add_stacked_delta(
+        self, x: torch.Tensor, out: torch.Tensor, layer: int, first: int, count: int,
+        expanded: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """Add the routed delta of `x` over slots `[first, first + count)` to `out`."""
+        a_flat, bt_flat = self.stacked_pair(layer, first, count)
+        return routed_lora_stacked(x, a_flat, bt_flat, expanded, out=out)
 
     @property
     def stacked_Bt(self) -> torch.Tensor:

@@ -147,7 +147,7 @@ def test_group_slot_clear_leaves_other_members_and_slots() -> None:
             for s in range(3):
                 m.write(s, 1, torch.ones(2, 4), torch.ones(m.B.shape[-1], 2))
     assert group.members[1] is None
-    assert not group.Bt[:, :, :, 5:8].any()  # the untargeted member's columns
+    assert [c for _, c in group.member_pairs(1, 0, 3)] == [0, 8]  # no block for the untargeted
     group.members[0].clear_slot(1)  # type: ignore[union-attr]
     assert not group.A[:, 1, :2].any() and group.A[1, 1, 2:].all()
     assert group.A[1, 2].all()
@@ -172,3 +172,29 @@ def test_triton_with_device_plan_matches_without() -> None:
         for got, ref, (A, B) in zip(b, a, pairs, strict=True):
             assert_matches(got, routed_lora_dense(x, A, B, ids, w))
             torch.testing.assert_close(got, ref)
+
+
+def test_group_block_pair_adds_what_the_per_member_expand_adds() -> None:
+    """The block-structured pair a group hands the packed (bf16 oneDNN) path is the same delta
+    as its own per-member expand, on any CPU (the packed path itself needs bf16 hardware)."""
+    from kernels.stacked import routed_lora_stacked, slot_weight_matrix
+
+    g = torch.Generator().manual_seed(3)
+    group = GroupLoRABuffers(4, 2, 3, 10, [6, 2, 5], [True, False, True], torch.float32, CPU)
+    for m in group.members:
+        if m is not None:
+            for s in range(1, 4):
+                m.write(
+                    s,
+                    1,
+                    torch.randn(3, 10, generator=g),
+                    torch.randn(m.B.shape[-1], 3, generator=g),
+                )
+    x = torch.randn(7, 10, generator=g)
+    ids = torch.randint(0, 4, (7, 1), generator=g)
+    expanded = slot_weight_matrix(ids, torch.rand(7, 1, generator=g), 1, 3, group.rank)
+    A_flat, block = group.stacked_pair(1, 1, 3)
+    want = routed_lora_stacked(x, A_flat, block, expanded, torch.zeros(7, 13))
+    got = group.add_stacked_delta(x, torch.zeros(7, 13), 1, 1, 3, expanded)
+    assert_matches(got, want)
+    assert got[:, 6:8].abs().sum() == 0 and got[:, :6].abs().sum() > 0

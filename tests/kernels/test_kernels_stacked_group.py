@@ -1,0 +1,62 @@
+"""The per-member expand of a fused group equals its twin, the one block-structured expand.
+
+`routed_lora_stacked_group` (one shrink, then each member's expand into its own columns) must
+add exactly what `routed_lora_stacked` adds with the block-structured `Bt` (member i's rank rows
+non-zero only in its own columns), over random token counts, slot counts, ranks, member widths,
+and per-token slot tables (ids outside the range and <= 0 contribute nothing).
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_cases import assert_matches
+
+from kernels.stacked import routed_lora_stacked, routed_lora_stacked_group, slot_weight_matrix
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    T=st.integers(1, 12),
+    count=st.integers(1, 5),
+    r=st.integers(1, 8),
+    d_in=st.integers(1, 40),
+    widths=st.lists(st.integers(1, 24), min_size=1, max_size=3),
+    gaps=st.lists(st.integers(0, 5), min_size=3, max_size=3),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
+def test_group_expand_matches_block_structured_twin(
+    seed: int, T: int, count: int, r: int, d_in: int, widths: list[int], gaps: list[int],
+    dtype: torch.dtype,
+) -> None:  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    n = len(widths)
+    # Members own disjoint column blocks of the fused output, with untargeted columns between.
+    cols, col = [], 0
+    for w, gap in zip(widths, gaps, strict=False):
+        col += gap
+        cols.append(col)
+        col += w
+    D = col + gaps[-1]
+    A_flat = (torch.randn(count * n * r, d_in, generator=g) / d_in**0.5).to(dtype)
+    member_Bt = [(torch.randn(count * r, w, generator=g) / r**0.5).to(dtype) for w in widths]
+    block = torch.zeros(count, n * r, D, dtype=dtype)
+    for i, (bt, c) in enumerate(zip(member_Bt, cols, strict=True)):
+        block[:, i * r : (i + 1) * r, c : c + bt.shape[1]] = bt.view(count, r, -1)
+    x = torch.randn(T, d_in, generator=g).to(dtype)
+    first = 1 + int(torch.randint(0, 3, (1,), generator=g))
+    slot_ids = torch.randint(-1, first + count + 2, (T, 2), generator=g)
+    weights = torch.rand(T, 2, generator=g) * 2 - 0.5
+    expanded = slot_weight_matrix(slot_ids, weights, first, count, n * r).to(dtype)
+    base = torch.randn(T, D, generator=g).to(dtype)
+
+    want = routed_lora_stacked(x, A_flat, block.reshape(count * n * r, D), expanded, base.clone())
+    pairs = list(zip(member_Bt, cols, strict=True))
+    got = routed_lora_stacked_group(x, A_flat, pairs, r, expanded, base.clone())
+    assert_matches(got, want)
+    untouched = torch.ones(D, dtype=torch.bool)
+    for c, w in zip(cols, widths, strict=True):
+        untouched[c : c + w] = False
+    assert torch.equal(got[:, untouched], base[:, untouched])  # only members' columns move
