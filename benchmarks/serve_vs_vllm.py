@@ -477,6 +477,20 @@ def drive(
 # ---- main -----------------------------------------------------------------------------------
 
 
+def phase(
+    run: dict[str, Any], server: str, proc: subprocess.Popen, port: int, mode_names: list[str],
+    cells: list[tuple[int, int]], vocab_split: int, first_round: bool,
+) -> None:  # fmt: skip
+    """One server's round: its cells (after the sanity texts on its first round), then stop it."""
+    try:
+        if first_round:
+            run[server] = {"sanity": asyncio.run(sanity(port)), "rounds": []}
+        run[server]["rounds"].append(drive(port, mode_names, cells, vocab_split, proc))
+        run[server]["priorities"] = priorities(proc)
+    finally:
+        stop(proc)
+
+
 def best_of_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Each cell's best round by tok/s (in first-round order). The box's speed drifts over
     minutes, so each server gets its cells in alternating windows, each judged at its best."""
@@ -550,33 +564,19 @@ def main() -> None:
     runs: dict[str, Any] = {}
     for dtype in args.dtypes:
         run: dict[str, Any] = {}
+        vllm_modes = [m for m in ("base", "single", "mixed") if m in only]
+        our_modes = [m for m in modes(vocab_split) if m in only]
         for round_no in range(args.rounds):
             if not args.skip_vllm and vllm_python.is_file():
                 log = work / f"vllm_{dtype}.log"
                 proc = start_vllm(vllm_python, model_dir, work, dtype, log)
-                try:
-                    if round_no == 0:
-                        run["vllm"] = {"sanity": asyncio.run(sanity(VLLM_PORT)), "rounds": []}
-                    vllm_modes = [m for m in ("base", "single", "mixed") if m in only]
-                    cells_of_round = drive(VLLM_PORT, vllm_modes, cells, vocab_split, proc)
-                    run["vllm"]["rounds"].append(cells_of_round)
-                    run["vllm"]["priorities"] = priorities(proc)
-                finally:
-                    stop(proc)
+                phase(run, "vllm", proc, VLLM_PORT, vllm_modes, cells, vocab_split, round_no == 0)
                 run["vllm"]["thread_binding"] = vllm_binding(log)
             elif not args.skip_vllm:
                 run["vllm"] = {"skipped": f"{vllm_python} not found: run `make vllm-env`"}
             log = work / f"molora_{dtype}.log"
             proc = start_molora(molora_config(store, dtype, work / f"molora_{dtype}.yaml"), log)
-            try:
-                if round_no == 0:
-                    run["molora"] = {"sanity": asyncio.run(sanity(MOLORA_PORT)), "rounds": []}
-                our_modes = [m for m in modes(vocab_split) if m in only]
-                cells_of_round = drive(MOLORA_PORT, our_modes, cells, vocab_split, proc)
-                run["molora"]["rounds"].append(cells_of_round)
-                run["molora"]["priorities"] = priorities(proc)
-            finally:
-                stop(proc)
+            phase(run, "molora", proc, MOLORA_PORT, our_modes, cells, vocab_split, round_no == 0)
             run["molora"]["thread_binding"] = molora_binding(log)
         for server in ("vllm", "molora"):
             if "rounds" in run.get(server, {}):

@@ -50,15 +50,16 @@ class GroupLoRABuffers:
         self.Bt = torch.zeros(layers, slots * rank * sum(hit_widths), dtype=dtype, device=device)
         self.packed_pairs = PackedPairs()  # oneDNN copies of stacked pairs (CPU bf16)
         self.members: list[LoRABuffers | None] = []
-        self._columns: list[int] = []  # first output column of each targeted member
+        self._expanders: list[tuple[LoRABuffers, int]] = []  # targeted member, first column
         block, col, offset = 0, 0, 0
         for width, hit in zip(widths, targeted, strict=True):
             if hit:
                 rows = slice(block * rank, (block + 1) * rank)
                 size = slots * rank * width
                 bt = self.Bt[:, offset : offset + size].unflatten(1, (slots, rank, width))
-                self.members.append(LoRABuffers(self.A[:, :, rows], bt, True))
-                self._columns.append(col)
+                member = LoRABuffers(self.A[:, :, rows], bt, True)
+                self.members.append(member)
+                self._expanders.append((member, col))
                 block += 1
                 offset += size
             else:
@@ -74,14 +75,11 @@ class GroupLoRABuffers:
     def nbytes(self) -> int:
         return (self.A.numel() + self.Bt.numel()) * self.A.element_size()
 
-    def _targeted(self) -> list[LoRABuffers]:
-        return [m for m in self.members if m is not None]
-
     def member_pairs(self, layer: int, first: int, count: int) -> list[tuple[torch.Tensor, int]]:
         """Each targeted member's `Bt_flat [count·r, w]` (a view) and its first output column."""
+        rows = count * self.member_rank
         return [
-            (m.stacked_pair(layer, first, count)[1], col)
-            for m, col in zip(self._targeted(), self._columns, strict=True)
+            (m.B[layer, first : first + count].reshape(rows, -1), col) for m, col in self._expanders
         ]
 
     def stacked_pair(self, layer: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
