@@ -14,8 +14,10 @@ the yardstick for what the serving layer keeps ("kept" = endpoint ÷ offline).
 
     .venv/bin/python -m benchmarks.serve_vs_vllm [--dtypes float32 bfloat16] [--quick] [--rounds 2]
 
-`--rounds N` alternates the two servers N times and keeps each cell's best round per server (the
-box's speed drifts over minutes; every round is in the JSON under `rounds`).
+`--rounds N` runs vLLM, MoLoRA and the offline yardstick N times, the order reversed every other
+round (ABC CBA ...: the box's speed drifts over minutes, and a fixed order hands the drift to whoever
+runs last). The table pairs each side's best round per cell; every round is in the JSON under
+`rounds`, and `per_round` gives the ratios within each round's own window.
 
 Writes `benchmarks/results/serve_vs_vllm.json` and prints a Markdown table.
 """
@@ -491,6 +493,35 @@ def phase(
         stop(proc)
 
 
+def round_order(round_no: int, skip_vllm: bool, skip_offline: bool) -> list[str]:
+    """vLLM, MoLoRA, offline in even rounds and the reverse in odd ones (ABC then CBA): the box's
+    speed drifts over minutes, and a fixed order would hand the drift to whoever runs last."""
+    order = [s for s, skip in (("vllm", skip_vllm), ("molora", False), ("offline", skip_offline))
+             if not skip]  # fmt: skip
+    return order if round_no % 2 == 0 else order[::-1]
+
+
+def per_round_ratios(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each cell's MoLoRA ÷ vLLM and MoLoRA ÷ offline within one round (one window of the box's
+    drift), beside the best-of-rounds table that pairs each side's best window."""
+    rows = []
+    for k, ours in enumerate(run.get("molora", {}).get("rounds", [])):
+        others = {}
+        for server in ("vllm", "offline"):
+            rounds = run.get(server, {}).get("rounds", [])
+            if k < len(rounds):
+                others[server] = {(r["mode"], r["concurrency"]): r for r in rounds[k]}
+        for row in ours:
+            key = (row["mode"], row["concurrency"])
+            out: dict[str, Any] = {"round": k, "mode": key[0], "concurrency": key[1]}
+            for server, label in (("vllm", "vs_vllm"), ("offline", "kept")):
+                other = others.get(server, {}).get(key)
+                if other and other["tok_per_s"]:
+                    out[label] = round(row["tok_per_s"] / other["tok_per_s"], 2)
+            rows.append(out)
+    return rows
+
+
 def best_of_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Each cell's best round by tok/s (in first-round order). The box's speed drifts over
     minutes, so each server gets its cells in alternating windows, each judged at its best."""
@@ -544,7 +575,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS), help="where the JSON goes")
     ap.add_argument(
         "--rounds", type=int, default=1,
-        help="alternate the servers this many times (vLLM, MoLoRA, vLLM, ...); best of N per cell",
+        help="run vLLM, MoLoRA and offline this many times, order reversed every other round "
+        "(ABC CBA ...); best of N per cell, and per-round ratios in the JSON",
     )  # fmt: skip
     args = ap.parse_args()
 
@@ -567,36 +599,43 @@ def main() -> None:
         vllm_modes = [m for m in ("base", "single", "mixed") if m in only]
         our_modes = [m for m in modes(vocab_split) if m in only]
         for round_no in range(args.rounds):
-            if not args.skip_vllm and vllm_python.is_file():
-                log = work / f"vllm_{dtype}.log"
-                proc = start_vllm(vllm_python, model_dir, work, dtype, log)
-                phase(run, "vllm", proc, VLLM_PORT, vllm_modes, cells, vocab_split, round_no == 0)
-                run["vllm"]["thread_binding"] = vllm_binding(log)
-            elif not args.skip_vllm:
-                run["vllm"] = {"skipped": f"{vllm_python} not found: run `make vllm-env`"}
-            log = work / f"molora_{dtype}.log"
-            proc = start_molora(molora_config(store, dtype, work / f"molora_{dtype}.yaml"), log)
-            phase(run, "molora", proc, MOLORA_PORT, our_modes, cells, vocab_split, round_no == 0)
-            run["molora"]["thread_binding"] = molora_binding(log)
-        for server in ("vllm", "molora"):
+            for server in round_order(round_no, args.skip_vllm, args.skip_offline):
+                if server == "vllm" and not vllm_python.is_file():
+                    run["vllm"] = {"skipped": f"{vllm_python} not found: run `make vllm-env`"}
+                elif server == "vllm":
+                    log = work / f"vllm_{dtype}.log"
+                    proc = start_vllm(vllm_python, model_dir, work, dtype, log)
+                    phase(run, "vllm", proc, VLLM_PORT, vllm_modes, cells, vocab_split,
+                          round_no == 0)  # fmt: skip
+                    run["vllm"]["thread_binding"] = vllm_binding(log)
+                elif server == "molora":
+                    log = work / f"molora_{dtype}.log"
+                    config = molora_config(store, dtype, work / f"molora_{dtype}.yaml")
+                    proc = start_molora(config, log)
+                    phase(run, "molora", proc, MOLORA_PORT, our_modes, cells, vocab_split,
+                          round_no == 0)  # fmt: skip
+                    run["molora"]["thread_binding"] = molora_binding(log)
+                else:
+                    layout = replica_layout()
+                    offline = run.setdefault("offline", {"layout": layout, "rounds": []})
+                    offline["rounds"].append(
+                        serve_offline.measure(
+                            store, dtype, cells, vllm_modes,
+                            int(layout["num_replicas"]),
+                            max(1, round(float(layout.get("num_cpus", 1)))),
+                        )
+                    )  # fmt: skip
+        for server in ("vllm", "molora", "offline"):
             if "rounds" in run.get(server, {}):
                 run[server]["cells"] = best_of_rounds(run[server]["rounds"])
-        if not args.skip_offline:
-            layout = replica_layout()
-            run["offline"] = {
-                "layout": layout,
-                "cells": serve_offline.measure(
-                    store,
-                    dtype,
-                    cells,
-                    [m for m in ("base", "single", "mixed") if m in only],
-                    int(layout["num_replicas"]),
-                    max(1, round(float(layout.get("num_cpus", 1)))),
-                ),
-            }
+        run["per_round"] = per_round_ratios(run)
         runs[dtype] = run
     table = summarize(runs)
     print("\n".join(table))
+    for dtype, run in runs.items():
+        for r in run["per_round"]:
+            print(f"{dtype} round {r['round']} {r['mode']} c={r['concurrency']}: "
+                  f"vs vLLM {r.get('vs_vllm', '-')}, kept {r.get('kept', '-')}")  # fmt: skip
     write_json(
         Path(args.out),
         {

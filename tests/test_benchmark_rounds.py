@@ -1,8 +1,8 @@
-"""The endpoint benchmark keeps each cell's best round per server, in first-round order."""
+"""The endpoint benchmark: best round per cell, rounds in reversed order, per-round ratios."""
 
 from __future__ import annotations
 
-from benchmarks.serve_vs_vllm import best_of_rounds
+from benchmarks.serve_vs_vllm import best_of_rounds, per_round_ratios, round_order
 
 
 def _cell(mode: str, c: int, tok_s: float) -> dict:
@@ -24,3 +24,21 @@ def test_each_cell_keeps_its_fastest_round() -> None:
 def test_one_round_is_itself() -> None:
     cells = [_cell("base", 1, 7.7), _cell("vocab", 1, 6.6)]
     assert best_of_rounds([cells]) == cells
+
+
+def test_rounds_reverse_their_order_so_drift_favours_no_one() -> None:
+    assert round_order(0, False, False) == ["vllm", "molora", "offline"]
+    assert round_order(1, False, False) == ["offline", "molora", "vllm"]
+    assert round_order(1, True, True) == ["molora"]
+
+
+def test_per_round_ratios_pair_cells_within_their_own_round() -> None:
+    run = {
+        "molora": {"rounds": [[_cell("base", 8, 40.0)], [_cell("base", 8, 60.0)]]},
+        "vllm": {"rounds": [[_cell("base", 8, 50.0)], [_cell("base", 8, 50.0)]]},
+        "offline": {"rounds": [[_cell("base", 8, 80.0)]]},
+    }
+    assert per_round_ratios(run) == [
+        {"round": 0, "mode": "base", "concurrency": 8, "vs_vllm": 0.8, "kept": 0.5},
+        {"round": 1, "mode": "base", "concurrency": 8, "vs_vllm": 1.2},
+    ]
