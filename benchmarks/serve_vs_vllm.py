@@ -253,7 +253,7 @@ def replica_layout() -> dict[str, Any]:
     return {"num_replicas": dep["num_replicas"], **dep["ray_actor_options"]}
 
 
-def _session_processes(proc: subprocess.Popen) -> list[tuple[str, float, int]]:
+def session_processes(proc: subprocess.Popen) -> list[tuple[str, float, int]]:
     """("label pid", CPU seconds so far, nice) of every process in the server's session. A Ray
     worker is labelled by its command's first word (ray::ServeReplica:..., ray::ProxyActor)."""
     out = []
@@ -280,7 +280,7 @@ def _session_processes(proc: subprocess.Popen) -> list[tuple[str, float, int]]:
 def priorities(proc: subprocess.Popen) -> dict[str, int]:
     """Nice value of each busy process the server started (its session), as evidence that both
     servers computed at the same priority: {"name pid": nice} for processes with >1 s of CPU."""
-    return {label: nice for label, cpu_s, nice in _session_processes(proc) if cpu_s > 1}
+    return {label: nice for label, cpu_s, nice in session_processes(proc) if cpu_s > 1}
 
 
 class CpuMeter:
@@ -309,7 +309,7 @@ class CpuMeter:
     def _server(self) -> dict[str, float]:
         if self.proc is None:
             return {}
-        return {label: cpu_s for label, cpu_s, _ in _session_processes(self.proc)}
+        return {label: cpu_s for label, cpu_s, _ in session_processes(self.proc)}
 
 
 def machine() -> dict[str, Any]:
