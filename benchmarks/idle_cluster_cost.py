@@ -30,12 +30,12 @@ from typing import Any
 
 import httpx
 
-from benchmarks import serve_offline
 from benchmarks.report import write_json
 from benchmarks.serve_vs_vllm import (
     MOLORA_PORT,
     machine,
     make_assets,
+    measure_offline,
     molora_config,
     replica_layout,
     session_processes,
@@ -79,12 +79,8 @@ def healthy(timeout_s: float = 60) -> bool:
     return False
 
 
-def measure_offline(store: Path, dtype: str) -> dict[tuple[int, str], float]:
-    layout = replica_layout()
-    rows = serve_offline.measure(
-        store, dtype, CELLS, ["base"], int(layout["num_replicas"]),
-        max(1, round(float(layout.get("num_cpus", 1)))),
-    )  # fmt: skip
+def offline_base(store: Path, dtype: str) -> dict[tuple[int, str], float]:
+    rows = measure_offline(store, dtype, CELLS, ["base"])
     return {(r["concurrency"], r["mode"]): r["tok_per_s"] for r in rows}
 
 
@@ -137,11 +133,11 @@ def main() -> None:
             for condition in order:
                 if condition == "frozen":
                     with frozen(proc) as n:
-                        tps = measure_offline(store, args.dtype)
+                        tps = offline_base(store, args.dtype)
                     result["frozen_processes"] = n
                     result["healthy_after_thaw"] = healthy()
                 else:
-                    tps = measure_offline(store, args.dtype)
+                    tps = offline_base(store, args.dtype)
                 result[condition] = {f"c={c}": v for (c, _), v in tps.items()}
             rounds.append(result)
             print(result, flush=True)

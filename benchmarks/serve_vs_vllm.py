@@ -253,6 +253,16 @@ def replica_layout() -> dict[str, Any]:
     return {"num_replicas": dep["num_replicas"], **dep["ray_actor_options"]}
 
 
+def measure_offline(
+    store: Path, dtype: str, cells: list[tuple[int, int]], mode_names: list[str]
+) -> list[dict[str, Any]]:
+    """The offline engine (no Ray, no HTTP) on the shipped replica layout: the yardstick."""
+    layout = replica_layout()
+    replicas = int(layout["num_replicas"])
+    threads = max(1, round(float(layout.get("num_cpus", 1))))
+    return serve_offline.measure(store, dtype, cells, mode_names, replicas, threads)
+
+
 def session_processes(proc: subprocess.Popen) -> list[tuple[str, float, int]]:
     """("label pid", CPU seconds so far, nice) of every process in the server's session. A Ray
     worker is labelled by its command's first word (ray::ServeReplica:..., ray::ProxyActor)."""
@@ -616,15 +626,8 @@ def main() -> None:
                           round_no == 0)  # fmt: skip
                     run["molora"]["thread_binding"] = molora_binding(log)
                 else:
-                    layout = replica_layout()
-                    offline = run.setdefault("offline", {"layout": layout, "rounds": []})
-                    offline["rounds"].append(
-                        serve_offline.measure(
-                            store, dtype, cells, vllm_modes,
-                            int(layout["num_replicas"]),
-                            max(1, round(float(layout.get("num_cpus", 1)))),
-                        )
-                    )  # fmt: skip
+                    offline = run.setdefault("offline", {"layout": replica_layout(), "rounds": []})
+                    offline["rounds"].append(measure_offline(store, dtype, cells, vllm_modes))
         for server in ("vllm", "molora", "offline"):
             if "rounds" in run.get(server, {}):
                 run[server]["cells"] = best_of_rounds(run[server]["rounds"])
