@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from benchmarks.report import write_json
 from benchmarks.serve_vs_vllm import (
     MOLORA_PORT,
@@ -41,6 +39,7 @@ from benchmarks.serve_vs_vllm import (
     session_processes,
     start_molora,
     stop,
+    wait_up,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,15 +47,10 @@ RESULTS = ROOT / "benchmarks" / "results" / "idle_cluster_cost.json"
 CELLS = [(1, 4), (8, 16), (32, 64)]
 
 
-def session_pids(proc: subprocess.Popen) -> list[int]:
-    """Every process of the server's session: `serve run`, Ray's daemons and its workers."""
-    return [int(label.rsplit(" ", 1)[1]) for label, _, _ in session_processes(proc)]
-
-
 @contextlib.contextmanager
 def frozen(proc: subprocess.Popen):
     """SIGSTOP the server's session for the block, SIGCONT after (even on error)."""
-    pids = session_pids(proc)
+    pids = [p.pid for p in session_processes(proc)]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
@@ -68,20 +62,19 @@ def frozen(proc: subprocess.Popen):
                 os.kill(pid, signal.SIGCONT)
 
 
-def healthy(timeout_s: float = 60) -> bool:
+def healthy(proc: subprocess.Popen) -> bool:
     """The thawed server still answers: freezing Ray whole must not have broken it."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"http://127.0.0.1:{MOLORA_PORT}/health", timeout=5).status_code == 200:
-                return True
-        time.sleep(1)
-    return False
+    try:
+        wait_up(f"http://127.0.0.1:{MOLORA_PORT}/health", proc, timeout_s=60)
+    except RuntimeError:
+        return False
+    return True
 
 
-def offline_base(store: Path, dtype: str) -> dict[tuple[int, str], float]:
+def offline_base(store: Path, dtype: str) -> dict[str, float]:
+    """{"c=N": tok/s} of the offline engine on the base model."""
     rows = measure_offline(store, dtype, CELLS, ["base"])
-    return {(r["concurrency"], r["mode"]): r["tok_per_s"] for r in rows}
+    return {f"c={r['concurrency']}": r["tok_per_s"] for r in rows}
 
 
 def summarize(rounds: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -135,10 +128,10 @@ def main() -> None:
                     with frozen(proc) as n:
                         tps = offline_base(store, args.dtype)
                     result["frozen_processes"] = n
-                    result["healthy_after_thaw"] = healthy()
+                    result["healthy_after_thaw"] = healthy(proc)
                 else:
                     tps = offline_base(store, args.dtype)
-                result[condition] = {f"c={c}": v for (c, _), v in tps.items()}
+                result[condition] = tps
             rounds.append(result)
             print(result, flush=True)
     finally:

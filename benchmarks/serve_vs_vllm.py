@@ -39,7 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import yaml
@@ -263,9 +263,15 @@ def measure_offline(
     return serve_offline.measure(store, dtype, cells, mode_names, replicas, threads)
 
 
-def session_processes(proc: subprocess.Popen) -> list[tuple[str, float, int]]:
-    """("label pid", CPU seconds so far, nice) of every process in the server's session. A Ray
-    worker is labelled by its command's first word (ray::ServeReplica:..., ray::ProxyActor)."""
+class SessionProcess(NamedTuple):
+    label: str  # "name pid"; a Ray worker is named by its command's first word (ray::...)
+    pid: int
+    cpu_s: float  # CPU seconds so far
+    nice: int
+
+
+def session_processes(proc: subprocess.Popen) -> list[SessionProcess]:
+    """Every process in the server's session: `serve run`, Ray's daemons and its workers."""
     out = []
     tick = os.sysconf("SC_CLK_TCK")
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -283,14 +289,15 @@ def session_processes(proc: subprocess.Popen) -> list[tuple[str, float, int]]:
             word[:60] if word.startswith("ray::") else text[text.index("(") + 1 : text.rindex(")")]
         )
         cpu_s = (int(fields[11]) + int(fields[12])) / tick
-        out.append((f"{name} {stat.parent.name}", cpu_s, int(fields[16])))
+        pid = int(stat.parent.name)
+        out.append(SessionProcess(f"{name} {pid}", pid, cpu_s, int(fields[16])))
     return out
 
 
 def priorities(proc: subprocess.Popen) -> dict[str, int]:
     """Nice value of each busy process the server started (its session), as evidence that both
     servers computed at the same priority: {"name pid": nice} for processes with >1 s of CPU."""
-    return {label: nice for label, cpu_s, nice in session_processes(proc) if cpu_s > 1}
+    return {p.label: p.nice for p in session_processes(proc) if p.cpu_s > 1}
 
 
 class CpuMeter:
@@ -319,7 +326,7 @@ class CpuMeter:
     def _server(self) -> dict[str, float]:
         if self.proc is None:
             return {}
-        return {label: cpu_s for label, cpu_s, _ in session_processes(self.proc)}
+        return {p.label: p.cpu_s for p in session_processes(self.proc)}
 
 
 def machine() -> dict[str, Any]:
@@ -606,7 +613,9 @@ def main() -> None:
     runs: dict[str, Any] = {}
     for dtype in args.dtypes:
         run: dict[str, Any] = {}
-        vllm_modes = [m for m in ("base", "single", "mixed") if m in only]
+        shared_modes = [
+            m for m in ("base", "single", "mixed") if m in only
+        ]  # every side runs these
         our_modes = [m for m in modes(vocab_split) if m in only]
         for round_no in range(args.rounds):
             for server in round_order(round_no, args.skip_vllm, args.skip_offline):
@@ -615,7 +624,7 @@ def main() -> None:
                 elif server == "vllm":
                     log = work / f"vllm_{dtype}.log"
                     proc = start_vllm(vllm_python, model_dir, work, dtype, log)
-                    phase(run, "vllm", proc, VLLM_PORT, vllm_modes, cells, vocab_split,
+                    phase(run, "vllm", proc, VLLM_PORT, shared_modes, cells, vocab_split,
                           round_no == 0)  # fmt: skip
                     run["vllm"]["thread_binding"] = vllm_binding(log)
                 elif server == "molora":
@@ -627,7 +636,7 @@ def main() -> None:
                     run["molora"]["thread_binding"] = molora_binding(log)
                 else:
                     offline = run.setdefault("offline", {"layout": replica_layout(), "rounds": []})
-                    offline["rounds"].append(measure_offline(store, dtype, cells, vllm_modes))
+                    offline["rounds"].append(measure_offline(store, dtype, cells, shared_modes))
         for server in ("vllm", "molora", "offline"):
             if "rounds" in run.get(server, {}):
                 run[server]["cells"] = best_of_rounds(run[server]["rounds"])
