@@ -164,20 +164,28 @@ def wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
     raise RuntimeError(f"{url} did not answer within {timeout_s} s")
 
 
-def stop(proc: subprocess.Popen, grace_s: float = 20) -> None:
-    """SIGINT the server's process group (serve run shuts Ray down on it), then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def stop(proc: subprocess.Popen, grace_s: float = 20, linger_s: float = 30) -> None:
+    """SIGINT the server's process group (serve run shuts Ray down on it), then SIGKILL; then
+    wait for the rest of its session. Ray's workers outlive `serve run` for a while, and an HTTP
+    proxy still on the port would answer the next server's health check and then vanish (a
+    MoLoRA round right after a MoLoRA round once measured 0 tok/s: connection refused)."""
+    if proc.poll() is None:
+        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    deadline = time.monotonic() + linger_s
+    while (left := session_processes(proc, alive_only=True)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for p in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGKILL)
 
 
 def start_vllm(python: Path, model_dir: Path, work: Path, dtype: str, log: Path):
@@ -270,8 +278,9 @@ class SessionProcess(NamedTuple):
     nice: int
 
 
-def session_processes(proc: subprocess.Popen) -> list[SessionProcess]:
-    """Every process in the server's session: `serve run`, Ray's daemons and its workers."""
+def session_processes(proc: subprocess.Popen, alive_only: bool = False) -> list[SessionProcess]:
+    """Every process in the server's session: `serve run`, Ray's daemons and its workers
+    (`alive_only`: not the exited ones no parent has reaped yet)."""
     out = []
     tick = os.sysconf("SC_CLK_TCK")
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -279,6 +288,8 @@ def session_processes(proc: subprocess.Popen) -> list[SessionProcess]:
             text = stat.read_text()
             fields = text[text.rindex(")") + 2 :].split()
             if int(fields[3]) != proc.pid:  # another session: its command line is not read
+                continue
+            if alive_only and fields[0] in ("Z", "X"):
                 continue
             word = (
                 (stat.parent / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")

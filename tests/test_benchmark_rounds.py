@@ -1,8 +1,18 @@
-"""The endpoint benchmark: best round per cell, rounds in reversed order, per-round ratios."""
+"""The endpoint benchmark: best round per cell, rounds in reversed order, per-round ratios, and
+a stopped server leaves nothing behind."""
 
 from __future__ import annotations
 
-from benchmarks.serve_vs_vllm import best_of_rounds, per_round_ratios, round_order
+import subprocess
+import time
+
+from benchmarks.serve_vs_vllm import (
+    best_of_rounds,
+    per_round_ratios,
+    round_order,
+    session_processes,
+    stop,
+)
 
 
 def _cell(mode: str, c: int, tok_s: float) -> dict:
@@ -42,3 +52,19 @@ def test_per_round_ratios_pair_cells_within_their_own_round() -> None:
         {"round": 0, "mode": "base", "concurrency": 8, "vs_vllm": 0.8, "kept": 0.5},
         {"round": 1, "mode": "base", "concurrency": 8, "vs_vllm": 1.2},
     ]
+
+
+def test_stop_leaves_nothing_of_the_session_behind() -> None:
+    """A child that shrugs off SIGINT and SIGTERM (as Ray's workers may for a while) is gone
+    when stop() returns, so the next server cannot meet the last one's port holder."""
+    proc = subprocess.Popen(
+        ["sh", "-c", "(trap '' INT TERM; sleep 60) & exec sleep 60"], start_new_session=True
+    )
+    deadline = time.monotonic() + 10
+    while len(session_processes(proc, alive_only=True)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(session_processes(proc, alive_only=True)) == 2
+    stop(proc, grace_s=1, linger_s=1)
+    time.sleep(0.2)  # SIGKILL is delivered at once; reaping by init may take a moment
+    assert proc.returncode is not None
+    assert session_processes(proc, alive_only=True) == []
