@@ -65,6 +65,8 @@ def test_stop_leaves_nothing_of_the_session_behind() -> None:
         time.sleep(0.05)
     assert len(session_processes(proc, alive_only=True)) == 2
     stop(proc, grace_s=1, linger_s=1)
-    time.sleep(0.2)  # SIGKILL is delivered at once; reaping by init may take a moment
     assert proc.returncode is not None
+    deadline = time.monotonic() + 5  # a SIGKILLed process ends when next scheduled
+    while session_processes(proc, alive_only=True) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert session_processes(proc, alive_only=True) == []
