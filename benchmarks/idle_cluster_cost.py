@@ -50,7 +50,7 @@ CELLS = [(1, 4), (8, 16), (32, 64)]
 @contextlib.contextmanager
 def frozen(proc: subprocess.Popen):
     """SIGSTOP the server's session for the block, SIGCONT after (even on error)."""
-    pids = [p.pid for p in session_processes(proc)]
+    pids = [p.pid for p in session_processes(proc, alive_only=True)]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)

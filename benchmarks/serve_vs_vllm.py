@@ -624,9 +624,8 @@ def main() -> None:
     runs: dict[str, Any] = {}
     for dtype in args.dtypes:
         run: dict[str, Any] = {}
-        shared_modes = [
-            m for m in ("base", "single", "mixed") if m in only
-        ]  # every side runs these
+        # The modes every side (vLLM, MoLoRA, offline) runs; ours adds the MoLoRA-only routes.
+        shared_modes = [m for m in ("base", "single", "mixed") if m in only]
         our_modes = [m for m in modes(vocab_split) if m in only]
         for round_no in range(args.rounds):
             for server in round_order(round_no, args.skip_vllm, args.skip_offline):
