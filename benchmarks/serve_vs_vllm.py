@@ -236,7 +236,11 @@ def molora_config(store: Path, dtype: str, path: Path) -> Path:
     return path
 
 
-def start_molora(config: Path, log: Path) -> subprocess.Popen:
+def start_molora(
+    config: Path, log: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """`serve run config` in a session of its own; `extra_env` reaches the cluster it starts
+    (Serve's controller reads some settings only from there)."""
     # Ray starts its workers at nice 15 by default; vLLM runs at the caller's priority. Both
     # servers compute at the same priority, else any other process on the box (the client
     # included) takes its CPU from MoLoRA first.
@@ -245,6 +249,7 @@ def start_molora(config: Path, log: Path) -> subprocess.Popen:
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "PYTHONPATH": str(ROOT),
         "RAY_worker_niceness": "0",
+        **(extra_env or {}),
     }
     serve = Path(sys.executable).parent / "serve"
     out = log.open("w")
