@@ -139,6 +139,11 @@ def _hit_rate() -> str:
     return f"{hits} / clamp_min({hits} + {misses}, 1e-9)"
 
 
+def _full_collections() -> str:
+    """Generation-2 collections per second (the histogram's `+Inf` bucket counts them all)."""
+    return _rate(m.GC_PAUSE, 'generation="2"', 'le="+Inf"', suffix="_bucket")
+
+
 def _tier_hit_rate() -> str:
     hits = f"sum by (tier) ({_rate(m.TIER_HITS)})"
     misses = f"sum by (tier) ({_rate(m.TIER_MISSES)})"
@@ -421,6 +426,25 @@ def _rows() -> list[tuple[str, list[ts_b.Panel | stat_b.Panel]]]:
                         ),
                     ],
                     width=24,
+                ),
+            ],
+        ),
+        (
+            "Garbage collector",
+            [
+                _timeseries(
+                    "GC pause",
+                    "p50 / p90 / p99 of one garbage collection in a router or model replica, "
+                    "by generation; the process holds the GIL throughout (no step, no token).",
+                    "s",
+                    _percentiles(m.GC_PAUSE, "generation"),
+                ),
+                _timeseries(
+                    "Full collections",
+                    "Generation-2 collections per second, per replica: the long pauses that "
+                    "freezing the start-up heap keeps short.",
+                    "ops",
+                    [Query(f"sum by (replica) ({_full_collections()})", "{{replica}}")],
                 ),
             ],
         ),

@@ -36,6 +36,7 @@ from deployments.admin import YankBody
 from deployments.auth import Principal
 from deployments.config import REPO_ROOT, ServeConfig
 from deployments.errors import status_of
+from deployments.heap import GcPauseMeter, freeze_startup_heap
 from deployments.images import ImageOutput, ImagePartError, request_images, wants_images
 from deployments.json_guard import BodyError, parse_body
 from deployments.logprobs import chat_logprobs, completion_logprobs, mean_logprob
@@ -406,6 +407,9 @@ class Router:
         )
         self.access = Access(self.cfg.server, self.cfg.engine.max_num_seqs, REPO_ROOT)
         self.access.announce()
+        freeze_startup_heap("router")
+        # A daemon thread: it ends with this process, nothing to stop.
+        self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
 
     def _open_channel(self, replica: str) -> Any:
         """This router's stream channel from one model replica (deployments/stream_channel.py)."""

@@ -14,6 +14,7 @@ from deployments import metric_names as names
 
 LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+GC_BUCKETS = [0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
 LOAD_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 
@@ -142,3 +143,18 @@ def load_stage_latency() -> serve_metrics.Histogram:
         boundaries=LOAD_BUCKETS,
         tag_keys=("stage",),
     )
+
+
+@cache
+def gc_pause() -> serve_metrics.Histogram:
+    return serve_metrics.Histogram(
+        names.GC_PAUSE,
+        description="seconds the process stood still in one garbage collection (GIL held)",
+        boundaries=GC_BUCKETS,
+        tag_keys=("generation",),
+    )
+
+
+def record_gc_pause(generation: int, seconds: float) -> None:
+    """`heap.GcPauseMeter`'s sink."""
+    gc_pause().observe(seconds, tags={"generation": str(generation)})

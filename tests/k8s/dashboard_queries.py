@@ -7,7 +7,7 @@ import re
 from deployments import dashboard
 from deployments import metric_names as m
 
-HISTOGRAMS = {m.TTFT, m.INTER_TOKEN, m.HOTSET_LOAD_LATENCY, m.LOAD_STAGE_LATENCY}
+HISTOGRAMS = {m.TTFT, m.INTER_TOKEN, m.HOTSET_LOAD_LATENCY, m.LOAD_STAGE_LATENCY, m.GC_PAUSE}
 
 
 def targets(board: dict) -> list[dict]:
