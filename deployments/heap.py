@@ -1,17 +1,17 @@
-"""Python's garbage collector in a serving process: freeze start-up's heap, meter every pause.
+"""Python's garbage collector in a serving process: time every pause, for the dashboard.
 
-A model replica holds ~460K GC-tracked objects once its engine is up (torch, Ray, FastAPI,
-pydantic, the tokenizer), a router ~270K. A full (generation-2) collection walks all of them
-while holding the GIL: measured during the endpoint benchmark on the 2-core box, 285 ms in the
-replica (no step runs: every stream stalls) and 217 ms in the router (no token moves). Python
-runs one whenever what survived since the last is a quarter of what lives, here every few
-minutes under load. `gc.freeze()` once start-up is done moves those objects to the permanent
-generation, which collections skip; what serving allocates later is still collected.
+A full (generation-2) collection walks every object the collector tracks while holding the
+GIL: in a model replica no decode step runs meanwhile, in a router no token moves. A replica
+tracks ~400K objects once its engine is up (torch, Ray, FastAPI, pydantic, the tokenizer): one
+full collection over them took 233 ms on the 2-core box (`benchmarks/gc_pauses.py`). Ray Serve
+(2.60) collects and `gc.freeze()`s a replica's heap once its constructor has returned
+(`RAY_SERVE_FREEZE_GC_ON_STARTUP`, on by default; leave it on), which puts those objects out of
+later collections' reach: the same collection then took 0.003 ms. What serving allocates
+afterwards is still collected, and those pauses are what `GcPauseMeter` reports.
 
-`GcPauseMeter` times every collection (a `gc.callbacks` hook) so the pauses are on the
-dashboard. The hook only appends to a deque: it runs inside whatever allocation triggered
-the collection, possibly under a lock that recording a metric would take again, so a daemon
-thread hands the pauses to the metric sink every few seconds instead.
+The meter hooks `gc.callbacks`. The hook only appends to a deque: it runs inside whatever
+allocation triggered the collection, possibly under a lock that recording a metric would take
+again, so a daemon thread hands the pauses to the metric sink every few seconds instead.
 """
 
 from __future__ import annotations
@@ -30,25 +30,6 @@ FLUSH_PERIOD_S = 5.0
 MAX_PENDING = 10_000  # pauses kept between flushes (the oldest are dropped beyond that)
 
 PauseSink = Callable[[int, float], None]  # (generation, seconds)
-
-
-def freeze_startup_heap(role: str) -> int:
-    """Collect once, then move every surviving object out of future collections' reach.
-
-    Call when a process has finished starting (weights, tokenizer, imports are in place);
-    returns how many objects were frozen.
-    """
-    start = time.perf_counter()
-    gc.collect()
-    gc.freeze()
-    frozen = gc.get_freeze_count()
-    logger.info(
-        "%s: froze %d start-up objects out of the garbage collector's reach (%.0f ms)",
-        role,
-        frozen,
-        (time.perf_counter() - start) * 1000,
-    )
-    return frozen
 
 
 class GcPauseMeter:

@@ -36,7 +36,7 @@ from deployments.admin import YankBody
 from deployments.auth import Principal
 from deployments.config import REPO_ROOT, ServeConfig
 from deployments.errors import status_of
-from deployments.heap import GcPauseMeter, freeze_startup_heap
+from deployments.heap import GcPauseMeter
 from deployments.images import ImageOutput, ImagePartError, request_images, wants_images
 from deployments.json_guard import BodyError, parse_body
 from deployments.logprobs import chat_logprobs, completion_logprobs, mean_logprob
@@ -407,7 +407,6 @@ class Router:
         )
         self.access = Access(self.cfg.server, self.cfg.engine.max_num_seqs, REPO_ROOT)
         self.access.announce()
-        freeze_startup_heap("router")
         # A daemon thread: it ends with this process, nothing to stop.
         self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
 

@@ -25,7 +25,7 @@ from deployments import metrics
 from deployments.choices import choice_requests, merged_choices
 from deployments.config import ServeConfig
 from deployments.errors import error_item, output_error, stopped_item
-from deployments.heap import GcPauseMeter, freeze_startup_heap
+from deployments.heap import GcPauseMeter
 from deployments.logprobs import logprob_items, prompt_items
 from deployments.placement import base_name
 from deployments.replica_protocol import (
@@ -158,7 +158,6 @@ class ModelReplica:
         self._last_counters: dict[str, int] = {}
         self._experts: dict[str, list[str]] = {}
         self._metrics_task = asyncio.get_running_loop().create_task(self._export_metrics())
-        freeze_startup_heap("model replica")  # weights, tokenizer and imports are in place
         self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
 
     # -- serving ----------------------------------------------------------------------------

@@ -1,45 +1,25 @@
-"""The serving processes' garbage-collector handling (deployments/heap.py), without Ray."""
+"""The serving processes' garbage-collector handling (deployments/heap.py)."""
 
 from __future__ import annotations
 
 import gc
 import threading
-import weakref
-from collections.abc import Iterator
+from pathlib import Path
 
-import pytest
+from deployments.heap import GcPauseMeter
 
-from deployments.heap import GcPauseMeter, freeze_startup_heap
-
-
-@pytest.fixture
-def unfrozen() -> Iterator[None]:
-    """Give the test process its collector back as it was."""
-    yield
-    gc.unfreeze()
+REPO = Path(__file__).resolve().parents[2]
 
 
-class Cycle:
-    """A reference cycle: only the cyclic collector frees it."""
+def test_serve_freezes_the_startup_heap_and_no_shipped_config_turns_that_off() -> None:
+    """Ray Serve's freeze after the constructor is what keeps full collections short
+    (deployments/heap.py); a shipped config must not switch it off."""
+    from ray.serve._private import constants
 
-    def __init__(self) -> None:
-        self.me = self
-
-
-def test_freeze_moves_startup_objects_out_of_reach_but_later_garbage_is_collected(
-    unfrozen: None,
-) -> None:
-    startup = [Cycle() for _ in range(1000)]
-    frozen = freeze_startup_heap("test")
-    assert frozen == gc.get_freeze_count() >= 1000
-    assert startup[0].me is startup[0]  # frozen objects stay alive and usable
-    assert not any(isinstance(o, Cycle) for o in gc.get_objects())  # no collection walks them
-
-    later = Cycle()
-    ref = weakref.ref(later)
-    del later
-    gc.collect()
-    assert ref() is None, "garbage made after the freeze is still collected"
+    assert constants.RAY_SERVE_FREEZE_GC_ON_STARTUP
+    shipped = [REPO / "serve_config.yaml", *sorted((REPO / "k8s").rglob("*.yaml"))]
+    for path in shipped:
+        assert "RAY_SERVE_FREEZE_GC_ON_STARTUP" not in path.read_text(), path
 
 
 def test_meter_hands_every_pause_to_the_sink_from_its_own_thread() -> None:
