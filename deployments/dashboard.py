@@ -441,8 +441,8 @@ def _rows() -> list[tuple[str, list[ts_b.Panel | stat_b.Panel]]]:
                 ),
                 _timeseries(
                     "Full collections",
-                    "Generation-2 collections per second, per replica: the long pauses that "
-                    "freezing the start-up heap keeps short.",
+                    "Generation-2 collections per second, per replica. Each replica's first is "
+                    "Ray Serve's own at start-up, before it freezes the start-up heap.",
                     "ops",
                     [Query(f"sum by (replica) ({_full_collections()})", "{{replica}}")],
                 ),

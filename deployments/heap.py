@@ -7,7 +7,8 @@ full collection over them took 233 ms on the 2-core box (`benchmarks/gc_pauses.p
 (2.60) collects and `gc.freeze()`s a replica's heap once its constructor has returned
 (`RAY_SERVE_FREEZE_GC_ON_STARTUP`, on by default; leave it on), which puts those objects out of
 later collections' reach: the same collection then took 0.003 ms. What serving allocates
-afterwards is still collected, and those pauses are what `GcPauseMeter` reports.
+afterwards is still collected. `GcPauseMeter` reports those pauses, and Serve's start-up
+collection once per process (the meter starts in the constructor, before it).
 
 The meter hooks `gc.callbacks`. The hook only appends to a deque: it runs inside whatever
 allocation triggered the collection, possibly under a lock that recording a metric would take
