@@ -34,34 +34,11 @@ def _full_collections(repeats: int) -> list[float]:
     return times
 
 
-def _serve_steps(engine: Any, names: list[str], steps: int, offset: int) -> None:
-    """Decode a batch of 8 routed requests for `steps` steps (serving's own allocations)."""
-    import torch
-
-    from molora_runtime.engine.llm import as_route
-    from molora_runtime.engine.types import GenerationRequest, SamplingParams
-
-    gen = torch.Generator().manual_seed(offset)
-    for i in range(8):
-        engine.add_request(
-            GenerationRequest(
-                request_id=f"r{offset + i}",
-                prompt_token_ids=torch.randint(100, 20000, (24,), generator=gen).tolist(),
-                route=as_route(names[i % len(names)]),
-                sampling=SamplingParams(max_tokens=steps, ignore_eos=True),
-            )
-        )
-    deadline = time.monotonic() + 300
-    while engine.has_work() and time.monotonic() < deadline:
-        engine.step()
-        if not engine.running:  # adapters still loading in the background
-            time.sleep(0.01)
-
-
 def measure(repeats: int, steps: int) -> dict[str, Any]:
     for module in ("deployments.ingress", "deployments.replica"):  # a replica's imports
         importlib.import_module(module)
     from benchmarks.decode_step import SMOLLM2_SHAPE
+    from benchmarks.decode_step import measure as serve_decode_steps  # keeps a batch decoding
     from molora_runtime.config import EngineConfig, HotSetConfig
     from molora_runtime.engine.engine import LLMEngine
     from molora_runtime.lora.source import DirectorySource
@@ -83,13 +60,13 @@ def measure(repeats: int, steps: int) -> dict[str, Any]:
             hot_set=HotSetConfig(num_slots=4, max_rank=8, allow_base_mismatch=True),
         )
         engine = LLMEngine(config, DirectorySource(adapters))
-        _serve_steps(engine, names, steps, 0)
+        serve_decode_steps(engine, names, batch=8, steps=steps, max_tokens=steps)
         before_objects = len(gc.get_objects())
         before = _full_collections(repeats)
         gc.collect()  # as Ray Serve does after the constructor
         gc.freeze()
         frozen = gc.get_freeze_count()
-        _serve_steps(engine, names, steps, 100)
+        serve_decode_steps(engine, names, batch=8, steps=steps, max_tokens=steps)
         after_objects = len(gc.get_objects())
         after = _full_collections(repeats)
         gc.unfreeze()

@@ -6,7 +6,7 @@ tracks ~400K objects once its engine is up (torch, Ray, FastAPI, pydantic, the t
 full collection over them took 233 ms on the 2-core box (`benchmarks/gc_pauses.py`). Ray Serve
 (2.60) collects and `gc.freeze()`s a replica's heap once its constructor has returned
 (`RAY_SERVE_FREEZE_GC_ON_STARTUP`, on by default; leave it on), which puts those objects out of
-later collections' reach: the same collection then took 0.003 ms. What serving allocates
+later collections' reach: the same collection then took under 0.01 ms. What serving allocates
 afterwards is still collected. `GcPauseMeter` reports those pauses, and Serve's start-up
 collection once per process (the meter starts in the constructor, before it).
 
