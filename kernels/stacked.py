@@ -75,10 +75,19 @@ def routed_lora_stacked_group(
     of `out`. `expanded_weights [T, S·n·r]` is `slot_weight_matrix` at rank n·r.
     """
     h = x @ A_flat.t()
-    h = h * expanded_weights.to(h.dtype)
-    n = len(member_Bt)
-    per_member = h.view(h.shape[0], h.shape[1] // (n * rank), n, rank)  # [T, S, n, r]
+    T, n = h.shape[0], len(member_Bt)
+    slots = h.shape[1] // (n * rank)
+    # Scale and regroup member-major in one op: member i's rank rows of every slot become one
+    # column block of `by_member`, which its expand reads as a strided matrix without a copy
+    # (slot-major, each member would need a copy of its own rows: n ops instead of one).
+    h_view = h.view(T, slots, n, rank).transpose(1, 2)
+    w_view = expanded_weights.to(h.dtype).view(T, slots, n, rank).transpose(1, 2)
+    if torch.is_grad_enabled() and (h.requires_grad or w_view.requires_grad):
+        by_member = (h_view * w_view).contiguous()  # `out=` does not differentiate
+    else:
+        by_member = torch.empty(T, n, slots, rank, dtype=h.dtype, device=h.device)
+        torch.mul(h_view, w_view, out=by_member)
+    by_member = by_member.view(T, n, slots * rank)
     for i, (bt_flat, first_col) in enumerate(member_Bt):
-        h_i = per_member[:, :, i].reshape(h.shape[0], bt_flat.shape[0])  # [T, S·r]: its rows
-        out[:, first_col : first_col + bt_flat.shape[1]].addmm_(h_i, bt_flat)
+        out[:, first_col : first_col + bt_flat.shape[1]].addmm_(by_member[:, i], bt_flat)
     return out

@@ -65,6 +65,10 @@ class GroupLoRABuffers:
             else:
                 self.members.append(None)
             col += width
+        # (A_flat, member pairs) of one layer's slot range, made once (see `LoRABuffers`)
+        self._delta_views: dict[
+            tuple[int, int, int], tuple[torch.Tensor, list[tuple[torch.Tensor, int]]]
+        ] = {}
 
     @property
     def rank(self) -> int:
@@ -100,8 +104,12 @@ class GroupLoRABuffers:
     ) -> torch.Tensor:  # fmt: skip
         """Add the group's routed delta of `x` to the fused output `out`: one shrink, one
         expand per targeted member."""
-        A = self.A[layer, first : first + count].reshape(count * self.rank, -1)
-        pairs = self.member_pairs(layer, first, count)
+        key = (layer, first, count)
+        views = self._delta_views.get(key)
+        if views is None:
+            A = self.A[layer, first : first + count].reshape(count * self.rank, -1)
+            views = self._delta_views[key] = (A, self.member_pairs(layer, first, count))
+        A, pairs = views
         return routed_lora_stacked_group(x, A, pairs, self.member_rank, expanded, out)
 
     @property

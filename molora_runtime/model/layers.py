@@ -137,6 +137,9 @@ class LoRABuffers:
         self.B = B  # kernel layout: B; stacked layout: Bt
         self.stacked = stacked
         self.packed_pairs = PackedPairs()  # oneDNN copies of stacked pairs (CPU bf16)
+        # Views of one layer's slot range, made once: a decode step asks for the same few
+        # ranges in every layer, and each view costs a dispatch or three (the buffers never move).
+        self._stacked_views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def allocate(
@@ -175,10 +178,14 @@ class LoRABuffers:
     def stacked_pair(self, layer: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`A_flat [count·r, d_in]`, `Bt_flat [count·r, d_out]` over slots first..first+count-1."""
         assert self.stacked, "only the stacked layout has contiguous per-layer slot blocks"
-        r = self.rank
-        A = self.A[layer, first : first + count].reshape(count * r, -1)
-        Bt = self.B[layer, first : first + count].reshape(count * r, -1)
-        return A, Bt
+        key = (layer, first, count)
+        views = self._stacked_views.get(key)
+        if views is None:
+            r = self.rank
+            A = self.A[layer, first : first + count].reshape(count * r, -1)
+            Bt = self.B[layer, first : first + count].reshape(count * r, -1)
+            views = self._stacked_views[key] = (A, Bt)
+        return views
 
     def add_stacked_delta(
         self, x: torch.Tensor, out: torch.Tensor, layer: int, first: int, count: int,

@@ -198,3 +198,37 @@ def test_group_block_pair_adds_what_the_per_member_expand_adds() -> None:
     got = group.add_stacked_delta(x, torch.zeros(7, 13), 1, 1, 3, expanded)
     assert_matches(got, want)
     assert got[:, 6:8].abs().sum() == 0 and got[:, :6].abs().sum() > 0
+
+
+def test_stacked_deltas_see_slots_written_after_their_views_were_cached() -> None:
+    """A member's and a group's stacked delta keep their slot-range views between steps; an
+    adapter loaded into a slot afterwards must still be what the next step multiplies."""
+    from kernels.stacked import slot_weight_matrix
+
+    g = torch.Generator().manual_seed(5)
+    group = GroupLoRABuffers(4, 2, 3, 10, [6, 2, 5], [True, False, True], torch.float32, CPU)
+    single = LoRABuffers.allocate(4, 2, 3, 10, 7, torch.float32, CPU, stacked=True)
+    x = torch.randn(5, 10, generator=g)
+    ids = torch.tensor([[1], [2], [3], [2], [1]])
+    w = torch.ones(5, 1)
+
+    def deltas() -> tuple[torch.Tensor, torch.Tensor]:
+        ew = slot_weight_matrix(ids, w, 1, 3, group.rank)
+        got_group = group.add_stacked_delta(x, torch.zeros(5, 13), 1, 1, 3, ew)
+        ew = slot_weight_matrix(ids, w, 1, 3, single.rank)
+        return got_group, single.add_stacked_delta(x, torch.zeros(5, 7), 1, 1, 3, ew)
+
+    assert all(d.abs().sum() == 0 for d in deltas())  # empty slots: views cached here
+    for s in (1, 2, 3):
+        for m in [*(m for m in group.members if m is not None), single]:
+            m.write(
+                s, 1, torch.randn(3, 10, generator=g), torch.randn(m.B.shape[-1], 3, generator=g)
+            )
+    got_group, got_single = deltas()
+    A, B = single.kernel_pair(1)
+    assert_matches(got_single, routed_lora_dense(x, A, B, ids, w))
+    for m, col in zip(group.members, (0, 6, 8), strict=True):
+        if m is None:
+            continue
+        A, B = m.kernel_pair(1)
+        assert_matches(got_group[:, col : col + B.shape[1]], routed_lora_dense(x, A, B, ids, w))

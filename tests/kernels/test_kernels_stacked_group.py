@@ -60,3 +60,30 @@ def test_group_expand_matches_block_structured_twin(
     for c, w in zip(cols, widths, strict=True):
         untouched[c : c + w] = False
     assert torch.equal(got[:, untouched], base[:, untouched])  # only members' columns move
+
+
+def test_group_expand_differentiates_like_its_twin() -> None:
+    """Under autograd the regrouping cannot write into a buffer (`out=`); the gradients with
+    respect to the input and the A rows must still be the twin's."""
+    g = torch.Generator().manual_seed(7)
+    count, n, r, d_in, widths = 3, 2, 4, 9, [5, 6]
+    A_flat = torch.randn(count * n * r, d_in, generator=g)
+    member_Bt = [torch.randn(count * r, w, generator=g) for w in widths]
+    block = torch.zeros(count, n * r, sum(widths))
+    block[:, :r, :5] = member_Bt[0].view(count, r, -1)
+    block[:, r:, 5:] = member_Bt[1].view(count, r, -1)
+    slot_ids = torch.randint(0, count + 2, (6, 1), generator=g)
+    expanded = slot_weight_matrix(slot_ids, torch.rand(6, 1, generator=g), 1, count, n * r)
+    x = torch.randn(6, d_in, generator=g)
+    grads = []
+    for group in (True, False):
+        xg, ag = x.clone().requires_grad_(), A_flat.clone().requires_grad_()
+        if group:
+            y = routed_lora_stacked_group(xg, ag, [(member_Bt[0], 0), (member_Bt[1], 5)], r,
+                                          expanded, torch.zeros(6, 11))  # fmt: skip
+        else:
+            y = routed_lora_stacked(xg, ag, block.reshape(count * n * r, -1), expanded)
+        y.square().sum().backward()
+        grads.append((xg.grad, ag.grad))
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want)
