@@ -163,7 +163,7 @@ def _report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> 
             "rank": args.rank,
             "rounds_done": min(len(rs) for rs in runs.values()),
             "note": "rounds alternate before/after in separate processes; ops = torch profiler "
-            "events of one decode step (nested aten ops included); shared 2-core box at nice 19",
+            "events of one decode step (nested aten ops included)",
             "summary": summary,
         },
     )
