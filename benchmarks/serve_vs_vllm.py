@@ -6,8 +6,10 @@ same run. vLLM (`make vllm-env`) computes with its OpenMP threads bound to every
 (`VLLM_CPU_OMP_THREADS_BIND=0-N`); MoLoRA runs one model replica owning every core. Cells:
 concurrency 1/8/32 × base, one adapter, 4 adapters (one per request), and for MoLoRA also a
 learned top-2 composition over the 4 and a vocabulary route. Per cell: output tok/s, TTFT
-p50/p99, inter-token latency p50/p99. Before timing, each server answers one prompt greedily on
-the base model and on every adapter: the texts must differ (LoRA is really applied). Each
+p50/p99, inter-token latency p50/p99. Before timing, each server answers 4 prompts greedily
+(one request at a time) on the base model and on every adapter: each adapter must change at
+least one text (LoRA is really applied), and `greedy_agreement` counts the texts MoLoRA and vLLM
+produced identically (the same model, adapters and fp32 greedy decoding should agree). Each
 server's thread binding is recorded from its own log / replica stats as evidence. The offline
 engine on the same workload and replica layout (`benchmarks.serve_offline`: no Ray, no HTTP) is
 the yardstick for what the serving layer keeps ("kept" = endpoint ÷ offline).
@@ -469,15 +471,42 @@ async def run_cell(port: int, models: list[tuple[str, dict | None]], conc: int, 
     }
 
 
+SANITY_PROMPTS = 4  # greedy texts per model in the sanity check (sequential: deterministic)
+
+
 async def sanity(port: int) -> dict[str, Any]:
-    """Greedy text of one prompt on the base model and on each adapter (must all differ)."""
+    """Greedy texts of the first prompts on the base model and on each adapter. An adapter whose
+    texts all equal the base model's is not shown to be applied: these small random adapters
+    leave some prompts' greedy text unchanged, so one prompt is not enough evidence."""
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    texts = {}
+    texts: dict[str, list[str]] = {}
     async with httpx.AsyncClient(timeout=300) as client:
         for model in ["base", *ADAPTERS]:
-            s = await one(client, url, request_body(model, PROMPTS[0], None))
-            texts[model] = s.text if s.error is None else f"ERROR {s.error}"
-    return {"distinct": len(set(texts.values())), "of": len(texts), "texts": texts}
+            texts[model] = []
+            for prompt in PROMPTS[:SANITY_PROMPTS]:
+                s = await one(client, url, request_body(model, prompt, None))
+                texts[model].append(s.text if s.error is None else f"ERROR {s.error}")
+    return {
+        "adapters_applied": [a for a in ADAPTERS if texts[a] != texts["base"]],
+        "of": len(ADAPTERS),
+        "texts": texts,
+    }
+
+
+def agreement(run: dict[str, Any]) -> dict[str, Any] | None:
+    """Which (model, prompt) greedy texts MoLoRA and vLLM produced identically."""
+    ours = run.get("molora", {}).get("sanity", {}).get("texts")
+    theirs = run.get("vllm", {}).get("sanity", {}).get("texts")
+    if not ours or not theirs:
+        return None
+    same, total = [], 0
+    for model, texts in ours.items():
+        for i, text in enumerate(texts):
+            total += 1
+            peer = theirs.get(model, [])
+            if i < len(peer) and peer[i] == text and not text.startswith("ERROR"):
+                same.append(f"{model}/{i}")
+    return {"identical": len(same), "of": total, "which": same}
 
 
 def modes(vocab_split: int) -> dict[str, list[tuple[str, dict | None]]]:
@@ -662,10 +691,19 @@ def main() -> None:
             if "rounds" in run.get(server, {}):
                 run[server]["cells"] = best_of_rounds(run[server]["rounds"])
         run["per_round"] = per_round_ratios(run)
+        run["greedy_agreement"] = agreement(run)
         runs[dtype] = run
     table = summarize(runs)
     print("\n".join(table))
     for dtype, run in runs.items():
+        for server in ("vllm", "molora"):
+            check = run.get(server, {}).get("sanity")
+            if check:
+                print(f"{dtype} {server}: adapters that change a greedy text: "
+                      f"{check['adapters_applied']} of {check['of']}")  # fmt: skip
+        if run["greedy_agreement"]:
+            a = run["greedy_agreement"]
+            print(f"{dtype}: greedy texts identical to vLLM's: {a['identical']} of {a['of']}")
         for r in run["per_round"]:
             print(f"{dtype} round {r['round']} {r['mode']} c={r['concurrency']}: "
                   f"vs vLLM {r.get('vs_vllm', '-')}, kept {r.get('kept', '-')}")  # fmt: skip
