@@ -1,5 +1,5 @@
-"""The endpoint benchmark: best round per cell, rounds in reversed order, per-round ratios, and
-a stopped server leaves nothing behind."""
+"""The endpoint benchmark: best round per cell, rounds in reversed order, per-round ratios, the
+greedy agreement of the two servers, and a stopped server leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import subprocess
 import time
 
 from benchmarks.serve_vs_vllm import (
+    agreement,
     best_of_rounds,
     per_round_ratios,
     round_order,
@@ -70,3 +71,11 @@ def test_stop_leaves_nothing_of_the_session_behind() -> None:
     while session_processes(proc, alive_only=True) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert session_processes(proc, alive_only=True) == []
+
+
+def test_greedy_agreement_counts_identical_texts_and_never_errors() -> None:
+    ours = {"base": ["x", "y"], "a": ["ERROR 503", "z"]}
+    theirs = {"base": ["x", "Y"], "a": ["ERROR 503"]}
+    run = {"molora": {"sanity": {"texts": ours}}, "vllm": {"sanity": {"texts": theirs}}}
+    assert agreement(run) == {"identical": 1, "of": 4, "which": ["base/0"]}
+    assert agreement({"molora": run["molora"], "vllm": {"skipped": "no vLLM"}}) is None
