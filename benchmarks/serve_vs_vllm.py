@@ -486,11 +486,14 @@ async def sanity(port: int) -> dict[str, Any]:
             for prompt in PROMPTS[:SANITY_PROMPTS]:
                 s = await one(client, url, request_body(model, prompt, None))
                 texts[model].append(s.text if s.error is None else f"ERROR {s.error}")
-    return {
-        "adapters_applied": [a for a in ADAPTERS if texts[a] != texts["base"]],
-        "of": len(ADAPTERS),
-        "texts": texts,
-    }
+    return {"adapters_applied": adapters_applied(texts), "of": len(ADAPTERS), "texts": texts}
+
+
+def adapters_applied(texts: dict[str, list[str]]) -> list[str]:
+    """The adapters whose greedy texts differ from the base model's, both answered without an
+    error (an adapter that failed changed nothing)."""
+    failed = {m for m, ts in texts.items() if any(t.startswith("ERROR") for t in ts)}
+    return [a for a in ADAPTERS if texts[a] != texts["base"] and not failed & {a, "base"}]
 
 
 def agreement(run: dict[str, Any]) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ import subprocess
 import time
 
 from benchmarks.serve_vs_vllm import (
+    adapters_applied,
     agreement,
     best_of_rounds,
     per_round_ratios,
@@ -79,3 +80,10 @@ def test_greedy_agreement_counts_identical_texts_and_never_errors() -> None:
     run = {"molora": {"sanity": {"texts": ours}}, "vllm": {"sanity": {"texts": theirs}}}
     assert agreement(run) == {"identical": 1, "of": 4, "which": ["base/0"]}
     assert agreement({"molora": run["molora"], "vllm": {"skipped": "no vLLM"}}) is None
+
+
+def test_an_adapter_counts_as_applied_only_when_it_changed_a_text_without_an_error() -> None:
+    texts = {"base": ["x", "y"], "a": ["x", "Y"], "b": ["x", "y"], "c": ["ERROR 404", "y"]}
+    texts["d"] = ["z", "z"]
+    assert adapters_applied(texts) == ["a", "d"]
+    assert adapters_applied({**texts, "base": ["ERROR 503", "y"]}) == []
