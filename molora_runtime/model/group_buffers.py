@@ -65,8 +65,8 @@ class GroupLoRABuffers:
             else:
                 self.members.append(None)
             col += width
-        # (A_flat, member pairs) of one layer's slot range, made once (see `LoRABuffers`)
-        self._delta_views: dict[
+        # `slot_views` per (layer, first, count): the buffers never move (see `LoRABuffers`)
+        self._slot_views: dict[
             tuple[int, int, int], tuple[torch.Tensor, list[tuple[torch.Tensor, int]]]
         ] = {}
 
@@ -79,21 +79,35 @@ class GroupLoRABuffers:
     def nbytes(self) -> int:
         return (self.A.numel() + self.Bt.numel()) * self.A.element_size()
 
+    def slot_views(
+        self, layer: int, first: int, count: int
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, int]]]:
+        """`A_flat [count·n·r, d_in]` of one layer's slot range and each targeted member's
+        `Bt_flat [count·r, w]` with its first output column: views, made once per range."""
+        key = (layer, first, count)
+        views = self._slot_views.get(key)
+        if views is None:
+            rows = count * self.member_rank
+            A = self.A[layer, first : first + count].reshape(count * self.rank, -1)
+            pairs = [
+                (m.B[layer, first : first + count].reshape(rows, -1), col)
+                for m, col in self._expanders
+            ]
+            views = self._slot_views[key] = (A, pairs)
+        return views
+
     def member_pairs(self, layer: int, first: int, count: int) -> list[tuple[torch.Tensor, int]]:
         """Each targeted member's `Bt_flat [count·r, w]` (a view) and its first output column."""
-        rows = count * self.member_rank
-        return [
-            (m.B[layer, first : first + count].reshape(rows, -1), col) for m, col in self._expanders
-        ]
+        return self.slot_views(layer, first, count)[1]
 
     def stacked_pair(self, layer: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`A_flat [count·n·r, d_in]` (a view) and the block-structured `Bt_flat [count·n·r, D]`
         (a copy: member i's rows are non-zero only in its own columns), for a one-GEMM expand
         (the oneDNN-packed bf16 path, which packs it once per slot-buffer version)."""
         r = self.member_rank
-        A = self.A[layer, first : first + count].reshape(count * self.rank, -1)
+        A, pairs = self.slot_views(layer, first, count)
         Bt = torch.zeros(count, self.rank, self.width, dtype=self.Bt.dtype, device=self.Bt.device)
-        for i, (bt_flat, col) in enumerate(self.member_pairs(layer, first, count)):
+        for i, (bt_flat, col) in enumerate(pairs):
             block = bt_flat.view(count, r, -1)
             Bt[:, i * r : (i + 1) * r, col : col + block.shape[-1]] = block
         return A, Bt.reshape(count * self.rank, self.width)
@@ -104,12 +118,7 @@ class GroupLoRABuffers:
     ) -> torch.Tensor:  # fmt: skip
         """Add the group's routed delta of `x` to the fused output `out`: one shrink, one
         expand per targeted member."""
-        key = (layer, first, count)
-        views = self._delta_views.get(key)
-        if views is None:
-            A = self.A[layer, first : first + count].reshape(count * self.rank, -1)
-            views = self._delta_views[key] = (A, self.member_pairs(layer, first, count))
-        A, pairs = views
+        A, pairs = self.slot_views(layer, first, count)
         return routed_lora_stacked_group(x, A, pairs, self.member_rank, expanded, out)
 
     @property
