@@ -26,6 +26,10 @@ install: $(STAMP)
 
 models: install
 	$(VENV)/bin/molora models prepare
+	# The fp32 CPU panel GEMM (kernels/csrc) is compiled once per source hash into a user cache;
+	# building it here keeps the first request fast. It never fails: without g++ or AVX2 the
+	# engine uses oneDNN.
+	$(PY) -m kernels.cpu_panel_gemm
 
 serve: models
 	# A local single-machine server: Ray on loopback with Ray's token auth, on by default for a new

@@ -15,7 +15,7 @@ from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.attention_meta import CacheAttention, DenseAttention, KVCache
 from molora_runtime.model.layers import FusedLinear, LoRALinear, RMSNorm, RotaryEmbedding, Rotation
 from molora_runtime.model.lora_context import LoRAContext
-from molora_runtime.model.packed_linear import linear, pack_weight
+from molora_runtime.model.packed_linear import PackedWeight, linear, pack_weight
 from molora_runtime.model.paged_decode import paged_decode
 
 AttentionMeta = CacheAttention | DenseAttention
@@ -154,10 +154,10 @@ class CausalLM(nn.Module):
         self.rope = RotaryEmbedding(
             arch.head_dim, max_positions or arch.max_position_embeddings, arch.rope
         )
-        self.packed_head: torch.Tensor | None = None
+        self.packed_head: PackedWeight | None = None
 
     def pack_cpu_weights(self) -> None:
-        """Pack every base GEMM's weight for oneDNN once (CPU serving; see `packed_linear`).
+        """Pack every base GEMM's weight once (CPU serving; see `packed_linear`).
         Call after the weights are loaded and fused; they must not change afterwards."""
         fused = self.fused_groups()
         in_group = {id(member) for f in fused for member in f.members}

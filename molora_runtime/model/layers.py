@@ -14,6 +14,7 @@ from molora_runtime.model.arch import RopeConfig
 from molora_runtime.model.lora_context import LoRAContext
 from molora_runtime.model.packed_linear import (
     PackedPairs,
+    PackedWeight,
     linear,
     pack_weight,
     packed_ready,
@@ -234,7 +235,7 @@ class LoRALinear(nn.Module):
         self.name = name
         self.layer = layer
         self.lora: LoRABuffers | None = None  # attached by the hot-set
-        self.packed: torch.Tensor | None = None  # oneDNN copy of `weight` (CPU serving)
+        self.packed: PackedWeight | None = None  # packed copy of `weight` (CPU serving)
 
     def pack(self) -> None:
         self.packed = pack_weight(self.weight)
@@ -273,7 +274,7 @@ class FusedLinear(nn.Module):
         self.register_buffer("weight", None, persistent=False)
         self.register_buffer("bias", None, persistent=False)
         self.splits = [m.weight.shape[0] for m in members]
-        self.packed: torch.Tensor | None = None  # oneDNN copy of the fused weight (CPU serving)
+        self.packed: PackedWeight | None = None  # packed copy of the fused weight (CPU serving)
         self.lora: GroupLoRABuffers | None = None  # stacked group layout (CPU hot-set)
 
     @property

@@ -1,0 +1,101 @@
+"""The CPU panel GEMM (`kernels.cpu_panel_gemm`) equals its twin, `F.linear`, over random shapes
+(row counts across the 6-row tile and its remainders, widths across the 16-column panel and a
+padded last panel, strided input rows, with and without bias); it refuses what it cannot run
+rather than read past a buffer; and where this CPU and a compiler can run it, it is built, not
+silently skipped."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels import cpu_panel_gemm as pg
+
+needs_kernel = pytest.mark.skipif(not pg.available(), reason="no AVX2/FMA CPU or no C++ compiler")
+
+
+def test_kernel_is_built_wherever_it_can_run() -> None:
+    can_build = pg.cpu_supported() and any(shutil.which(c) for c in ("c++", "g++", "clang++"))
+    assert pg.available() == can_build
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    m=st.integers(0, 40),
+    n=st.integers(1, 70),
+    k=st.integers(1, 100),
+    row_gap=st.integers(0, 7),
+    with_bias=st.booleans(),
+)
+def test_panel_linear_matches_its_twin(
+    seed: int, m: int, n: int, k: int, row_gap: int, with_bias: bool
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(n, k, generator=g)
+    wide = torch.randn(m, k + row_gap, generator=g)
+    x = wide[:, :k]  # rows `k + row_gap` apart: the kernel reads the row stride, no copy
+    bias = torch.randn(n, generator=g) if with_bias else None
+    got = pg.panel_linear(x, pg.pack(weight), bias)
+    want = pg.panel_linear_reference(x, weight, bias)
+    assert got.shape == want.shape == (m, n)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * k**0.5)
+
+
+@needs_kernel
+def test_column_strided_input_is_made_contiguous_not_misread() -> None:
+    weight = torch.randn(24, 10)
+    x = torch.randn(10, 5).t()  # stride (1, 5): the kernel needs unit stride along features
+    torch.testing.assert_close(pg.panel_linear(x, pg.pack(weight)), x @ weight.t())
+
+
+@needs_kernel
+def test_bad_inputs_are_refused_before_the_kernel_reads_them() -> None:
+    packed = pg.pack(torch.randn(20, 8))
+    with pytest.raises(ValueError, match="features"):
+        pg.panel_linear(torch.randn(3, 9), packed)
+    with pytest.raises(ValueError, match="fp32"):
+        pg.panel_linear(torch.randn(3, 8, dtype=torch.float64), packed)
+    with pytest.raises(ValueError, match="2-D"):
+        pg.panel_linear(torch.randn(2, 3, 8), packed)
+    with pytest.raises(ValueError, match="fp32"):
+        pg.pack(torch.randn(4, 4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="panels must be"):  # a layout the kernel would overrun
+        pg.PanelWeight(panels=torch.zeros(1, 8, 16), out_features=20, in_features=8)
+    with pytest.raises(ValueError, match="panels must be"):
+        pg.PanelWeight(panels=torch.zeros(2, 16, 8).transpose(1, 2), out_features=20, in_features=8)
+
+
+def test_a_failing_compiler_is_reported_with_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "broken-c++"
+    fake.write_text("#!/bin/sh\necho 'fatal: no such target' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="no such target"):
+        pg.build()
+    assert not list((tmp_path / "cache").glob("*"))  # no half-written library left behind
+
+
+@needs_kernel
+def test_build_goes_to_the_configured_cache_and_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path))
+    first = pg.build()
+    assert first.parent == tmp_path and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert pg.build() == first and first.stat().st_mtime_ns == stamp
+
+
+def test_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(pg.SWITCH_ENV, "0")
+    assert not pg.available()

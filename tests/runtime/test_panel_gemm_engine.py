@@ -1,0 +1,71 @@
+"""An fp32 CPU engine serves its base GEMMs on the panel kernel (`kernels.cpu_panel_gemm`): every
+base weight and the LM head are packed as panels, the kernel really runs, and mixed-adapter
+requests get the same tokens and logprobs as with the kernel switched off (oneDNN)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import cpu_panel_gemm
+from kernels.cpu_panel_gemm import PanelWeight
+from molora_runtime.engine.types import SamplingParams
+from molora_runtime.model.layers import FusedLinear, LoRALinear
+from tests.runtime.rt_util import build_engine, random_prompts, request, run_to_completion
+
+pytestmark = pytest.mark.skipif(
+    not cpu_panel_gemm.available(), reason="no AVX2/FMA CPU or no C++ compiler"
+)
+
+
+def _serve(tiny_llama: Path, tiny_adapters: dict[str, Path]) -> tuple[dict[str, dict], object]:
+    engine = build_engine(tiny_llama, tiny_adapters, dtype="float32", hot_set={"num_slots": 3})
+    prompts = random_prompts(5, 256, [6, 11, 3, 9, 4], seed=3)
+    routes = ["a", "b", "a:0.5,c:0.5", None, "c"]
+    sampling = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
+    reqs = [
+        request(f"r{i}", p, route, sampling=sampling)
+        for i, (p, route) in enumerate(zip(prompts, routes, strict=True))
+    ]
+    return run_to_completion(engine, reqs), engine.model
+
+
+def _base_packs(model: torch.nn.Module) -> list[object]:
+    fused = [m for m in model.modules() if isinstance(m, FusedLinear)]
+    members = {id(member) for f in fused for member in f.members}
+    plain = [m for m in model.modules() if isinstance(m, LoRALinear) and id(m) not in members]
+    return [m.packed for m in (*fused, *plain)]
+
+
+def test_fp32_engine_runs_on_panels_and_matches_onednn(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+    real = cpu_panel_gemm.panel_linear
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_panel_gemm, "panel_linear", counting)
+    panel, model = _serve(tiny_llama, tiny_adapters)
+    packs = _base_packs(model)
+    assert packs and all(isinstance(p, PanelWeight) for p in packs)
+    assert isinstance(model.packed_head, PanelWeight)
+    assert calls, "the fp32 CPU engine never ran the panel GEMM"
+
+    monkeypatch.setenv(cpu_panel_gemm.SWITCH_ENV, "0")
+    onednn, model = _serve(tiny_llama, tiny_adapters)
+    assert not any(isinstance(p, PanelWeight) for p in _base_packs(model))
+    for rid, want in onednn.items():
+        got = panel[rid]
+        assert got["error"] is None and want["error"] is None
+        assert got["tokens"] == want["tokens"], rid
+        lp_got = [o.logprobs[0].logprob for o in got["outputs"] if o.logprobs]
+        lp_want = [o.logprobs[0].logprob for o in want["outputs"] if o.logprobs]
+        assert len(lp_got) == len(lp_want) == len(want["tokens"])
+        torch.testing.assert_close(
+            torch.tensor(lp_got), torch.tensor(lp_want), rtol=1e-4, atol=1e-4
+        )
