@@ -1,10 +1,17 @@
-"""Small-M fp32 GEMM for CPU serving: `y = x @ W.T` on weights packed once into 16-column panels.
+"""Small-M GEMM for CPU serving: `y = x @ W.T` on fp32 or bf16 weights packed once into 16-column
+panels, accumulated in fp32.
 
 A decode step multiplies a few token rows by every weight of the model, so each GEMM streams its
 weight from DRAM once and the kernel's job is to keep up with memory. oneDNN's fp32 kernel does
 not at small M. Side by side on the 2-core AVX2 dev box (60 SmolLM2-135M projections, 212 MB,
 streamed; median of 6; oneDNN on weights it packed once): 8 rows 8.7 vs 12.9 ms (24 vs 16 GB/s),
 1 row 4.9 vs 7.7 ms, 32 rows 21.8 vs 28.8 ms, 1024 rows (prefill) 574 vs 667 ms.
+bf16 panels stream half the bytes and are widened to fp32 in registers (a shift and a mask per
+16 weights): the same 60 projections on bf16 panels (fp32 input) took 4.3 / 7.7 / 22.3 / 158 ms
+at 1 / 8 / 32 / 256 rows against fp32 panels' 7.8 / 11.5 / 25.5 / 161. On an AVX2 CPU, where
+oneDNN packs no bf16 and a plain bf16 `F.linear` runs ~3x slower than fp32, they are what lets
+a bf16 model serve at all (offline, 4 adapters at 8 / 32 sequences: 36 / 43 -> 105-143 / 158-234
+tok/s).
 
 The C++ source (`csrc/panel_gemm.cpp`) is built with the system C++ compiler at first use (about
 a second) into a cache keyed by the source's hash, and called through ctypes, which releases
@@ -37,6 +44,10 @@ COMPILE_FLAGS = ("-O3", "-std=c++17", "-mavx2", "-mfma", "-fopenmp", "-shared", 
 CACHE_ENV = "MOLORA_KERNEL_CACHE"
 SWITCH_ENV = "MOLORA_CPU_PANEL_GEMM"
 PANEL_WIDTH = 16  # must equal NR in the C++ source; checked against the library at load
+PANEL_DTYPES = (torch.float32, torch.bfloat16)
+# Column order inside a bf16 panel row: j and 8 + j share a 32-bit lane, which the kernel splits
+# into two fp32 registers with a shift and a mask (see load_row in the C++ source).
+BF16_ORDER = [c for j in range(PANEL_WIDTH // 2) for c in (j, PANEL_WIDTH // 2 + j)]
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -45,7 +56,8 @@ _load_attempted = False
 
 @dataclass(frozen=True)
 class PanelWeight:
-    """A weight `[out_features, in_features]` packed as `[ceil(out/16), in, 16]` panels."""
+    """A weight `[out_features, in_features]` packed as `[ceil(out/16), in, 16]` fp32 or bf16
+    panels (bf16 rows in `BF16_ORDER`)."""
 
     panels: torch.Tensor
     out_features: int
@@ -56,8 +68,10 @@ class PanelWeight:
         blocks = -(-self.out_features // PANEL_WIDTH)
         expected = (blocks, self.in_features, PANEL_WIDTH)
         p = self.panels
-        if tuple(p.shape) != expected or p.dtype != torch.float32 or not p.is_contiguous():
-            raise ValueError(f"panels must be contiguous fp32 {expected}, got {tuple(p.shape)}")
+        if tuple(p.shape) != expected or p.dtype not in PANEL_DTYPES or not p.is_contiguous():
+            raise ValueError(
+                f"panels must be contiguous fp32 or bf16 {expected}, got {p.dtype} {tuple(p.shape)}"
+            )
         if p.device.type != "cpu":
             raise ValueError("panels must be on the CPU")
 
@@ -119,6 +133,8 @@ def _open(path: Path) -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.molora_panel_gemm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
     lib.molora_panel_gemm.restype = None
+    lib.molora_panel_gemm_bf16.argtypes = lib.molora_panel_gemm.argtypes
+    lib.molora_panel_gemm_bf16.restype = None
     return lib
 
 
@@ -144,52 +160,65 @@ def available() -> bool:
 
 
 def pack(weight: torch.Tensor) -> PanelWeight:
-    """Panels of a 2-D fp32 CPU weight `[out, in]`, zero-padded to a multiple of 16 rows."""
-    if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
+    """Panels of a 2-D fp32 or bf16 CPU weight `[out, in]` in its own dtype, zero-padded to a
+    multiple of 16 rows."""
+    if weight.dim() != 2 or weight.dtype not in PANEL_DTYPES or weight.device.type != "cpu":
         raise ValueError(
-            f"panel packing needs a 2-D fp32 CPU weight, got {weight.dtype} "
+            f"panel packing needs a 2-D fp32 or bf16 CPU weight, got {weight.dtype} "
             f"{tuple(weight.shape)} on {weight.device}"
         )
     n, k = weight.shape
     blocks = -(-n // PANEL_WIDTH)
     padded = weight.detach().new_zeros(blocks * PANEL_WIDTH, k)
     padded[:n] = weight.detach()
-    panels = padded.view(blocks, PANEL_WIDTH, k).transpose(1, 2).contiguous()
+    grouped = padded.view(blocks, PANEL_WIDTH, k)
+    if weight.dtype == torch.bfloat16:
+        grouped = grouped[:, BF16_ORDER]
+    panels = grouped.transpose(1, 2).contiguous()
     return PanelWeight(panels=panels, out_features=n, in_features=k)
 
 
 def panel_linear(
     x: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """`F.linear(x, W, bias)` for 2-D fp32 CPU `x [M, in]` on `W`'s panels (no autograd)."""
+    """`F.linear(x, W, bias)` for 2-D fp32 or bf16 CPU `x [M, in]` on `W`'s panels (no
+    autograd): products summed in fp32, the result in `x`'s dtype (rounded once, as
+    `F.linear` rounds a bf16 GEMM)."""
     lib = _load()
     if lib is None:
         raise RuntimeError("the CPU panel GEMM is not available here (see `available()`)")
-    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu":
+    if x.dim() != 2 or x.dtype not in PANEL_DTYPES or x.device.type != "cpu":
         raise ValueError(
-            f"panel_linear needs 2-D fp32 CPU input, got {x.dtype} {tuple(x.shape)} on {x.device}"
+            f"panel_linear needs 2-D fp32 or bf16 CPU input, got {x.dtype} {tuple(x.shape)} "
+            f"on {x.device}"
         )
     if x.shape[1] != weight.in_features:
         raise ValueError(f"input has {x.shape[1]} features, the weight takes {weight.in_features}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    m, n = x.shape[0], weight.out_features
+    x32 = x if x.dtype == torch.float32 and x.stride(1) == 1 else x.float().contiguous()
+    m, n = x32.shape[0], weight.out_features
     y = torch.empty(m, n, dtype=torch.float32)
     if m and n:
-        lib.molora_panel_gemm(
-            x.data_ptr(), x.stride(0), weight.panels.data_ptr(), y.data_ptr(), n,
+        kernel = (
+            lib.molora_panel_gemm
+            if weight.panels.dtype == torch.float32
+            else lib.molora_panel_gemm_bf16
+        )
+        kernel(
+            x32.data_ptr(), x32.stride(0), weight.panels.data_ptr(), y.data_ptr(), n,
             m, n, weight.in_features, torch.get_num_threads(),
         )  # fmt: skip
     if bias is not None:
         y.add_(bias)
-    return y
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
 def panel_linear_reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The twin that defines `panel_linear`'s result: PyTorch's own linear."""
-    return F.linear(x, weight, bias)
+    """The twin that defines `panel_linear`'s result: PyTorch's own linear in fp32 on the same
+    values, rounded to `x`'s dtype."""
+    b = None if bias is None else bias.float()
+    return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
 
 if __name__ == "__main__":  # `python -m kernels.cpu_panel_gemm`: build ahead (make install)

@@ -48,7 +48,7 @@ class GroupLoRABuffers:
         hit_widths = [w for w, hit in zip(widths, targeted, strict=True) if hit]
         self.A = torch.zeros(layers, slots, n * rank, d_in, dtype=dtype, device=device)
         self.Bt = torch.zeros(layers, slots * rank * sum(hit_widths), dtype=dtype, device=device)
-        self.packed_pairs = PackedPairs()  # oneDNN copies of stacked pairs (CPU bf16)
+        self.packed_pairs = PackedPairs()  # packed copies of stacked pairs (CPU bf16)
         self.members: list[LoRABuffers | None] = []
         self._expanders: list[tuple[LoRABuffers, int]] = []  # targeted member, first column
         block, col, offset = 0, 0, 0

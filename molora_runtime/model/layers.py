@@ -137,7 +137,7 @@ class LoRABuffers:
         self.A = A
         self.B = B  # kernel layout: B; stacked layout: Bt
         self.stacked = stacked
-        self.packed_pairs = PackedPairs()  # oneDNN copies of stacked pairs (CPU bf16)
+        self.packed_pairs = PackedPairs()  # packed copies of stacked pairs (CPU bf16)
         # Views of one layer's slot range, made once: a decode step asks for the same few
         # ranges in every layer, and each view costs a dispatch or three (the buffers never move).
         self._stacked_views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}

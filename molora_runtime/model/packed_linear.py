@@ -4,9 +4,10 @@
 layout on each call. Packing once at load (as PyTorch's inductor does for frozen CPU graphs)
 measured, per SmolLM2-135M projection on the 2-core dev box: 1.1-1.4x faster in bf16 and
 1.5-3x in fp32 at 32 tokens, ~2x at one token (`/tmp`-free script in the issue-12 note).
-fp32 weights go one step further where the CPU has AVX2/FMA and a compiler: the panel GEMM of
-`kernels.cpu_panel_gemm` runs 1.3-1.5x faster than oneDNN's packed kernel at 1-32 rows and
-~1.15x at prefill sizes; bf16 (and any CPU without it) keeps oneDNN.
+Where the CPU has AVX2/FMA and a compiler, fp32 and bf16 weights go one step further: the panel
+GEMM of `kernels.cpu_panel_gemm` runs fp32 1.3-1.5x faster than oneDNN's packed kernel at 1-32
+rows and ~1.15x at prefill sizes, and bf16 panels (which oneDNN cannot pack on AVX2, where a plain
+bf16 GEMM is ~3x slower than fp32) faster still at decode sizes. Any other CPU keeps oneDNN.
 
 Only the serving forward uses the packed copy: anything that needs autograd through the GEMM,
 any other device and any dtype oneDNN does not pack keeps `F.linear`. The plain weight stays
@@ -41,15 +42,15 @@ def packing_supported(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.float32
 
 
-PackedWeight = torch.Tensor | PanelWeight  # oneDNN's blocked copy, or fp32 panels
+PackedWeight = torch.Tensor | PanelWeight  # oneDNN's blocked copy, or fp32/bf16 panels
 
 
 def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
-    """The packed copy of base weight `weight [out, in]` that `linear` runs fastest on: fp32
-    panels where the panel GEMM runs, else oneDNN's, else None (plain `F.linear`)."""
+    """The packed copy of base weight `weight [out, in]` that `linear` runs fastest on: fp32 or
+    bf16 panels where the panel GEMM runs, else oneDNN's, else None (plain `F.linear`)."""
     if (
         weight.device.type == "cpu"
-        and weight.dtype == torch.float32
+        and weight.dtype in cpu_panel_gemm.PANEL_DTYPES
         and weight.dim() == 2
         and cpu_panel_gemm.available()
     ):
@@ -77,19 +78,28 @@ def linear(
     """`F.linear(x, weight, bias)`, through `packed` when it is safe to."""
     if packed is None or x.dim() != 2 or (torch.is_grad_enabled() and x.requires_grad):
         return F.linear(x, weight, bias)
+    if isinstance(packed, PanelWeight) and x.dtype != weight.dtype:
+        return F.linear(x, weight, bias)  # an autocast or mixed caller: the plain GEMM is correct
+    return packed_gemm(x, packed, bias)
+
+
+def packed_gemm(
+    x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`x @ W.T (+ bias)` for a 2-D serving activation on `W`'s packed copy, either kind."""
     if isinstance(packed, PanelWeight):
-        if x.dtype != torch.float32:  # an autocast or mixed caller: the plain GEMM is correct
-            return F.linear(x, weight, bias)
         return cpu_panel_gemm.panel_linear(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
 class PackedPairs:
-    """oneDNN-packed copies of a layer's stacked LoRA pair (CPU serving), built on first use.
+    """Packed copies (`pack_weight`: panels or oneDNN's) of a layer's stacked LoRA pair (CPU bf16
+    serving), built on first use.
 
-    At decode sizes a LoRA shrink or expand is a tiny GEMM whose time is oneDNN's per-call
-    set-up, not its flops; on a packed weight that set-up is cheaper (mixed 4-adapter bf16 decode
-    step at 16 sequences, 1 thread, interleaved in one process: 55.8 -> 50.5 ms p50). Copies are
+    At decode sizes a LoRA shrink or expand is a tiny GEMM whose time is per-call set-up, not
+    flops; on a packed weight that set-up is cheaper (oneDNN: mixed 4-adapter bf16 decode step
+    at 16 sequences, 1 thread, interleaved in one process: 55.8 -> 50.5 ms p50), and on an AVX2
+    CPU, where oneDNN packs no bf16, the bf16 panels replace a plain bf16 GEMM. Copies are
     keyed by (layer, first slot, slot count) and all dropped when the slot buffers change: any
     in-place write to them (a hot-set load or clear) bumps the tensors' version counter, which
     their views (a group's members) share.
@@ -97,11 +107,11 @@ class PackedPairs:
 
     def __init__(self) -> None:
         self._versions: tuple[int, ...] | None = None
-        self._pairs: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self._pairs: dict[tuple[int, int, int], tuple[PackedWeight, PackedWeight] | None] = {}
 
     def get(
         self, A: torch.Tensor, Bt: torch.Tensor, key: tuple[int, int, int], pair: PairFn
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    ) -> tuple[PackedWeight, PackedWeight] | None:
         """Packed `(A_flat, B_flat)` of `pair()` (`A_flat [S·r, d_in]`, `Bt_flat [S·r, d_out]`)
         for `key`, or None where packing is unsupported; `A`, `Bt` are the whole buffers."""
         versions = (A.data_ptr(), A._version, Bt.data_ptr(), Bt._version)
@@ -110,8 +120,8 @@ class PackedPairs:
             self._versions = versions
         if key not in self._pairs:
             a_flat, bt_flat = pair()
-            a_packed = pack_onednn(a_flat.contiguous())
-            b_packed = pack_onednn(bt_flat.t().contiguous()) if a_packed is not None else None
+            a_packed = pack_weight(a_flat.contiguous())
+            b_packed = pack_weight(bt_flat.t().contiguous()) if a_packed is not None else None
             self._pairs[key] = (a_packed, b_packed) if b_packed is not None else None
         return self._pairs[key]
 
@@ -133,14 +143,13 @@ def packed_ready(x: torch.Tensor) -> bool:
 
 def routed_lora_packed(
     x: torch.Tensor,
-    A_packed: torch.Tensor,
-    B_packed: torch.Tensor,
+    A_packed: PackedWeight,
+    B_packed: PackedWeight,
     expanded_weights: torch.Tensor,
     out: torch.Tensor,
 ) -> torch.Tensor:
     """`kernels.stacked.routed_lora_stacked` (its twin) on packed weights: add the routed
     delta of `x [T, d_in]` to `out [T, d_out]` (which may be a strided view)."""
-    pointwise = torch.ops.mkldnn._linear_pointwise
-    h = pointwise(x.contiguous(), A_packed, None, "none", [], "")
+    h = packed_gemm(x, A_packed)
     h.mul_(expanded_weights.to(h.dtype))
-    return out.add_(pointwise(h, B_packed, None, "none", [], ""))
+    return out.add_(packed_gemm(h, B_packed))

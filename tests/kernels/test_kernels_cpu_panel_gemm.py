@@ -1,6 +1,7 @@
-"""The CPU panel GEMM (`kernels.cpu_panel_gemm`) equals its twin, `F.linear`, over random shapes
-(row counts across the 6-row tile and its remainders, widths across the 16-column panel and a
-padded last panel, strided input rows, with and without bias); it refuses what it cannot run
+"""The CPU panel GEMM (`kernels.cpu_panel_gemm`) equals its twin, `F.linear` in fp32 rounded to the
+input's dtype, over random shapes (row counts across the 6-row tile and its remainders, widths
+across the 16-column panel and a padded last panel, strided input rows, with and without bias;
+fp32 and bf16 panels, fp32 and bf16 inputs); it refuses what it cannot run
 rather than read past a buffer; and where this CPU and a compiler can run it, it is built, not
 silently skipped."""
 
@@ -33,19 +34,42 @@ def test_kernel_is_built_wherever_it_can_run() -> None:
     k=st.integers(1, 100),
     row_gap=st.integers(0, 7),
     with_bias=st.booleans(),
+    weight_dtype=st.sampled_from(pg.PANEL_DTYPES),
+    x_dtype=st.sampled_from(pg.PANEL_DTYPES),
 )
 def test_panel_linear_matches_its_twin(
-    seed: int, m: int, n: int, k: int, row_gap: int, with_bias: bool
+    seed: int,
+    m: int,
+    n: int,
+    k: int,
+    row_gap: int,
+    with_bias: bool,
+    weight_dtype: torch.dtype,
+    x_dtype: torch.dtype,
 ) -> None:
     g = torch.Generator().manual_seed(seed)
-    weight = torch.randn(n, k, generator=g)
-    wide = torch.randn(m, k + row_gap, generator=g)
+    weight = torch.randn(n, k, generator=g).to(weight_dtype)
+    wide = torch.randn(m, k + row_gap, generator=g).to(x_dtype)
     x = wide[:, :k]  # rows `k + row_gap` apart: the kernel reads the row stride, no copy
-    bias = torch.randn(n, generator=g) if with_bias else None
-    got = pg.panel_linear(x, pg.pack(weight), bias)
+    bias = torch.randn(n, generator=g).to(weight_dtype) if with_bias else None
+    packed = pg.pack(weight)
+    assert packed.panels.dtype == weight_dtype  # bf16 stays bf16: half the bytes to stream
+    got = pg.panel_linear(x, packed, bias)
     want = pg.panel_linear_reference(x, weight, bias)
-    assert got.shape == want.shape == (m, n)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * k**0.5)
+    assert got.shape == want.shape == (m, n) and got.dtype == x_dtype
+    if x_dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * k**0.5)
+    else:  # both sum exactly the same products in fp32; rounding to bf16 may differ by one step
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-5 * k**0.5)
+
+
+@needs_kernel
+def test_bf16_panels_widen_every_bit_pattern_exactly() -> None:
+    # one-hot rows pick single weights: the fp32 result must be the bf16 weight itself, exactly
+    weight = torch.randn(37, 19).mul(1e3).to(torch.bfloat16)
+    weight[0, :3] = torch.tensor([3e38, -3e38, 2**-100], dtype=torch.bfloat16)  # range ends
+    got = pg.panel_linear(torch.eye(19), pg.pack(weight))
+    assert torch.equal(got, weight.float().t())
 
 
 @needs_kernel
@@ -64,8 +88,8 @@ def test_bad_inputs_are_refused_before_the_kernel_reads_them() -> None:
         pg.panel_linear(torch.randn(3, 8, dtype=torch.float64), packed)
     with pytest.raises(ValueError, match="2-D"):
         pg.panel_linear(torch.randn(2, 3, 8), packed)
-    with pytest.raises(ValueError, match="fp32"):
-        pg.pack(torch.randn(4, 4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="fp32 or bf16"):
+        pg.pack(torch.randn(4, 4, dtype=torch.float16))
     with pytest.raises(ValueError, match="panels must be"):  # a layout the kernel would overrun
         pg.PanelWeight(panels=torch.zeros(1, 8, 16), out_features=20, in_features=8)
     with pytest.raises(ValueError, match="panels must be"):

@@ -1,6 +1,7 @@
-"""An fp32 CPU engine serves its base GEMMs on the panel kernel (`kernels.cpu_panel_gemm`): every
-base weight and the LM head are packed as panels, the kernel really runs, and mixed-adapter
-requests get the same tokens and logprobs as with the kernel switched off (oneDNN)."""
+"""An fp32 or bf16 CPU engine serves its base GEMMs on the panel kernel (`kernels.cpu_panel_gemm`):
+every base weight and the LM head are packed as panels of the model's dtype, the kernel really
+runs, and mixed-adapter requests get the same tokens and logprobs as with the kernel switched off
+(oneDNN in fp32, plain bf16 `F.linear` in bf16)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _serve(tiny_llama: Path, tiny_adapters: dict[str, Path]) -> tuple[dict[str, dict], object]:
-    engine = build_engine(tiny_llama, tiny_adapters, dtype="float32", hot_set={"num_slots": 3})
+def _serve(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], dtype: str
+) -> tuple[dict[str, dict], object]:
+    engine = build_engine(tiny_llama, tiny_adapters, dtype=dtype, hot_set={"num_slots": 3})
     prompts = random_prompts(5, 256, [6, 11, 3, 9, 4], seed=3)
     routes = ["a", "b", "a:0.5,c:0.5", None, "c"]
     sampling = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
@@ -39,8 +42,16 @@ def _base_packs(model: torch.nn.Module) -> list[object]:
     return [m.packed for m in (*fused, *plain)]
 
 
-def test_fp32_engine_runs_on_panels_and_matches_onednn(
-    tiny_llama: Path, tiny_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("dtype", "tolerance"),
+    [("float32", 1e-4), ("bfloat16", 5e-2)],  # bf16: both sum in fp32, in another order
+)
+def test_cpu_engine_runs_on_panels_and_matches_the_plain_path(
+    tiny_llama: Path,
+    tiny_adapters: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: str,
+    tolerance: float,
 ) -> None:
     calls = []
     real = cpu_panel_gemm.panel_linear
@@ -50,14 +61,14 @@ def test_fp32_engine_runs_on_panels_and_matches_onednn(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cpu_panel_gemm, "panel_linear", counting)
-    panel, model = _serve(tiny_llama, tiny_adapters)
-    packs = _base_packs(model)
-    assert packs and all(isinstance(p, PanelWeight) for p in packs)
-    assert isinstance(model.packed_head, PanelWeight)
+    panel, model = _serve(tiny_llama, tiny_adapters, dtype)
+    packs = [*_base_packs(model), model.packed_head]
+    assert all(isinstance(p, PanelWeight) for p in packs)
+    assert all(p.panels.dtype == getattr(torch, dtype) for p in packs)
     assert calls, "the fp32 CPU engine never ran the panel GEMM"
 
     monkeypatch.setenv(cpu_panel_gemm.SWITCH_ENV, "0")
-    onednn, model = _serve(tiny_llama, tiny_adapters)
+    onednn, model = _serve(tiny_llama, tiny_adapters, dtype)
     assert not any(isinstance(p, PanelWeight) for p in _base_packs(model))
     for rid, want in onednn.items():
         got = panel[rid]
@@ -67,5 +78,5 @@ def test_fp32_engine_runs_on_panels_and_matches_onednn(
         lp_want = [o.logprobs[0].logprob for o in want["outputs"] if o.logprobs]
         assert len(lp_got) == len(lp_want) == len(want["tokens"])
         torch.testing.assert_close(
-            torch.tensor(lp_got), torch.tensor(lp_want), rtol=1e-4, atol=1e-4
+            torch.tensor(lp_got), torch.tensor(lp_want), rtol=tolerance, atol=tolerance
         )
