@@ -188,6 +188,38 @@ def random_prompts(n: int, vocab: int, lengths: Iterable[int], seed: int = 0) ->
     ]
 
 
+def count_calls(monkeypatch: Any, owner: Any, name: str) -> list[int]:
+    """Wrap `owner.name` (for the test's duration) so each call appends to the returned list:
+    proof that a fast path was really taken, not just available."""
+    calls: list[int] = []
+    real = getattr(owner, name)
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
+
+
+def assert_same_generations(
+    got: dict[str, dict[str, Any]], want: dict[str, dict[str, Any]], tolerance: float
+) -> None:
+    """Two `run_to_completion` results (requests with `logprobs=0`): no errors, the same tokens,
+    and each sampled token's logprob within `tolerance`."""
+    assert got.keys() == want.keys()
+    for rid, expected in want.items():
+        result = got[rid]
+        assert result["error"] is None and expected["error"] is None
+        assert result["tokens"] == expected["tokens"], rid
+        lp_got = [o.logprobs[0].logprob for o in result["outputs"] if o.logprobs]
+        lp_want = [o.logprobs[0].logprob for o in expected["outputs"] if o.logprobs]
+        assert len(lp_got) == len(lp_want) == len(expected["tokens"])
+        torch.testing.assert_close(
+            torch.tensor(lp_got), torch.tensor(lp_want), rtol=tolerance, atol=tolerance
+        )
+
+
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2))
 

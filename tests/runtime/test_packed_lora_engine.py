@@ -11,7 +11,14 @@ import torch
 import molora_runtime.model.layers as layers
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.model.packed_linear import pack_weight
-from tests.runtime.rt_util import build_engine, random_prompts, request, run_to_completion
+from tests.runtime.rt_util import (
+    assert_same_generations,
+    build_engine,
+    count_calls,
+    random_prompts,
+    request,
+    run_to_completion,
+)
 
 pytestmark = pytest.mark.skipif(
     pack_weight(torch.zeros(8, 8, dtype=torch.bfloat16)) is None,
@@ -34,25 +41,8 @@ def _run(tiny_llama: Path, tiny_adapters: dict[str, Path]) -> dict[str, dict]:
 def test_packed_and_plain_lora_gemms_serve_the_same_tokens(
     tiny_llama: Path, tiny_adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    used = []
-    real = layers.routed_lora_packed
-
-    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
-        used.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(layers, "routed_lora_packed", counting)
+    used = count_calls(monkeypatch, layers, "routed_lora_packed")
     packed = _run(tiny_llama, tiny_adapters)
     assert used, "the bf16 CPU engine never took the packed LoRA path"
     monkeypatch.setattr(layers, "packed_ready", lambda x: False)
-    plain = _run(tiny_llama, tiny_adapters)
-    for rid, want in plain.items():
-        got = packed[rid]
-        assert got["error"] is None and want["error"] is None
-        assert got["tokens"] == want["tokens"], rid
-        lp_got = [o.logprobs[0].logprob for o in got["outputs"] if o.logprobs]
-        lp_want = [o.logprobs[0].logprob for o in want["outputs"] if o.logprobs]
-        assert len(lp_got) == len(lp_want) == len(want["tokens"])
-        torch.testing.assert_close(
-            torch.tensor(lp_got), torch.tensor(lp_want), rtol=0.05, atol=0.05
-        )
+    assert_same_generations(packed, _run(tiny_llama, tiny_adapters), tolerance=0.05)

@@ -14,7 +14,14 @@ from kernels import cpu_panel_gemm
 from kernels.cpu_panel_gemm import PanelWeight
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.model.layers import FusedLinear, LoRALinear
-from tests.runtime.rt_util import build_engine, random_prompts, request, run_to_completion
+from tests.runtime.rt_util import (
+    assert_same_generations,
+    build_engine,
+    count_calls,
+    random_prompts,
+    request,
+    run_to_completion,
+)
 
 pytestmark = pytest.mark.skipif(
     not cpu_panel_gemm.available(), reason="no AVX2/FMA CPU or no C++ compiler"
@@ -53,30 +60,14 @@ def test_cpu_engine_runs_on_panels_and_matches_the_plain_path(
     dtype: str,
     tolerance: float,
 ) -> None:
-    calls = []
-    real = cpu_panel_gemm.panel_linear
-
-    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cpu_panel_gemm, "panel_linear", counting)
+    calls = count_calls(monkeypatch, cpu_panel_gemm, "panel_linear")
     panel, model = _serve(tiny_llama, tiny_adapters, dtype)
     packs = [*_base_packs(model), model.packed_head]
     assert all(isinstance(p, PanelWeight) for p in packs)
     assert all(p.panels.dtype == getattr(torch, dtype) for p in packs)
-    assert calls, "the fp32 CPU engine never ran the panel GEMM"
+    assert calls, "the CPU engine never ran the panel GEMM"
 
     monkeypatch.setenv(cpu_panel_gemm.SWITCH_ENV, "0")
-    onednn, model = _serve(tiny_llama, tiny_adapters, dtype)
+    plain, model = _serve(tiny_llama, tiny_adapters, dtype)
     assert not any(isinstance(p, PanelWeight) for p in _base_packs(model))
-    for rid, want in onednn.items():
-        got = panel[rid]
-        assert got["error"] is None and want["error"] is None
-        assert got["tokens"] == want["tokens"], rid
-        lp_got = [o.logprobs[0].logprob for o in got["outputs"] if o.logprobs]
-        lp_want = [o.logprobs[0].logprob for o in want["outputs"] if o.logprobs]
-        assert len(lp_got) == len(lp_want) == len(want["tokens"])
-        torch.testing.assert_close(
-            torch.tensor(lp_got), torch.tensor(lp_want), rtol=tolerance, atol=tolerance
-        )
+    assert_same_generations(panel, plain, tolerance)
