@@ -55,7 +55,7 @@ class LLMEngine:
             self.model_path, self.dtype, self.device, max_positions=config.max_model_len
         )
         if self.device.type == "cpu":
-            self.model.pack_cpu_weights()
+            log.info("CPU base GEMMs run on %s", self.model.pack_cpu_weights())
         self.arch = arch = self.model.arch
         self.model_id = config.model
         self.tokenizer = load_tokenizer(self.model_path)

@@ -15,7 +15,7 @@ from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.attention_meta import CacheAttention, DenseAttention, KVCache
 from molora_runtime.model.layers import FusedLinear, LoRALinear, RMSNorm, RotaryEmbedding, Rotation
 from molora_runtime.model.lora_context import LoRAContext
-from molora_runtime.model.packed_linear import PackedWeight, linear, pack_weight
+from molora_runtime.model.packed_linear import PackedWeight, linear, pack_weight, packed_kind
 from molora_runtime.model.paged_decode import paged_decode
 
 AttentionMeta = CacheAttention | DenseAttention
@@ -156,9 +156,10 @@ class CausalLM(nn.Module):
         )
         self.packed_head: PackedWeight | None = None
 
-    def pack_cpu_weights(self) -> None:
-        """Pack every base GEMM's weight once (CPU serving; see `packed_linear`).
-        Call after the weights are loaded and fused; they must not change afterwards."""
+    def pack_cpu_weights(self) -> str:
+        """Pack every base GEMM's weight once (CPU serving; see `packed_linear`) and say what
+        they run on. Call after the weights are loaded and fused; they must not change
+        afterwards."""
         fused = self.fused_groups()
         in_group = {id(member) for f in fused for member in f.members}
         for f in fused:
@@ -167,6 +168,7 @@ class CausalLM(nn.Module):
             if id(m) not in in_group:
                 m.pack()
         self.packed_head = pack_weight(self._head_weight())
+        return packed_kind(self.packed_head)
 
     def _head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

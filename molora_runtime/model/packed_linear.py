@@ -58,6 +58,13 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
     return pack_onednn(weight)
 
 
+def packed_kind(packed: PackedWeight | None) -> str:
+    """What a packed copy runs on, for the log line an operator reads at start."""
+    if isinstance(packed, PanelWeight):
+        return f"the panel GEMM ({str(packed.panels.dtype).removeprefix('torch.')} panels)"
+    return "oneDNN (packed weights)" if packed is not None else "plain F.linear"
+
+
 def pack_onednn(weight: torch.Tensor) -> torch.Tensor | None:
     """The oneDNN-packed copy of `weight [out, in]`, or None where packing is not supported."""
     if not packing_supported(weight):

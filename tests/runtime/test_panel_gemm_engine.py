@@ -5,6 +5,7 @@ runs, and mixed-adapter requests get the same tokens and logprobs as with the ke
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -57,11 +58,14 @@ def test_cpu_engine_runs_on_panels_and_matches_the_plain_path(
     tiny_llama: Path,
     tiny_adapters: dict[str, Path],
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
     dtype: str,
     tolerance: float,
 ) -> None:
     calls = count_calls(monkeypatch, cpu_panel_gemm, "panel_linear")
-    panel, model = _serve(tiny_llama, tiny_adapters, dtype)
+    with caplog.at_level(logging.INFO, logger="molora_runtime.engine.engine"):
+        panel, model = _serve(tiny_llama, tiny_adapters, dtype)
+    assert f"CPU base GEMMs run on the panel GEMM ({dtype} panels)" in caplog.text
     packs = [*_base_packs(model), model.packed_head]
     assert all(isinstance(p, PanelWeight) for p in packs)
     assert all(p.panels.dtype == getattr(torch, dtype) for p in packs)
