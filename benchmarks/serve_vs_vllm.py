@@ -267,8 +267,10 @@ def start_molora(
         **(extra_env or {}),
     }
     serve = Path(sys.executable).parent / "serve"
+    # as `make serve` runs it: the cluster under SCHED_BATCH, the replica back on SCHED_OTHER
+    batch = ["chrt", "--batch", "0"] if shutil.which("chrt") else []
     out = log.open("w")
-    proc = subprocess.Popen([str(serve), "run", str(config)], env=env, stdout=out,
+    proc = subprocess.Popen([*batch, str(serve), "run", str(config)], env=env, stdout=out,
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)  # fmt: skip
     wait_up(f"http://127.0.0.1:{MOLORA_PORT}/health", proc)
     return proc

@@ -35,6 +35,7 @@ from deployments.replica_protocol import (
     UsageItem,
     encode,
 )
+from deployments.scheduling import compute_at_normal_policy
 from deployments.store import open_source
 from deployments.stream_channel import Outboxes
 from molora_runtime.engine.types import (
@@ -142,6 +143,7 @@ class ModelReplica:
     async def __init__(self, config: dict[str, Any]) -> None:
         from molora_runtime.engine.async_engine import AsyncEngine
 
+        compute_at_normal_policy()  # before any engine thread exists: they inherit it
         use_assigned_cores()
         share_the_gil_quickly()
         warn_if_slow_serve_path()
