@@ -37,10 +37,9 @@ serve: models
 	# gRPC servers listen on every interface and unpickle what they are sent.
 	# Ray starts its workers (the engines among them) at nice 15 unless told otherwise, below
 	# its own GCS, raylet and dashboard and anything else on the box: serving runs at nice 0.
-	# The cluster runs under SCHED_BATCH, so its wake-ups do not pre-empt the engine's OpenMP
-	# team mid-step; the model replica takes SCHED_OTHER back (deployments/scheduling.py).
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_worker_niceness=0 \
-		chrt --batch 0 $(VENV)/bin/serve run serve_config.yaml
+	# `chrt --batch 0 make serve` runs the cluster under SCHED_BATCH (the model replica takes
+	# SCHED_OTHER back, deployments/scheduling.py); its gain is not established (README).
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_worker_niceness=0 $(VENV)/bin/serve run serve_config.yaml
 
 test: models
 	bash scripts/test_services.sh

@@ -70,6 +70,7 @@ MAX_MODEL_LEN = 1024
 MAX_NUM_SEQS = 32
 VLLM_PORT = 18431
 MOLORA_PORT = 18500
+SCHED_BATCH_ENV = "MOLORA_BENCH_SCHED_BATCH"  # set by --sched-batch
 
 
 # ---- assets ---------------------------------------------------------------------------------
@@ -267,8 +268,8 @@ def start_molora(
         **(extra_env or {}),
     }
     serve = Path(sys.executable).parent / "serve"
-    # as `make serve` runs it: the cluster under SCHED_BATCH, the replica back on SCHED_OTHER
-    batch = ["chrt", "--batch", "0"] if shutil.which("chrt") else []
+    # `--sched-batch`: the cluster under SCHED_BATCH, the replica back on SCHED_OTHER
+    batch = ["chrt", "--batch", "0"] if os.environ.get(SCHED_BATCH_ENV) == "1" else []
     out = log.open("w")
     proc = subprocess.Popen([*batch, str(serve), "run", str(config)], env=env, stdout=out,
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)  # fmt: skip
@@ -658,7 +659,13 @@ def main() -> None:
         help="run vLLM, MoLoRA and offline this many times, order reversed every other round "
         "(ABC CBA ...); best of N per cell, and per-round ratios in the JSON",
     )  # fmt: skip
+    ap.add_argument(
+        "--sched-batch", action="store_true",
+        help="start MoLoRA's cluster under SCHED_BATCH (`chrt --batch 0`; see deployments/scheduling.py)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.sched_batch:
+        os.environ[SCHED_BATCH_ENV] = "1"
 
     model_dir, work, store, vocab_split = prepare_assets(args.work, "serve-vs-vllm-")
     cells = CELLS["quick" if args.quick else "full"]

@@ -6,11 +6,10 @@ one at once (wakeup pre-emption), and a Ray Serve cluster wakes ~2,000 times a s
 worker's 10 ms signal check, the proxy and router per streamed token, GCS and raylet polls): each
 wake-up stops one team thread mid-GEMM and the whole team with it. Tasks under `SCHED_BATCH` do
 not pre-empt on wake-up; they run at the next scheduler tick or when a core is free, with the same
-fair share of CPU as before. So `make serve` starts the cluster under `SCHED_BATCH` and the model
-replica takes `SCHED_OTHER` back for itself (its step and OpenMP threads, and every thread it
-starts later, which inherit it). Measured at the endpoint (base, fp32, one replica on 2 cores,
-3 alternating pairs on one cluster): c=8 80.8-115.7 -> 117.3-123.7 tok/s, c=32 156.5-205.1 ->
-201.9-225.8, ITL p99 better in 4 of 6 pairs.
+fair share of CPU as before. So a cluster started under `SCHED_BATCH` (`chrt --batch 0 make
+serve`) has the model replica take `SCHED_OTHER` back for itself (its step and OpenMP threads,
+and every thread it starts later, which inherit it). Opt-in: on the 2-core dev box one A/B
+measured +7% to +45% tok/s and `benchmarks.sched_batch` later -1% to -19% (README, Quick start).
 
 Standard library only (no Ray): Linux's per-thread policy, set through `os.sched_setscheduler`.
 Moving between `SCHED_BATCH` and `SCHED_OTHER` needs no privilege.
