@@ -26,7 +26,7 @@ install: $(STAMP)
 
 models: install
 	$(VENV)/bin/molora models prepare
-	# The fp32 CPU panel GEMM (kernels/csrc) is compiled once per source hash into a user cache;
+	# The CPU panel GEMM (kernels/csrc, fp32 and bf16) is compiled once per source hash into a user cache;
 	# building it here keeps the first request fast. It never fails: without g++ or AVX2 the
 	# engine uses oneDNN.
 	$(PY) -m kernels.cpu_panel_gemm
