@@ -55,18 +55,9 @@ def _variants() -> dict[str, tuple[list[Any], torch.dtype, Callable[[torch.Tenso
     return out
 
 
-def _weight_bytes(operands: list[Any]) -> int:
-    def nbytes(op: Any) -> int:
-        if isinstance(op, cpu_panel_gemm.PanelWeight):
-            return op.out_features * op.in_features * op.panels.element_size()
-        return op.numel() * op.element_size() if op.layout == torch.strided else 0
-
-    return sum(nbytes(op) for op in operands)
-
-
 def run(rows: list[int], reps: int) -> list[dict[str, Any]]:
     variants = _variants()
-    fp32_bytes = _weight_bytes(variants["plain_fp32"][0])
+    fp32_bytes = sum(w.numel() * 4 for w in variants["plain_fp32"][0])
     results = []
     for m in rows:
         inputs = {k: torch.randn(m, k) for k in (HIDDEN, INTERMEDIATE)}

@@ -64,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     finally:
-        set_cluster_policy(proc, "batch")
         svv.stop(proc)
     summary = {}
     for conc, _ in CELLS:
