@@ -38,7 +38,7 @@ serve: models
 	# Ray starts its workers (the engines among them) at nice 15 unless told otherwise, below
 	# its own GCS, raylet and dashboard and anything else on the box: serving runs at nice 0.
 	# `chrt --batch 0 make serve` runs the cluster under SCHED_BATCH (the model replica takes
-	# SCHED_OTHER back, deployments/scheduling.py); its gain is not established (README).
+	# SCHED_OTHER back, deployments/replica/scheduling.py); its gain is not established (README).
 	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_worker_niceness=0 $(VENV)/bin/serve run serve_config.yaml
 
 test: models

@@ -2,7 +2,7 @@
 
 The benchmark makes N adapters (r=4 on q_proj/v_proj of SmolLM2-135M, random small weights,
 seeded), publishes them to a local store and to SeaweedFS (started here, ports from
-`adapter_store.ports`), deploys 2 model replicas with 8 slots each that serve from SeaweedFS
+`tests.support.ports`), deploys 2 model replicas with 8 slots each that serve from SeaweedFS
 (store -> disk cache -> host tier -> slot), and streams chat completions from 16-32
 concurrent clients over HTTP. Per cell: tok/s, TTFT and ITL p50/p99, failed requests, and the
 share of requests whose adapters were in a slot / the host tier / the disk cache / only the
@@ -265,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     args.requests = args.requests or (64 if args.quick else 320)
 
     from adapter_store import open_registry
-    from adapter_store.seaweedfs import SeaweedFS
-    from deployments.local_ray import start_local_cluster, stop_local_cluster
     from molora_runtime.model.registry import resolve_model_path
+    from tests.support.local_ray import start_local_cluster, stop_local_cluster
+    from tests.support.seaweedfs import SeaweedFS
 
     work = args.work or Path(tempfile.mkdtemp(prefix="molora-churn-"))
     model_dir = Path(resolve_model_path(MODEL))

@@ -13,7 +13,7 @@ VERSION=${VERSION:-v2}  # versions are immutable: a rebuild publishes a new one
 SEED=0
 DEVICE=${DEVICE:-auto}
 THREADS=${THREADS:-1}
-MOLORA=".venv/bin/python -m deployments.cli"
+MOLORA=".venv/bin/python -m deployments.ops.cli"
 DOMAINS=(arithmetic sorting counting reversal)
 mkdir -p "$WORK/adapters"
 

@@ -31,7 +31,7 @@ SEED=0
 DEVICE=${DEVICE:-cpu}  # the committed run: cpu
 THREADS=${THREADS:-1}
 PY=${PY:-.venv/bin/python}
-MOLORA="$PY -m deployments.cli"
+MOLORA="$PY -m deployments.ops.cli"
 BASE_CONFIG=${BASE_CONFIG:-$HOME/.cache/molora/models/smollm2-135m-instruct}
 mkdir -p "$WORK"
 

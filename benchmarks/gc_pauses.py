@@ -35,7 +35,10 @@ def _full_collections(repeats: int) -> list[float]:
 
 
 def measure(repeats: int, steps: int) -> dict[str, Any]:
-    for module in ("deployments.ingress", "deployments.replica"):  # a replica's imports
+    for module in (
+        "deployments.api.ingress",
+        "deployments.replica.deployment",
+    ):  # a replica's imports
         importlib.import_module(module)
     from benchmarks.decode_step import SMOLLM2_SHAPE
     from benchmarks.decode_step import measure as serve_decode_steps  # keeps a batch decoding

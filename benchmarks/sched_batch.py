@@ -1,7 +1,7 @@
 """The cluster under SCHED_BATCH or SCHED_OTHER, on one running server, alternated in pairs.
 
 `chrt --batch 0 make serve` starts the Ray cluster under `SCHED_BATCH` and the model replica moves
-itself back to `SCHED_OTHER` (`deployments/scheduling.py`). This benchmark starts one `serve run` of the endpoint
+itself back to `SCHED_OTHER` (`deployments/replica/scheduling.py`). This benchmark starts one `serve run` of the endpoint
 benchmark's config (fp32, one replica on every core), then flips every process of the server's
 session except the model replica between the two policies (`chrt -a -p`) and drives the same
 streaming base-model cells after each flip, the order reversed every other pair, so both sides

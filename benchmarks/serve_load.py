@@ -194,11 +194,11 @@ def launch_and_compare(args: argparse.Namespace) -> dict[str, Any]:
 
     from deployments.app import build
     from deployments.config import ServeConfig
-    from deployments.local_ray import start_local_cluster, stop_local_cluster
+    from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
     work = Path(tempfile.mkdtemp(prefix="molora-bench-"))
     model, store, names = build_assets(args, work)
-    # Ray on loopback with token auth; Serve's port from adapter_store.ports, retried if lost.
+    # Ray on loopback with token auth; Serve's port from tests.support.ports, retried if lost.
     cluster = start_local_cluster(num_cpus=8)
     url = cluster.url
     results: dict[str, Any] = {}

@@ -86,8 +86,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from benchmarks.serve_vs_vllm import MAX_MODEL_LEN, MAX_NUM_SEQS
+    from deployments.catalog.store import open_source
     from deployments.config import StoreConfig
-    from deployments.store import open_source
     from molora_runtime.config import EngineConfig, HotSetConfig
     from molora_runtime.engine.engine import LLMEngine
 

@@ -110,7 +110,7 @@ def make_assets(work: Path, model_dir: Path) -> Path:
     gates = torch.randn(arch.num_layers, len(ADAPTERS), arch.hidden_size)
     comp_dir = save_composition(work / "compositions" / "mix4", comp_cfg, gates)
     shutil.rmtree(store, ignore_errors=True)  # a run that stopped half-way published some
-    cli = [sys.executable, "-m", "deployments.cli"]
+    cli = [sys.executable, "-m", "deployments.ops.cli"]
     for name in ADAPTERS:
         subprocess.run(
             [
@@ -661,7 +661,7 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument(
         "--sched-batch", action="store_true",
-        help="start MoLoRA's cluster under SCHED_BATCH (`chrt --batch 0`; see deployments/scheduling.py)",
+        help="start MoLoRA's cluster under SCHED_BATCH (`chrt --batch 0`; see deployments/replica/scheduling.py)",
     )  # fmt: skip
     args = ap.parse_args()
     if args.sched_batch:

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from adapter_store import AdapterStoreSource, LocalCache, Registry
 from adapter_store.backends.s3 import S3Backend
 from adapter_store.registry import blob_key
-from adapter_store.seaweedfs import SeaweedFS
+from tests.support.seaweedfs import SeaweedFS
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MB = 1024 * 1024

@@ -14,12 +14,12 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
+from deployments.api.ingress import Router
 from deployments.config import REPO_ROOT, ConfigError, ServeConfig
-from deployments.ingress import Router
-from deployments.replica import ModelReplica
+from deployments.replica.deployment import ModelReplica
 
-AFFINITY_ROUTER = "deployments.request_router:AdapterAffinityRouter"
-DEFAULT_ROUTER = "deployments.request_router:TargetingPowerOfTwoRouter"
+AFFINITY_ROUTER = "deployments.placement.request_router:AdapterAffinityRouter"
+DEFAULT_ROUTER = "deployments.placement.request_router:TargetingPowerOfTwoRouter"
 
 
 def router_config(cfg: ServeConfig) -> RequestRouterConfig:

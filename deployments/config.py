@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from deployments.auth import AuthConfig
-from deployments.quotas import QuotaConfig
+from deployments.access.auth import AuthConfig
+from deployments.access.quotas import QuotaConfig
 from molora_runtime.config import EngineConfig, StrictModel
 from molora_runtime.routes import RouteSpec, check_ref
 from molora_runtime.sizes import parse_bytes

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from start_once import StartOnce
 
-from adapter_store import ports
+from tests.support import ports
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("adapter_store", "benchmarks", "deployments", "k8s", "kernels", "molora_runtime")
@@ -105,7 +105,7 @@ def test_a_failed_shared_start_is_one_error_then_skips() -> None:
     assert started == [1]  # not retried by every later test
 
 
-# Patterns of choosing a port any other way than adapter_store/ports.py (bind port 0 and hand the
+# Patterns of choosing a port any other way than tests/support/ports.py (bind port 0 and hand the
 # number on; a fixed metrics port), and of turning Ray's token auth off.
 OTHER_PORT_PICKING = re.compile(r"\.bind\(\(|getsockname\(|_metrics_export_port\s*=")
 AUTH_OFF = re.compile(r"RAY_AUTH_MODE\W{0,6}disabled", re.IGNORECASE)
@@ -119,8 +119,8 @@ def test_no_port_is_picked_any_other_way_and_auth_stays_on() -> None:
             continue
         text = path.read_text(errors="replace")
         rel = path.relative_to(ROOT)
-        if str(rel) != "adapter_store/ports.py" and OTHER_PORT_PICKING.search(text):
-            offenders.append(f"{rel}: picks a port itself (use adapter_store.ports)")
+        if str(rel) != "tests/support/ports.py" and OTHER_PORT_PICKING.search(text):
+            offenders.append(f"{rel}: picks a port itself (use tests.support.ports)")
         if AUTH_OFF.search(text):
             offenders.append(f"{rel}: turns Ray token auth off")
     assert not offenders, offenders

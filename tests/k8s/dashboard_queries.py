@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from deployments import dashboard
-from deployments import metric_names as m
+from deployments.ops import dashboard
+from deployments.ops import metric_names as m
 
 HISTOGRAMS = {m.TTFT, m.INTER_TOKEN, m.HOTSET_LOAD_LATENCY, m.LOAD_STAGE_LATENCY, m.GC_PAUSE}
 

@@ -9,7 +9,7 @@ from dashboard_queries import exported_names, metric_names, targets
 from grafana_foundation_sdk.models.dashboard import Dashboard
 from k8s_schemas import REPO
 
-from deployments import dashboard
+from deployments.ops import dashboard
 
 COMMITTED = REPO / dashboard.DASHBOARD_PATH
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments import kube
+from deployments.ops import kube
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"

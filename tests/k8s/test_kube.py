@@ -1,11 +1,11 @@
-"""`deployments.kube.plan`: Serve autoscaling and the GPU worker group are sized to agree."""
+"""`deployments.ops.kube.plan`: Serve autoscaling and the GPU worker group are sized to agree."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from deployments import kube
+from deployments.ops import kube
 
 
 def _config(**replica: object) -> dict:

@@ -23,7 +23,7 @@ from k8s_schemas import (
     rayservice_schema,
 )
 
-from deployments import kube
+from deployments.ops import kube
 
 BASE = REPO / "k8s" / "base"
 DEV = REPO / "k8s" / "overlays" / "dev"

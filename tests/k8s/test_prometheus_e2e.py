@@ -23,10 +23,10 @@ import torch
 from dashboard_queries import exported_names, metric_names, targets
 from start_once import StartOnce
 
-from adapter_store.ports import free_port, retry_on_address_in_use
-from deployments import dashboard
-from deployments import metric_names as m
-from deployments.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
+from deployments.ops import dashboard
+from deployments.ops import metric_names as m
+from tests.support.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
+from tests.support.ports import free_port, retry_on_address_in_use
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from deployments import cli, dashboard, grafana_push
+from deployments.ops import cli, dashboard, grafana_push
 
 TOKEN = "glsa_test_token"
 

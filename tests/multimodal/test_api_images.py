@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from deployments.images import (
+from deployments.api.images import (
     ImageOutput,
     ImagePartError,
     request_images,
     route_draws,
     wants_images,
 )
-from deployments.protocol import ChatCompletionRequest, ChatCompletionResponse
+from deployments.api.protocol import ChatCompletionRequest, ChatCompletionResponse
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.multimodal import png, tokens
 from molora_runtime.multimodal.digits import split

@@ -10,7 +10,7 @@ import pytest
 from serve_assets import make_store, make_tiny_model
 from start_once import StartOnce
 
-from deployments.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
+from tests.support.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
 
 # Started by tests/conftest.py's setup hook for the first test that needs `ray_cluster`; a start
 # that fails (twice: it is retried on fresh ports) is one error with Ray's log tails.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.auth import (
+from deployments.access.auth import (
     AuthConfig,
     KeyFile,
     KeyFileError,
@@ -19,12 +19,12 @@ from deployments.auth import (
     bearer_key,
     new_key,
 )
-from deployments.auth import write_key_file as write_keys
-from deployments.cli import main
-from deployments.overload import WaitEstimator
-from deployments.quotas import Limits, QuotaBook, QuotaConfig, QuotaExceeded
-from deployments.registry import AdapterEntry, Catalog, CompositionEntry
-from deployments.tenancy import visible_catalog
+from deployments.access.auth import write_key_file as write_keys
+from deployments.access.overload import WaitEstimator
+from deployments.access.quotas import Limits, QuotaBook, QuotaConfig, QuotaExceeded
+from deployments.access.tenancy import visible_catalog
+from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry
+from deployments.ops.cli import main
 
 
 def test_keys_create_stores_only_a_salted_hash(tmp_path: Path, capsys) -> None:
@@ -175,7 +175,7 @@ def test_wait_estimate_follows_queue_and_service_time() -> None:
 def test_startup_warns_loudly_when_auth_is_off(tmp_path: Path, caplog) -> None:
     import logging
 
-    from deployments.access import Access
+    from deployments.access.gate import Access
     from deployments.config import ServerConfig
 
     logger = logging.getLogger("ray.serve")

@@ -1,4 +1,4 @@
-"""The serving processes' garbage-collector handling (deployments/heap.py)."""
+"""The serving processes' garbage-collector handling (deployments/replica/heap.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import gc
 import threading
 from pathlib import Path
 
-from deployments.heap import GcPauseMeter
+from deployments.replica.heap import GcPauseMeter
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_serve_freezes_the_startup_heap_and_no_shipped_config_turns_that_off() -> None:
     """Ray Serve's freeze after the constructor is what keeps full collections short
-    (deployments/heap.py); a shipped config must not switch it off."""
+    (deployments/replica/heap.py); a shipped config must not switch it off."""
     from ray.serve._private import constants
 
     assert constants.RAY_SERVE_FREEZE_GC_ON_STARTUP

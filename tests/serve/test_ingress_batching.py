@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from deployments.ingress import Router, _Shaper, _Tracker
-from deployments.protocol import ChatCompletionRequest
-from deployments.registry import Resolved
-from deployments.replica_protocol import DeltaItem, ErrorItem, InfoItem, UsageItem
-from deployments.stream_channel import CHANNEL_LOST, ChannelClient
+from deployments.api.ingress import Router, _Shaper, _Tracker
+from deployments.api.protocol import ChatCompletionRequest
+from deployments.catalog.model_names import Resolved
+from deployments.replica.stream_channel import CHANNEL_LOST, ChannelClient
+from deployments.replica.wire import DeltaItem, ErrorItem, InfoItem, UsageItem
 from molora_runtime.routes import BaseRoute
 
 RouterClass = Router.func_or_class  # the plain class under Serve's deployment wrapper

@@ -12,9 +12,8 @@ import httpx
 import pytest
 from serve_helpers import deployed, shipped_args
 
-from deployments.auth import KeyFile, new_key, write_key_file
-from deployments.config import StoreConfig
-from deployments.lora_admin import (
+from deployments.access.auth import KeyFile, new_key, write_key_file
+from deployments.catalog.lora_admin import (
     LoadLoraBody,
     LoraAdminError,
     UnloadLoraBody,
@@ -23,6 +22,7 @@ from deployments.lora_admin import (
     resolve_inside,
     unload_lora,
 )
+from deployments.config import StoreConfig
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 from serve_helpers import deployed, model_handle, openai_client, shipped_args
 
-from deployments import metric_names
+from deployments.ops import metric_names
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 

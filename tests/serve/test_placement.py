@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter, OrderedDict
 
-from deployments.placement import (
+from deployments.placement.affinity import (
     ReplicaView,
     adapter_key,
     load_limit,

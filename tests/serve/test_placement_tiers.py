@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deployments.placement import ReplicaView, place
+from deployments.placement.affinity import ReplicaView, place
 
 
 def test_host_hit_beats_a_miss():

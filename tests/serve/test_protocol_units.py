@@ -10,10 +10,10 @@ import pytest
 from pydantic import ValidationError
 
 from adapter_store.errors import IntegrityError, NotFoundError, StoreUnavailableError
-from deployments.errors import error_item, output_error, status_of
-from deployments.json_guard import BodyError, parse_body
-from deployments.replica import delta_item
-from deployments.replica_protocol import (
+from deployments.api.errors import error_item, output_error, status_of
+from deployments.api.json_guard import BodyError, parse_body
+from deployments.replica.deployment import delta_item
+from deployments.replica.wire import (
     DeltaItem,
     ErrorItem,
     InfoItem,

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from deployments.config import ServeConfig
-from deployments.ingress import validation_message
-from deployments.protocol import ChatCompletionRequest, CompletionRequest, error_payload
-from deployments.registry import (
+from deployments.api.ingress import validation_message
+from deployments.api.protocol import ChatCompletionRequest, CompletionRequest, error_payload
+from deployments.catalog.model_names import (
     AdapterEntry,
     BadModelName,
     Catalog,
@@ -16,6 +15,7 @@ from deployments.registry import (
     ModelNotFound,
     Resolver,
 )
+from deployments.config import ServeConfig
 from molora_runtime.routes import MixRoute, VocabRange, VocabRoute
 
 CATALOG = Catalog(

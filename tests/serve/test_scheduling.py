@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
 
 PROBE = """
 import json, os, threading
-from deployments.scheduling import compute_at_normal_policy, threads_of
+from deployments.replica.scheduling import compute_at_normal_policy, threads_of
 started = threading.Event(); stop = threading.Event()
 def idle():
     started.set(); stop.wait()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from serve_helpers import deployed, shipped_args
 
-from deployments.auth import KeyFile, new_key, write_key_file
+from deployments.access.auth import KeyFile, new_key, write_key_file
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 PRIVATE_ACME = "acme-math"

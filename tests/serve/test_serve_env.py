@@ -1,4 +1,4 @@
-"""Every shipped config runs Serve's streaming fast path (deployments/serve_env.py)."""
+"""Every shipped config runs Serve's streaming fast path (deployments/replica/serve_env.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.serve_env import SERVE_ENV_VARS, missing_serve_env
+from deployments.replica.serve_env import SERVE_ENV_VARS, missing_serve_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def test_the_test_cluster_runs_the_fast_path(ray_cluster) -> None:
 
     @ray.remote(num_cpus=0)
     def worker_view() -> tuple[dict[str, str | None], bool]:
-        from deployments.serve_env import serve_fast_path_active
+        from deployments.replica.serve_env import serve_fast_path_active
 
         return {k: os.environ.get(k) for k in SERVE_ENV_VARS}, serve_fast_path_active()
 

@@ -1,4 +1,4 @@
-"""Stream channels (deployments/stream_channel.py): batching on the replica, demux on the router,
+"""Stream channels (deployments/replica/stream_channel.py): batching on the replica, demux on the router,
 and what a request sees when its channel ends under it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from deployments.stream_channel import CHANNEL_LOST, ChannelClient, Outboxes
+from deployments.replica.stream_channel import CHANNEL_LOST, ChannelClient, Outboxes
 
 
 class FakeStream:

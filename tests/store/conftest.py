@@ -14,7 +14,7 @@ import pytest
 from store_helpers import TINY_LLAMA, make_peft_adapter
 
 from adapter_store import AdapterStoreSource, Registry, open_registry
-from adapter_store.seaweedfs import SeaweedFS
+from tests.support.seaweedfs import SeaweedFS
 
 
 @pytest.fixture(scope="session")

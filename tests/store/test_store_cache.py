@@ -135,7 +135,7 @@ def test_concurrent_pullers_across_processes(
 def _dead_backend():  # type: ignore[no-untyped-def]
     """An S3 backend whose endpoint refuses connections (nothing listens there)."""
     from adapter_store.backends.s3 import S3Backend
-    from adapter_store.ports import free_port
+    from tests.support.ports import free_port
 
     return S3Backend(
         "gone",

@@ -10,7 +10,7 @@ from store_helpers import make_composition
 
 from adapter_store import open_registry
 from adapter_store.registry import blob_key
-from deployments.cli import main
+from deployments.ops.cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:

@@ -1,6 +1,6 @@
 """A failing store delays or fails only the requests that need the adapter it holds.
 
-A real SeaweedFS (started here, on ports from `adapter_store.ports`) stops while a cold adapter is
+A real SeaweedFS (started here, on ports from `tests.support.ports`) stops while a cold adapter is
 being fetched, or serves an object whose checksum no longer matches: the request for that
 adapter ends with the store's error type, while streams on cached adapters keep decoding and
 later requests pass the stalled one. No timings are asserted, only completions and order.
@@ -18,7 +18,6 @@ import pytest
 from adapter_store import AdapterStoreSource, IntegrityError, Registry, StoreUnavailableError
 from adapter_store.backends.s3 import S3Backend
 from adapter_store.registry import blob_key
-from adapter_store.seaweedfs import SeaweedFS
 from molora_runtime.engine.engine import LLMEngine
 from tests.runtime.rt_util import (
     engine_config,
@@ -27,6 +26,7 @@ from tests.runtime.rt_util import (
     request,
     run_to_completion,
 )
+from tests.support.seaweedfs import SeaweedFS
 
 NAMES = ("a", "b", "cold")
 

@@ -10,7 +10,7 @@ from store_helpers import make_synthetic_adapter
 
 from adapter_store import AdapterStoreSource, LocalCache, Registry, StoreUnavailableError
 from adapter_store.backends.s3 import S3Backend
-from adapter_store.seaweedfs import SeaweedFS
+from tests.support.seaweedfs import SeaweedFS
 
 
 @pytest.fixture

@@ -53,7 +53,7 @@ def test_composition_experts_must_be_public_or_own(
 def test_cli_push_tenant(capsys: pytest.CaptureFixture[str], store_url: str, alpha: Path) -> None:
     import json
 
-    from deployments.cli import main
+    from deployments.ops.cli import main
 
     s = ["--store", store_url, "--json"]
     push = ["adapters", "push", str(alpha), "--name", "alpha", "--tenant", "acme"]

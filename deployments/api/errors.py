@@ -1,6 +1,6 @@
 """One table from exceptions to HTTP statuses, used by the replica (to encode) and the ingress.
 
-Replicas send errors back as typed `ErrorItem`s (deployments.replica_protocol) instead of raising, so the
+Replicas send errors back as typed `ErrorItem`s (deployments.replica.wire) instead of raising, so the
 ingress can answer with the right status before it has sent any header, and nothing depends
 on how Ray wraps exceptions.
 """
@@ -14,7 +14,7 @@ from adapter_store.errors import (
     StoreAccessError,
     StoreUnavailableError,
 )
-from deployments.replica_protocol import ErrorItem
+from deployments.replica.wire import ErrorItem
 from molora_runtime.engine.types import GenerationOutput
 from molora_runtime.errors import (
     AdapterLoadError,

@@ -1,6 +1,6 @@
 """The MoLoRA Grafana dashboard, built in code so every query names a metric we really export.
 
-Queries are written from the constants in `deployments.metric_names` (plus Ray Serve's own replica
+Queries are written from the constants in `deployments.ops.metric_names` (plus Ray Serve's own replica
 and autoscaling gauges), never typed by hand, so a renamed metric breaks the build and the tests
 instead of silently emptying a panel. `molora dashboards build` writes the JSON that is committed
 under `k8s/grafana/`; `molora dashboards push` uploads it.
@@ -21,7 +21,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as common_m
 from grafana_foundation_sdk.models import dashboard as dash_m
 
-from deployments import metric_names as m
+from deployments.ops import metric_names as m
 
 DASHBOARD_UID = "molora-serve"
 DASHBOARD_TITLE = "MoLoRA Serve"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def _render(args: argparse.Namespace) -> int:
-    from deployments import kube
+    from deployments.ops import kube
 
     root = Path(args.root)
     if args.check:
@@ -22,7 +22,7 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from deployments import kube
+    from deployments.ops import kube
 
     parser = subparsers.add_parser("k8s", help="Kubernetes (KubeRay) manifests")
     commands = parser.add_subparsers(dest="k8s_command", required=True)

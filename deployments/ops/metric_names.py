@@ -30,7 +30,7 @@ TIER_BYTES = "molora_tier_bytes"  # gauge {tier}
 TIER_ADAPTERS = "molora_tier_adapters"  # gauge {state=slot|host|loading|disk}
 LOAD_STAGE_LATENCY = "molora_adapter_load_stage_seconds"  # histogram {stage=fetch|parse|copy}
 PLACEMENTS = "molora_placement_total"  # counter {outcome=affinity|host|spill|new|base}
-# garbage-collector pauses of the router and model replicas (deployments/heap.py)
+# garbage-collector pauses of the router and model replicas (deployments/replica/heap.py)
 GC_PAUSE = "molora_gc_pause_seconds"  # histogram {generation=0|1|2}
 
 ALL = (

@@ -41,7 +41,7 @@ class AdapterEntry:
     versions: tuple[str, ...] = ()
     latest: str | None = None
     base_model: str | None = None
-    tenant: str | None = None  # owner; None = public (see deployments/tenancy.py)
+    tenant: str | None = None  # owner; None = public (see deployments/access/tenancy.py)
 
 
 @dataclass(frozen=True)

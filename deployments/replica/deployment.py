@@ -1,6 +1,6 @@
 """The model replica: one engine per replica, streamed through the deployment handle.
 
-`generate` yields the typed items of `deployments.replica_protocol` (wire dicts): `info` before
+`generate` yields the typed items of `deployments.replica.wire` (wire dicts): `info` before
 the first output (which replica, were its adapters hot), `delta`s (text, token ids, optional
 attribution), `usage` last; or an `error` — also when the engine ended the request with
 finish_reason "error" (an adapter that cannot load, a sequence that failed its step), so no
@@ -21,23 +21,23 @@ from typing import Any, cast
 import ray
 from ray import serve
 
-from deployments import metrics
-from deployments.choices import choice_requests, merged_choices
+from deployments.api.errors import error_item, output_error, stopped_item
+from deployments.api.logprobs import logprob_items, prompt_items
+from deployments.catalog.store import open_source
 from deployments.config import ServeConfig
-from deployments.errors import error_item, output_error, stopped_item
-from deployments.heap import GcPauseMeter
-from deployments.logprobs import logprob_items, prompt_items
-from deployments.placement import base_name
-from deployments.replica_protocol import (
+from deployments.ops import metrics
+from deployments.placement.affinity import base_name
+from deployments.replica.choices import choice_requests, merged_choices
+from deployments.replica.heap import GcPauseMeter
+from deployments.replica.scheduling import compute_at_normal_policy
+from deployments.replica.stream_channel import Outboxes
+from deployments.replica.wire import (
     DeltaItem,
     InfoItem,
     TokenAttributionItem,
     UsageItem,
     encode,
 )
-from deployments.scheduling import compute_at_normal_policy
-from deployments.store import open_source
-from deployments.stream_channel import Outboxes
 from molora_runtime.engine.types import (
     EngineStats,
     GenerationOutput,
@@ -106,7 +106,7 @@ def share_the_gil_quickly() -> None:
 
 def warn_if_slow_serve_path() -> None:
     """Say so when Serve runs user code on its own thread (the shipped env vars are missing)."""
-    from deployments.serve_env import SERVE_ENV_VARS, serve_fast_path_active
+    from deployments.replica.serve_env import SERVE_ENV_VARS, serve_fast_path_active
 
     if not serve_fast_path_active():
         logger.warning(
@@ -259,7 +259,7 @@ class ModelReplica:
     async def channel(
         self, channel_id: str, target_replica: str | None = None
     ) -> AsyncIterator[list[list[Any]]]:
-        """A router's stream channel (deployments/stream_channel.py): an empty hello, then one
+        """A router's stream channel (deployments/replica/stream_channel.py): an empty hello, then one
         batch of `[request id, item]` pairs per send, until idle; `target_replica` was read by
         the request router."""
         if not isinstance(channel_id, str) or not 0 < len(channel_id) <= 128:
@@ -342,7 +342,7 @@ class ModelReplica:
         return max(0, delta)
 
     def _export_once(self) -> None:
-        from deployments import metric_names as names
+        from deployments.ops import metric_names as names
 
         stats = self._engine.stats()
         metrics.queue_length().set(stats.waiting)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 def _create(args: argparse.Namespace) -> int:
-    from deployments.auth import KeyFile, new_key, read_key_file, write_key_file
+    from deployments.access.auth import KeyFile, new_key, read_key_file, write_key_file
 
     path = Path(args.file)
     keys = read_key_file(path)
@@ -26,7 +26,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from deployments.auth import dump_entry_json, read_key_file
+    from deployments.access.auth import dump_entry_json, read_key_file
 
     for entry in read_key_file(Path(args.file)).keys:
         if args.json:
@@ -39,7 +39,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    from deployments.auth import KeyFile, read_key_file, write_key_file
+    from deployments.access.auth import KeyFile, read_key_file, write_key_file
 
     path = Path(args.file)
     keys = read_key_file(path)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry
 from deployments.config import StoreConfig
-from deployments.registry import AdapterEntry, Catalog, CompositionEntry
 from molora_runtime.lora.source import AdapterSource
 
 

@@ -8,7 +8,7 @@ exist. A composition is visible only if it and every one of its experts are.
 
 from __future__ import annotations
 
-from deployments.registry import Catalog, ModelNotFound, Resolver, Route
+from deployments.catalog.model_names import Catalog, ModelNotFound, Resolver, Route
 
 
 def _visible(owner: str | None, tenant: str | None) -> bool:

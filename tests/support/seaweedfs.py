@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from adapter_store import ports
+from tests.support import ports
 
 PORT_FLAGS = (
     "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "volume.port.public",

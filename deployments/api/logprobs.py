@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from deployments.replica_protocol import LogprobItem, TopLogprobItem
+from deployments.replica.wire import LogprobItem, TopLogprobItem
 from molora_runtime.engine.types import TokenLogprob
 
 NEG_INF_LOGPROB = -9999.0

@@ -1,6 +1,6 @@
 """`molora dashboards build|push`: the observability commands.
 
-Only `deployments.cli` imports this, lazily; Grafana libraries load when a command runs, so a
+Only `deployments.ops.cli` imports this, lazily; Grafana libraries load when a command runs, so a
 missing `ops` extra never breaks the other sub-commands.
 """
 
@@ -18,7 +18,7 @@ DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 
 
 def _build(args: argparse.Namespace) -> int:
-    from deployments import dashboard
+    from deployments.ops import dashboard
 
     out = dashboard.write(Path(args.out))
     print(f"wrote {out}")
@@ -26,7 +26,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _load(path: str | None) -> dict:
-    from deployments import dashboard
+    from deployments.ops import dashboard
 
     if path is None:
         return dashboard.dashboard_json()
@@ -36,7 +36,7 @@ def _load(path: str | None) -> dict:
 def _push(args: argparse.Namespace) -> int:
     from grafana_client.client import GrafanaException
 
-    from deployments import grafana_push
+    from deployments.ops import grafana_push
 
     token = os.environ.get(args.token_env) or None
     api = grafana_push.connect(args.grafana_url, token, timeout=args.timeout)
@@ -58,7 +58,7 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from deployments import dashboard
+    from deployments.ops import dashboard
 
     parser = subparsers.add_parser("dashboards", help="build or upload the Grafana dashboard")
     commands = parser.add_subparsers(dest="dashboards_command", required=True)

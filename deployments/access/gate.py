@@ -20,14 +20,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from deployments.admin import AdminNotFound, YankBody, set_yanked
-from deployments.auth import ANONYMOUS, KeyFileError, KeyRing, Principal, bearer_key
+from deployments.access.auth import ANONYMOUS, KeyFileError, KeyRing, Principal, bearer_key
+from deployments.access.overload import WaitEstimator
+from deployments.access.quotas import QuotaBook, QuotaExceeded, retry_after_header
+from deployments.access.tenancy import visible_catalog
+from deployments.api.protocol import error_payload
+from deployments.catalog.admin import AdminNotFound, YankBody, set_yanked
+from deployments.catalog.model_names import Catalog
 from deployments.config import ServerConfig, StoreConfig
-from deployments.overload import WaitEstimator
-from deployments.protocol import error_payload
-from deployments.quotas import QuotaBook, QuotaExceeded, retry_after_header
-from deployments.registry import Catalog
-from deployments.tenancy import visible_catalog
 
 logger = logging.getLogger("ray.serve")
 
@@ -164,7 +164,7 @@ class Access:
         self, principal: Principal, cfg: Any, action: str, raw: bytes, root: Path
     ) -> dict[str, Any]:
         """Load (publish) or unload (yank) an adapter; admin keys only when auth is on."""
-        from deployments.lora_admin import (
+        from deployments.catalog.lora_admin import (
             LoadLoraBody,
             LoraAdminError,
             UnloadLoraBody,

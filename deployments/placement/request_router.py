@@ -5,7 +5,7 @@ itself in the last few seconds (the reports lag) and its own in-flight counts, t
 replicas with `placement.place`. Ray probes the ranks in order and falls back to the next
 rank when a replica rejects (full), so overload spills instead of queueing at the home.
 
-A call that names `target_replica` (a router's stream channel, deployments/stream_channel.py)
+A call that names `target_replica` (a router's stream channel, deployments/replica/stream_channel.py)
 goes to that replica only, under either policy.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from deployments import metrics
-from deployments.placement import ReplicaView, place
+from deployments.ops import metrics
+from deployments.placement.affinity import ReplicaView, place
 
 logger = logging.getLogger("ray.serve")
 

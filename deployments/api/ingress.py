@@ -3,11 +3,11 @@
 (No `from __future__ import annotations`: FastAPI must see the real `Request` type through
 Serve's ingress wrapper, or it takes `request` for a query parameter.)
 
-It authenticates the caller and takes its quota (deployments/access.py), validates the body,
+It authenticates the caller and takes its quota (deployments/access/gate.py), validates the body,
 resolves `model` into a route against the registry as the caller's tenant sees it, and streams the
 request through the model handle, whose `AdapterAffinityRouter` picks the replica; after the
 first output, tokens come back through this router's stream channel from that replica when one is
-attached (deployments/stream_channel.py). It holds no tokenizer and no tensors; prompt-length
+attached (deployments/replica/stream_channel.py). It holds no tokenizer and no tensors; prompt-length
 checks happen in the replica and come back as 400s.
 """
 
@@ -29,21 +29,16 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deployments import metrics
-from deployments.access import Access, AccessError
-from deployments.access import error_response as access_error_response
-from deployments.admin import YankBody
-from deployments.auth import Principal
-from deployments.config import REPO_ROOT, ServeConfig
-from deployments.errors import status_of
-from deployments.heap import GcPauseMeter
-from deployments.images import ImageOutput, ImagePartError, request_images, wants_images
-from deployments.json_guard import BodyError, parse_body
-from deployments.logprobs import chat_logprobs, completion_logprobs, mean_logprob
-from deployments.lora_admin import LoadLoraBody, UnloadLoraBody
-from deployments.openapi_docs import body_docs
-from deployments.placement import adapter_key
-from deployments.protocol import (
+from deployments.access.auth import Principal
+from deployments.access.gate import Access, AccessError
+from deployments.access.gate import error_response as access_error_response
+from deployments.access.tenancy import visible_routes
+from deployments.api.errors import status_of
+from deployments.api.images import ImageOutput, ImagePartError, request_images, wants_images
+from deployments.api.json_guard import BodyError, parse_body
+from deployments.api.logprobs import chat_logprobs, completion_logprobs, mean_logprob
+from deployments.api.openapi_docs import body_docs
+from deployments.api.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -63,14 +58,23 @@ from deployments.protocol import (
     error_payload,
     new_id,
 )
-from deployments.registry import (
+from deployments.catalog.admin import YankBody
+from deployments.catalog.lora_admin import LoadLoraBody, UnloadLoraBody
+from deployments.catalog.model_names import (
     BadModelName,
     CatalogCache,
     ModelNotFound,
     Resolved,
     Resolver,
 )
-from deployments.replica_protocol import (
+from deployments.catalog.store import load_catalog
+from deployments.config import REPO_ROOT, ServeConfig
+from deployments.ops import metrics
+from deployments.placement.affinity import adapter_key
+from deployments.placement.request_router import PLACEMENT_KWARG, TARGET_KWARG
+from deployments.replica.heap import GcPauseMeter
+from deployments.replica.stream_channel import CHANNEL_LOST, ChannelClient
+from deployments.replica.wire import (
     DeltaItem,
     ErrorItem,
     InfoItem,
@@ -80,10 +84,6 @@ from deployments.replica_protocol import (
     UsageItem,
     decode,
 )
-from deployments.request_router import PLACEMENT_KWARG, TARGET_KWARG
-from deployments.store import load_catalog
-from deployments.stream_channel import CHANNEL_LOST, ChannelClient
-from deployments.tenancy import visible_routes
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 
 logger = logging.getLogger("ray.serve")
@@ -411,7 +411,7 @@ class Router:
         self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
 
     def _open_channel(self, replica: str) -> Any:
-        """This router's stream channel from one model replica (deployments/stream_channel.py)."""
+        """This router's stream channel from one model replica (deployments/replica/stream_channel.py)."""
         return self.model.options(stream=True).channel.remote(
             self._channel_id, **{TARGET_KWARG: replica}
         )

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.auth import Principal
+from deployments.access.auth import Principal
 from deployments.config import StoreConfig
 
 KINDS: dict[str, Literal["adapter", "composition"]] = {

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
-from deployments.auth import Principal
+from deployments.access.auth import Principal
 from molora_runtime.config import StrictModel
 
 

@@ -15,9 +15,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "molora_runtime.model.cli",
     "adapter_store.cli",
     "molora_runtime.training.cli",
-    "deployments.dashboards_cli",
-    "deployments.k8s_cli",
-    "deployments.keys_cli",
+    "deployments.ops.dashboards_cli",
+    "deployments.ops.k8s_cli",
+    "deployments.ops.keys_cli",
 )
 
 

@@ -33,7 +33,7 @@ class InfoItem(_Item):
     channel: bool = Field(
         False,
         description="the items after the first output come through the router's stream channel "
-        "(deployments/stream_channel.py), not this call",
+        "(deployments/replica/stream_channel.py), not this call",
     )
 
 

@@ -2,7 +2,7 @@
 
 Ports: Ray's own servers (GCS, raylet, agents, the Prometheus metrics exporter) pick their ports
 themselves and report them back, so no number is handed to Ray; Serve's HTTP port is drawn by
-`adapter_store.ports` (outside the ephemeral range, checked bindable) and a start that fails (a
+`tests.support.ports` (outside the ephemeral range, checked bindable) and a start that fails (a
 port lost to a race, or anything else) is retried once, whole, on fresh ports. A start that fails
 twice raises `ClusterStartError` with the tail of the raylet, dashboard-agent, GCS and proxy logs.
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adapter_store import ports
-from deployments.serve_env import SERVE_ENV_VARS
+from deployments.replica.serve_env import SERVE_ENV_VARS
+from tests.support import ports
 
 # Newest first in the report: the logs that say why a local cluster did not come up.
 LOG_PATTERNS = (
@@ -108,7 +108,7 @@ def _wait_proxies_healthy(timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def cluster_serve_env() -> Iterator[None]:
-    """The shipped configs' Serve settings (deployments/serve_env.py) in the environment the
+    """The shipped configs' Serve settings (deployments/replica/serve_env.py) in the environment the
     cluster's processes inherit from its raylet, but not in this process: its own Serve
     (test handles on short-lived event loops) keeps Ray's defaults."""
     import ray.serve  # noqa: F401  (the driver's Serve constants are read now, without them)
