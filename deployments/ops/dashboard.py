@@ -25,7 +25,7 @@ from deployments.ops import metric_names as m
 
 DASHBOARD_UID = "molora-serve"
 DASHBOARD_TITLE = "MoLoRA Serve"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_PATH = Path("k8s") / "grafana" / "molora-dashboard.json"
 
 # Ray Serve's own controller gauges (Ray 2.60, `ray/serve/_private/deployment_state.py`,

@@ -26,7 +26,7 @@ METRICS_PORT = 8080
 API_KEYS_DIR = "/etc/molora/api-keys"  # where the API key Secret is mounted in every pod
 APP_LABEL = "molora-serve"
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 GPU_SERVE_CONFIG = Path("serve_config.gpu.yaml")
 BASE_MANIFEST = Path("k8s") / "base" / "rayservice.yaml"
 DEV_PATCH = Path("k8s") / "overlays" / "dev" / "rayservice-patch.yaml"
