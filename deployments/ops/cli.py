@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "deployments.ops.dashboards_cli",
     "deployments.ops.k8s_cli",
     "deployments.ops.keys_cli",
+    "deployments.ops.serve_cli",
 )
 
 

@@ -1,0 +1,240 @@
+"""`molora serve MODEL [flags]`: the vLLM-style way to start the server on one's own model.
+
+The flags build the same validated `ServeConfig` that `serve_config.yaml` holds, inside the
+shipped Serve document (deployments, HTTP options), so a command line and a YAML file can never
+describe two different servers. `--print-config` writes that YAML for `serve run` or KubeRay;
+otherwise `serve run` is started on it. `--lora-modules name=path` publishes local PEFT folders
+to the store first (validated by the store's rulebook against MODEL), as vLLM loads them at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from adapter_store.errors import InvalidInputError, NotFoundError
+from adapter_store.registry import open_registry
+from adapter_store.validate import load_base_config, sha256_file
+from deployments.config import REPO_ROOT, ConfigError, ServeConfig
+from molora_runtime.model.registry import GGUF_MODELS, resolve_model_path
+
+TEMPLATE = REPO_ROOT / "serve_config.yaml"
+DEFAULT_MODEL_ALIAS = "smollm2-135m-instruct"
+
+# vLLM flags a user may bring that have no meaning here, with the reason given instead of
+# argparse's "unrecognized arguments".
+UNSUPPORTED_VLLM_FLAGS: dict[str, str] = {
+    "--tensor-parallel-size": "one replica runs on one device; scale out with --num-replicas",
+    "--pipeline-parallel-size": "one replica runs on one device; scale out with --num-replicas",
+    "--quantization": "weights are served in --dtype; quantized checkpoints are not loaded",
+    "--speculative-config": "speculative decoding is not implemented",
+    "--max-cpu-loras": "the host tier is sized by store.cache_bytes in the YAML",
+    "--api-key": "API keys are configured under server.auth (see docs/security.md)",
+}
+
+
+class LoraModule(argparse.Action):
+    """`name=path` or vLLM's JSON form `{"name": ..., "path": ...}`, repeatable."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
+        modules: dict[str, str] = dict(getattr(namespace, self.dest) or {})
+        for value in values:
+            name, path = _parse_module(parser, value)
+            if name in modules:
+                parser.error(f"--lora-modules names {name!r} twice")
+            modules[name] = path
+        setattr(namespace, self.dest, modules)
+
+
+def _parse_module(parser: argparse.ArgumentParser, value: str) -> tuple[str, str]:
+    if value.lstrip().startswith("{"):
+        try:
+            obj = json.loads(value)
+        except json.JSONDecodeError as exc:
+            parser.error(f"--lora-modules: invalid JSON {value!r}: {exc.msg}")
+        if (
+            not isinstance(obj, dict)
+            or not isinstance(obj.get("name"), str)
+            or not isinstance(obj.get("path"), str)
+        ):
+            parser.error('--lora-modules JSON must be {"name": "...", "path": "..."}')
+        return obj["name"], obj["path"]
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        parser.error(f"--lora-modules takes name=path, got {value!r}")
+    return name, path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve MODEL with optional LoRA modules (vLLM-style flags)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", help="a prepared alias (e.g. smollm2-135m-instruct) or an HF folder")
+    p.add_argument("--lora-modules", nargs="+", action=LoraModule, default={}, metavar="NAME=PATH")
+    p.add_argument("--enable-lora", action="store_true", help="accepted for vLLM; always on")
+    p.add_argument("--max-loras", type=int, help="hot-set slots per replica (hot_set.num_slots)")
+    p.add_argument("--max-lora-rank", type=int, help="largest adapter rank (hot_set.max_rank)")
+    p.add_argument("--served-model-name", help="the base model's name in the API")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    p.add_argument("--num-replicas", type=int, help="model replicas")
+    p.add_argument("--num-cpus", type=float, help="CPUs per model replica (its torch threads)")
+    p.add_argument("--num-gpus", type=float, help="GPUs per model replica")
+    p.add_argument("--store", help="adapter store: a directory or s3://bucket/prefix")
+    p.add_argument("--store-endpoint-url", help="S3-compatible endpoint of --store")
+    p.add_argument("--lora-load-dir", help="folder /v1/load_lora_adapter may load paths from")
+    p.add_argument(
+        "--print-config", action="store_true", help="write the Serve YAML to stdout and exit"
+    )
+    for flag in UNSUPPORTED_VLLM_FLAGS:
+        p.add_argument(flag, action=Unsupported, help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def default_store_dir() -> Path:
+    """Where adapters published by `molora serve` live: the user's data directory, never the
+    checkout."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "molora" / "store"
+
+
+def build_document(args: argparse.Namespace) -> dict[str, Any]:
+    """The shipped Serve document with the flags applied, its `args` validated."""
+    doc = yaml.safe_load(TEMPLATE.read_text())
+    app = doc["applications"][0]
+    cfg = app["args"]
+    engine = cfg["engine"]
+    engine["model"] = args.model
+    for flag, key in (
+        ("dtype", "dtype"),
+        ("device", "device"),
+        ("max_num_seqs", "max_num_seqs"),
+        ("max_model_len", "max_model_len"),
+        ("max_num_batched_tokens", "max_num_batched_tokens"),
+    ):
+        if getattr(args, flag) is not None:
+            engine[key] = getattr(args, flag)
+    if args.max_loras is not None:
+        engine["hot_set"]["num_slots"] = args.max_loras
+    if args.max_lora_rank is not None:
+        engine["hot_set"]["max_rank"] = args.max_lora_rank
+    if args.served_model_name:
+        cfg["served_model_name"] = args.served_model_name
+    own_model = args.model != DEFAULT_MODEL_ALIAS
+    if args.store or own_model or args.lora_modules:
+        cfg["store"] = {"url": args.store or str(default_store_dir())}
+        if args.store_endpoint_url:
+            cfg["store"]["endpoint_url"] = args.store_endpoint_url
+    if own_model:
+        # The bundled routes name the embedded model's adapters.
+        cfg["expose"]["routes"] = {}
+    if args.lora_load_dir:
+        cfg["server"]["runtime_lora"] = {"load_dir": str(Path(args.lora_load_dir).resolve())}
+    if args.host:
+        doc["http_options"]["host"] = args.host
+    if args.port is not None:
+        doc["http_options"]["port"] = args.port
+    replica = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
+    if args.num_replicas is not None:
+        replica["num_replicas"] = args.num_replicas
+    options = replica.setdefault("ray_actor_options", {})
+    if args.num_cpus is not None:
+        options["num_cpus"] = args.num_cpus
+    if args.num_gpus is not None:
+        options["num_gpus"] = args.num_gpus
+    served = ServeConfig.from_args(cfg)
+    # The replica takes one call per sequence plus the router's stream channel.
+    replica["max_ongoing_requests"] = served.engine.max_num_seqs + 1
+    return doc
+
+
+def publish_modules(doc: dict[str, Any], modules: dict[str, str]) -> list[str]:
+    """Publish each local PEFT folder under its name, a new version only when its files differ
+    from the name's latest; returns the `name@version` refs served."""
+    cfg = ServeConfig.from_args(doc["applications"][0]["args"])
+    base_config = load_base_config(resolve_model_path(cfg.engine.model))
+    url = cfg.store.resolved_url()
+    if "://" not in url:
+        Path(url).mkdir(parents=True, exist_ok=True, mode=0o700)
+    registry = open_registry(url, cfg.store.endpoint_url, create=True)
+    refs = []
+    for name, path in modules.items():
+        folder = Path(path).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"--lora-modules {name}: {path} is not a folder")
+        try:
+            versions = {v.version for v in registry.versions("adapter", name)}
+            latest = registry.latest("adapter", name)
+        except NotFoundError:
+            latest = None
+            versions = set()
+        if latest is not None and all(
+            (folder / e.path).is_file() and sha256_file(folder / e.path) == e.sha256
+            for e in latest.files
+        ):
+            refs.append(latest.ref)
+            continue
+        version = next(f"v{n}" for n in range(1, len(versions) + 2) if f"v{n}" not in versions)
+        try:
+            manifest = registry.publish_adapter(folder, name, version, base_config=base_config)
+        except InvalidInputError as exc:
+            raise ConfigError(f"--lora-modules {name}: {exc}") from None
+        refs.append(manifest.ref)
+    return refs
+
+
+class Unsupported(argparse.Action):
+    """A vLLM flag with no meaning here: refused with the reason."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[override]
+        parser.error(f"{option_string} is not supported: {UNSUPPORTED_VLLM_FLAGS[option_string]}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model not in GGUF_MODELS and not Path(args.model).expanduser().is_dir():
+        sys.exit(f"molora serve: {args.model!r} is neither a prepared alias nor a model folder")
+    try:
+        doc = build_document(args)
+        text = yaml.safe_dump(doc, sort_keys=False)
+        if args.print_config:
+            sys.stdout.write(text)
+            return 0
+        for ref in publish_modules(doc, args.lora_modules):
+            print(f"serving LoRA module {ref}", file=sys.stderr)
+    except ConfigError as exc:
+        sys.exit(f"molora serve: {exc}")
+    handle, path = tempfile.mkstemp(prefix="molora-serve-", suffix=".yaml")
+    with os.fdopen(handle, "w") as f:
+        f.write(text)
+    serve = Path(sys.executable).with_name("serve")
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_worker_niceness="0")
+    os.execve(serve, [str(serve), "run", path], env)
+    return 0  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry for `python -m deployments.ops.serve_cli`."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="molora")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["serve", *argv])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""`molora serve MODEL [vLLM-style flags]`: the flags become the shipped Serve document with a
+validated `ServeConfig`, LoRA modules are published once, and the result serves them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from serve_helpers import deploy, undeploy
+
+from adapter_store import open_registry
+from deployments.config import ServeConfig
+from deployments.ops import cli, serve_cli
+
+MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve_cli.register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+def _folder(store: Path, name: str) -> Path:
+    m = open_registry(str(store)).resolve("adapter", name)
+    return store / "adapters" / name / m.version / m.blob_dir
+
+
+def test_flags_map_onto_the_validated_config(capsys, tiny_assets, tmp_path) -> None:
+    argv = [str(tiny_assets["model"]), "--max-loras", "6", "--max-lora-rank", "32"]
+    argv += ["--max-num-seqs", "12", "--max-model-len", "512", "--dtype", "float32"]
+    argv += ["--served-model-name", "mine", "--port", "8123", "--num-replicas", "2"]
+    argv += ["--store", str(tmp_path / "store"), "--enable-lora", "--print-config"]
+    assert cli.main(argv=["serve", *argv]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    app = doc["applications"][0]
+    cfg = ServeConfig.from_args(app["args"])
+    assert cfg.engine.hot_set.num_slots == 6 and cfg.engine.hot_set.max_rank == 32
+    assert cfg.engine.max_num_seqs == 12 and cfg.engine.max_model_len == 512
+    assert cfg.engine.dtype == "float32" and cfg.served_model_name == "mine"
+    assert cfg.store.url == str(tmp_path / "store")
+    # The embedded model's named routes pin its own adapters: not carried to another model.
+    assert cfg.expose.routes == {}
+    assert doc["http_options"] == {**doc["http_options"], "port": 8123, "host": "127.0.0.1"}
+    replica = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
+    assert replica["num_replicas"] == 2 and replica["max_ongoing_requests"] == 13
+    assert app["import_path"] == "deployments.app:build_app"
+
+
+def test_the_embedded_default_keeps_the_bundled_store(capsys) -> None:
+    assert cli.main(argv=["serve", "smollm2-135m-instruct", "--print-config"]) == 0
+    shipped = yaml.safe_load((serve_cli.TEMPLATE).read_text())
+    assert yaml.safe_load(capsys.readouterr().out) == shipped
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--tensor-parallel-size", "2"], "--tensor-parallel-size is not supported"),
+        (["--api-key", "k"], "server.auth"),
+        (["--lora-modules", "noequals"], "takes name=path"),
+        (["--lora-modules", '{"name": 1}'], "must be"),
+        (["--lora-modules", "a=x", "a=y"], "names 'a' twice"),
+        (["--max-num-seqs", "0"], "max_num_seqs"),
+    ],
+)
+def test_bad_flags_say_why(argv, says, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv=["serve", "smollm2-135m-instruct", *argv, "--print-config"])
+    assert exit_.value.code != 0
+    err = capsys.readouterr().err + str(exit_.value.code)
+    assert says in err
+
+
+def test_unknown_model_is_refused(tmp_path) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv=["serve", str(tmp_path / "nope"), "--print-config"])
+    assert "neither a prepared alias nor a model folder" in str(exit_.value.code)
+
+
+def test_lora_modules_publish_once_and_refuse_bad_adapters(tiny_assets, tmp_path) -> None:
+    src = Path(shutil.copytree(_folder(tiny_assets["store"], "math"), tmp_path / "mine"))
+    store = tmp_path / "store"
+    args = _args(str(tiny_assets["model"]), "--store", str(store), "--lora-modules", f"mine={src}")
+    doc = serve_cli.build_document(args)
+    assert serve_cli.publish_modules(doc, args.lora_modules) == ["mine@v1"]
+    # Unchanged files: the same version is served again, nothing is published.
+    assert serve_cli.publish_modules(doc, args.lora_modules) == ["mine@v1"]
+    config = json.loads((src / "adapter_config.json").read_text())
+    config["lora_alpha"] = config["lora_alpha"] * 2
+    (src / "adapter_config.json").write_text(json.dumps(config))
+    assert serve_cli.publish_modules(doc, args.lora_modules) == ["mine@v2"]
+    # An adapter for another model's shapes is refused by the store's rulebook, by name.
+    (src / "adapter_config.json").write_text(json.dumps({**config, "r": "eight"}))
+    with pytest.raises(serve_cli.ConfigError, match="--lora-modules mine"):
+        serve_cli.publish_modules(doc, args.lora_modules)
+
+
+def test_a_published_module_is_served(ray_cluster, tiny_assets, tmp_path) -> None:
+    url = ray_cluster["url"]
+    src = shutil.copytree(_folder(tiny_assets["store"], "math"), tmp_path / "mine")
+    argv = [str(tiny_assets["model"]), "--store", str(tmp_path / "store"), "--dtype", "float32"]
+    args = _args(*argv, "--served-model-name", "tiny-base", "--lora-modules", f"mine={src}")
+    doc = serve_cli.build_document(args)
+    serve_cli.publish_modules(doc, args.lora_modules)
+    app = doc["applications"][0]
+    replica = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
+    options = {k: v for k, v in replica.items() if k != "name"}
+    options["ray_actor_options"] = {"num_cpus": 1}
+    deploy(url, app["args"], options)
+    try:
+        models = httpx.get(f"{url}/v1/models", timeout=30).json()
+        assert {"tiny-base", "mine"} <= {m["id"] for m in models["data"]}
+        body = {"model": "mine", "messages": MESSAGES, "max_tokens": 8, "temperature": 0}
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"]
+        missing = httpx.post(
+            f"{url}/v1/chat/completions", json={**body, "model": "math"}, timeout=60
+        )
+        assert missing.status_code == 404  # only the modules given are served
+    finally:
+        undeploy()
