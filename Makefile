@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: install models serve test lint format vllm-env clean
+.PHONY: install models serve test lint format vllm-env clean image-cpu
 
 LOCK := docker/requirements.lock
 
@@ -65,3 +65,7 @@ vllm-env:
 
 clean:
 	rm -rf $(VENV) .venv-vllm .pytest_cache .ruff_cache
+
+# A CPU image of `make serve`'s default (docker/cpu.Dockerfile); the KubeRay GPU image is ./Dockerfile.
+image-cpu:
+	docker build -f docker/cpu.Dockerfile -t molora-serve:cpu .
