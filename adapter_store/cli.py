@@ -1,4 +1,4 @@
-"""`molora adapters …` and `molora compositions …`: push, list, show, pull, rm, verify.
+"""`molora adapters …` and `molora compositions …`: push, list, show, pull, rm, copy, verify.
 
 Exit codes (stable, for scripts): 0 ok, 1 other store error, 2 usage, 3 invalid input,
 4 not found, 5 version exists, 6 checksum/integrity failure, 7 store unreachable,
@@ -91,6 +91,14 @@ def _add_commands(commands: argparse._SubParsersAction, kind: Kind) -> None:
     p.add_argument("--unyank", action="store_true", help="undo --yank")
     p.add_argument("--reason", help="why it was yanked")
     p.add_argument("--force", action="store_true", help="delete even if compositions pin it")
+
+    p = add("copy", _copy, f"copy {kind}s as they are to another store, verified")
+    p.add_argument(
+        "ref", nargs="?", metavar="NAME[@VERSION]", help="default with --all: every live version"
+    )
+    p.add_argument("--to", required=True, help="the destination store (s3://... or a directory)")
+    p.add_argument("--to-endpoint-url", help="S3 endpoint of the destination")
+    p.add_argument("--all", action="store_true", help="every live version of every name")
 
     p = add("verify", _verify, "re-download and check the sha256 of every file")
     p.add_argument(
@@ -267,6 +275,30 @@ def _rm(args: argparse.Namespace, kind: Kind) -> int:
         done.append(m.ref)
     action = "yanked" if args.yank else "unyanked" if args.unyank else "deleted"
     _emit(args, {"ok": True, action: done}, "\n".join(f"{action} {ref}" for ref in done))
+    return 0
+
+
+def _copy(args: argparse.Namespace, kind: Kind) -> int:
+    if bool(args.ref) == bool(args.all):
+        raise InvalidInputError("copy takes NAME[@VERSION] or --all (not both)")
+    src = _registry(args)
+    dst = Registry(open_backend(args.to, args.to_endpoint_url, create=True))
+    if args.ref:
+        refs = [args.ref]
+    else:
+        refs = [
+            f"{n}@{v.version}"
+            for n in src.names(kind)
+            for v in src.versions(kind, n)
+            if not v.yanked
+        ]
+    results = []
+    for ref in refs:
+        with _progress(args, f"copy {ref}", src.resolve(kind, ref).total_size) as progress:
+            m, copied = dst.copy_from(src, kind, ref, progress)
+        results.append({"ref": m.ref, "copied": copied})
+    text = "\n".join(f"{'copied' if r['copied'] else 'present'} {r['ref']}" for r in results)
+    _emit(args, {"ok": True, "results": results}, text or f"(no {kind}s to copy)")
     return 0
 
 

@@ -435,6 +435,37 @@ class Registry:
     ) -> AnyManifest:
         return self.stage_composition(folder, name, version, **kwargs).commit()
 
+    def copy_from(
+        self, src: Registry, kind: Kind, ref: str, progress: Progress | None = None
+    ) -> tuple[AnyManifest, bool]:
+        """Copy one version from `src` as it is (name, version, tenant, manifest fields): each
+        file verified against its sha256 on the way, checked by the rulebook again, then the
+        manifest written last. A composition's pinned adapters are copied first. Returns the
+        manifest and whether anything was copied (False: already here with the same files)."""
+        m = src.resolve(kind, ref)
+        if self.backend.exists(version_dir(kind, m.name, m.version) + MANIFEST):
+            here = self.manifest(kind, m.name, m.version)
+            if here.files != m.files or here.tenant != m.tenant:
+                raise VersionExistsError(
+                    f"{kind} {m.ref} exists in {self.url} with other files or owner"
+                )
+            return here, False
+        if isinstance(m, CompositionManifest):
+            for adapter in m.adapters:
+                self.copy_from(src, "adapter", adapter, progress)
+        self._check_tenant(kind, m.name, m.tenant)
+        with tempfile.TemporaryDirectory(prefix="molora-copy-") as tmp:
+            folder = Path(tmp)
+            for entry in m.files:
+                src.fetch_to(m, entry, folder / entry.path, progress)
+            if isinstance(m, CompositionManifest):
+                read_composition(folder, self.max_bytes)
+            else:
+                validate_adapter(folder, None, self.max_bytes)
+            copied = m.model_copy(update={"blob_dir": self._blob_dir()})
+            sources = {e.path: folder / e.path for e in m.files}
+            return self._upload(copied, sources, progress).commit(), True
+
     # ---- removing ------------------------------------------------------------------------------
 
     def users_of(self, adapter_ref: str) -> list[str]:

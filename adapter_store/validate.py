@@ -48,6 +48,10 @@ class AdapterInfo(BaseModel):
     dtype: str
 
 
+# What `molora adapters pull` leaves beside the files (the store's manifest file name).
+PULLED_MANIFEST = "manifest.json"
+
+
 def sha256_file(path: Path, chunk: int = 4 * 1024 * 1024) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -67,6 +71,8 @@ def _check_files(
     for path in sorted(folder.iterdir()):
         if path.name.startswith("."):
             continue  # editor / OS droppings are not part of the adapter
+        if path.name == PULLED_MANIFEST:
+            continue  # a pulled folder's record of its version: a push writes its own
         if path.suffix.lower() in PICKLE_SUFFIXES:
             raise InvalidInputError(
                 f"{path.name}: pickle-based weights are refused; save with "
