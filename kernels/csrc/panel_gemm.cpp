@@ -7,9 +7,11 @@
 // and reads each weight byte once per call (see kernels/cpu_panel_gemm.py for the numbers).
 // bf16 panels halve the bytes a step streams: each 16-column row of a panel is widened to fp32
 // in registers (a bf16 is the top half of an fp32): one shift and one mask per 16 weights.
-// Built at first use by kernels/cpu_panel_gemm.py; threads come from the OpenMP runtime torch
-// already loaded (same soname), so the GEMM runs on torch's intra-op team.
+// Built as a PyTorch C++ extension by kernels/cpu_panel_gemm.py (at `make models`, at image build,
+// else at first use); threads come from the OpenMP runtime torch already loaded (same soname), so
+// the GEMM runs on torch's intra-op team.
 #include <immintrin.h>
+#include <pybind11/pybind11.h>
 #include <stdint.h>
 
 namespace {
@@ -99,24 +101,30 @@ void panel_gemm(const float* x, int64_t ldx, const W* panels, float* y, int64_t 
 
 }  // namespace
 
-extern "C" {
-
 // Columns per panel, so the Python side packs with the same width the kernel reads.
-int64_t molora_panel_width(void) { return NR; }
+static int64_t panel_width() { return NR; }
 
-// x: m rows of k floats, row stride ldx; panels: [ceil(n / 16), k, 16] contiguous, zero padded;
-// y: m rows of n floats, row stride ldy. The caller checks shapes, dtypes and strides and passes
-// torch's intra-op thread count (OpenMP's own default is per calling thread, and the engine
-// steps on a thread of its own).
-void molora_panel_gemm(const float* x, int64_t ldx, const float* panels, float* y, int64_t ldy,
-                       int64_t m, int64_t n, int64_t k, int threads) {
-  panel_gemm(x, ldx, panels, y, ldy, m, n, k, threads);
+// x: m rows of k floats, row stride ldx; panels: [ceil(n / 16), k, 16] contiguous, zero padded,
+// fp32 or bf16 (the raw 16-bit patterns, as torch stores bfloat16); y: m rows of n floats, row
+// stride ldy. Addresses come as integers: the caller (cpu_panel_gemm.panel_linear) checks shapes,
+// dtypes and strides and passes torch's intra-op thread count (OpenMP's own default is per
+// calling thread, and the engine steps on a thread of its own).
+static void gemm_fp32(uintptr_t x, int64_t ldx, uintptr_t panels, uintptr_t y, int64_t ldy,
+                      int64_t m, int64_t n, int64_t k, int threads) {
+  panel_gemm(reinterpret_cast<const float*>(x), ldx, reinterpret_cast<const float*>(panels),
+             reinterpret_cast<float*>(y), ldy, m, n, k, threads);
 }
 
-// The same with bf16 panels (the raw 16-bit patterns, as torch stores bfloat16).
-void molora_panel_gemm_bf16(const float* x, int64_t ldx, const uint16_t* panels, float* y,
-                            int64_t ldy, int64_t m, int64_t n, int64_t k, int threads) {
-  panel_gemm(x, ldx, panels, y, ldy, m, n, k, threads);
+static void gemm_bf16(uintptr_t x, int64_t ldx, uintptr_t panels, uintptr_t y, int64_t ldy,
+                      int64_t m, int64_t n, int64_t k, int threads) {
+  panel_gemm(reinterpret_cast<const float*>(x), ldx, reinterpret_cast<const uint16_t*>(panels),
+             reinterpret_cast<float*>(y), ldy, m, n, k, threads);
 }
 
-}  // extern "C"
+// The GEMMs release the GIL: the engine's step thread and the server's event loop run beside them.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  m.def("panel_width", &panel_width);
+  m.def("gemm_fp32", &gemm_fp32, py::call_guard<py::gil_scoped_release>());
+  m.def("gemm_bf16", &gemm_bf16, py::call_guard<py::gil_scoped_release>());
+}
