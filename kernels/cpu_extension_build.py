@@ -16,8 +16,11 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import stat
+import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,19 +99,23 @@ def build(spec: ExtensionSpec) -> ModuleType:
     Raises RuntimeError (with the compiler's message) where it cannot be built."""
     root = private_dir(cache_root())
     target = root / spec.module
-    scratch = private_dir(root / f".{spec.module}.{os.getpid()}.{threading.get_ident()}")
+    scratch = Path(tempfile.mkdtemp(prefix=f".{spec.module}.", dir=root))  # 0700, never reused
     try:
-        module = cpp_extension.load(
-            name=spec.module,
-            sources=[str(spec.source)],
-            extra_cflags=list(spec.cflags),
-            extra_ldflags=list(spec.ldflags),
-            build_directory=str(scratch),
-            verbose=False,
-        )
-        library = Path(module.__file__ or "")
-        if library.parent != scratch or not library.is_file():
-            raise RuntimeError(f"the build of {spec.module} left no library in its directory")
+        try:
+            module = cpp_extension.load(
+                name=spec.module,
+                sources=[str(spec.source)],
+                extra_cflags=list(spec.cflags),
+                extra_ldflags=list(spec.ldflags),
+                build_directory=str(scratch),
+                verbose=False,
+            )
+        except (subprocess.SubprocessError, OSError, ImportError) as exc:
+            raise RuntimeError(f"building {spec.name} failed: {exc}") from exc
+        libraries = list(scratch.glob(f"{spec.module}*.so"))
+        if len(libraries) != 1:
+            raise RuntimeError(f"the build of {spec.module} left {len(libraries)} libraries")
+        (library,) = libraries
         manifest = Manifest(
             module=spec.module,
             library=library.name,
@@ -139,7 +146,9 @@ def verified_library(spec: ExtensionSpec) -> Path | None:
     except (OSError, ValidationError, json.JSONDecodeError) as exc:
         raise KernelIntegrityError(f"{target} has no valid manifest: {exc}") from exc
     library = target / manifest.library
-    if manifest.module != spec.module or library.name != f"{spec.module}.so":
+    # torch names a rebuild in the same process `<module>_v<n>`; nothing else is a build of ours
+    own_name = re.fullmatch(re.escape(spec.module) + r"(_v[0-9]+)?\.so", manifest.library)
+    if manifest.module != spec.module or own_name is None:
         raise KernelIntegrityError(f"{target}'s manifest names another build")
     if not library.is_file() or library.is_symlink():
         raise KernelIntegrityError(f"{library} is missing or not a plain file")
@@ -170,5 +179,5 @@ def load(spec: ExtensionSpec) -> ModuleType:
             log.error("refusing the cached %s kernel, building it afresh: %s", spec.name, exc)
             library = None
         if library is not None:
-            return _import(spec.module, library)
+            return _import(library.stem, library)
         return build(spec)

@@ -3,10 +3,11 @@ input's dtype, over random shapes (row counts across the 6-row tile and its rema
 across the 16-column panel and a padded last panel, strided input rows, with and without bias;
 fp32 and bf16 panels, fp32 and bf16 inputs); it refuses what it cannot run
 rather than read past a buffer; and where this CPU and a compiler can run it, it is built, not
-silently skipped."""
+silently skipped; where it cannot, the fallback says so."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -14,14 +15,18 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils import cpp_extension
 
+from kernels import cpu_extension_build
 from kernels import cpu_panel_gemm as pg
 
 needs_kernel = pytest.mark.skipif(not pg.available(), reason="no AVX2/FMA CPU or no C++ compiler")
 
 
 def test_kernel_is_built_wherever_it_can_run() -> None:
-    can_build = pg.cpu_supported() and any(shutil.which(c) for c in ("c++", "g++", "clang++"))
+    can_build = (
+        pg.cpu_supported() and pg.compiler() is not None and cpp_extension.is_ninja_available()
+    )
     assert pg.available() == can_build
 
 
@@ -99,8 +104,12 @@ def test_bad_inputs_are_refused_before_the_kernel_reads_them() -> None:
 def test_a_failing_compiler_is_reported_with_its_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = tmp_path / "broken-c++"
-    fake.write_text("#!/bin/sh\necho 'fatal: no such target' >&2\nexit 1\n")
+    real = shutil.which("c++") or "c++"
+    fake = tmp_path / "broken-c++"  # answers --version like the real one, fails every compile
+    fake.write_text(
+        f'#!/bin/sh\nif [ "$1" = --version ]; then exec {real} --version; fi\n'
+        "echo 'fatal: no such target' >&2\nexit 1\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
     monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
@@ -109,15 +118,31 @@ def test_a_failing_compiler_is_reported_with_its_output(
     assert not list((tmp_path / "cache").glob("*"))  # no half-written library left behind
 
 
+def test_no_compiler_falls_back_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(pg, "_load_attempted", False)
+    monkeypatch.setattr(pg, "_library", None)
+    with caplog.at_level(logging.WARNING, logger=pg.__name__):
+        assert pg._load() is None
+    assert "CPU panel GEMM unavailable" in caplog.text and "no C++ compiler" in caplog.text
+
+
 @needs_kernel
-def test_build_goes_to_the_configured_cache_and_is_reused(
+def test_build_goes_to_the_private_cache_and_is_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path))
-    first = pg.build()
-    assert first.parent == tmp_path and first.exists()
-    stamp = first.stat().st_mtime_ns
-    assert pg.build() == first and first.stat().st_mtime_ns == stamp
+    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
+    assert pg.build().panel_width() == pg.PANEL_WIDTH
+    built = cpu_extension_build.verified_library(pg.SPEC)
+    assert built is not None and built.parent == tmp_path / "cache" / pg.SPEC.module
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+    stamp = built.stat().st_mtime_ns
+    entries = sorted((tmp_path / "cache").iterdir())
+    assert pg.build().panel_width() == pg.PANEL_WIDTH  # verified and imported, not compiled again
+    assert built.stat().st_mtime_ns == stamp and sorted((tmp_path / "cache").iterdir()) == entries
 
 
 def test_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:
