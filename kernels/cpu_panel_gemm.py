@@ -2,23 +2,17 @@
 panels, accumulated in fp32.
 
 A decode step multiplies a few token rows by every weight of the model, so each GEMM streams its
-weight from DRAM once and the kernel's job is to keep up with memory. oneDNN's fp32 kernel does
-not at small M. Side by side on the 2-core AVX2 dev box (60 SmolLM2-135M projections, 212 MB,
-streamed; median of 6; oneDNN on weights it packed once): 8 rows 8.7 vs 12.9 ms (24 vs 16 GB/s),
-1 row 4.9 vs 7.7 ms, 32 rows 21.8 vs 28.8 ms, 1024 rows (prefill) 574 vs 667 ms.
-bf16 panels stream half the bytes and are widened to fp32 in registers (a shift and a mask per
-16 weights): the same 60 projections on bf16 panels (fp32 input) took 4.3 / 7.7 / 22.3 / 158 ms
-at 1 / 8 / 32 / 256 rows against fp32 panels' 7.8 / 11.5 / 25.5 / 161. On an AVX2 CPU, where
-oneDNN packs no bf16 and a plain bf16 `F.linear` runs ~3x slower than fp32, they are what lets
-a bf16 model serve at all (offline, 4 adapters at 8 / 32 sequences: 36 / 43 -> 105-143 / 158-234
-tok/s).
+weight once and the kernel's job is to keep up with memory, where oneDNN's small-M kernels spend
+time on set-up. bf16 panels stream half the bytes and are widened to fp32 in registers (a shift
+and a mask per 16 weights), which is what lets a bf16 model serve on an AVX2 CPU, where oneDNN
+packs no bf16. Tiles are AVX2/FMA, or AVX-512F where the CPU has it (twice the rows per tile).
+Whether a shape runs here, on oneDNN or on `F.linear` is measured per CPU (`docs/cpu-gemm.md`).
 
 The C++ source (`csrc/panel_gemm.cpp`) is a PyTorch C++ extension built by
 `kernels.cpu_extension_build` (at `make models`, at image build, else at first use) into a cache
 private to the user, and loaded only after its hash matches the one its build recorded; its GEMMs
 release the GIL. Where there is no compiler, no AVX2/FMA or no x86, `available()` is False (with a
 warning) and callers keep their oneDNN path; `MOLORA_CPU_PANEL_GEMM=0` turns the kernel off.
-Whether a weight of a given shape runs here or elsewhere is measured (`packed_linear`).
 `panel_linear_reference` is its twin: `F.linear` on the plain weight.
 """
 
@@ -124,6 +118,12 @@ def _load() -> ModuleType | None:
     return _library
 
 
+def has_avx512() -> bool:
+    """Whether the loaded kernel runs AVX-512 tiles on this CPU (False where it is not loaded)."""
+    lib = _load()
+    return bool(lib is not None and lib.has_avx512())
+
+
 def available() -> bool:
     """Whether the kernel is on and runs here (builds the library on the first call)."""
     if os.environ.get(SWITCH_ENV, "1") == "0" or not cpu_supported():
@@ -151,11 +151,15 @@ def pack(weight: torch.Tensor) -> PanelWeight:
 
 
 def panel_linear(
-    x: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: PanelWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    allow_avx512: bool = True,
 ) -> torch.Tensor:
     """`F.linear(x, W, bias)` for 2-D fp32 or bf16 CPU `x [M, in]` on `W`'s panels (no
     autograd): products summed in fp32, the result in `x`'s dtype (rounded once, as
-    `F.linear` rounds a bf16 GEMM)."""
+    `F.linear` rounds a bf16 GEMM). AVX-512 tiles where the CPU has them, unless not allowed."""
     lib = _load()
     if lib is None:
         raise RuntimeError("the CPU panel GEMM is not available here (see `available()`)")
@@ -173,7 +177,7 @@ def panel_linear(
         kernel = lib.gemm_fp32 if weight.panels.dtype == torch.float32 else lib.gemm_bf16
         kernel(
             x32.data_ptr(), x32.stride(0), weight.panels.data_ptr(), y.data_ptr(), n,
-            m, n, weight.in_features, torch.get_num_threads(),
+            m, n, weight.in_features, torch.get_num_threads(), allow_avx512,
         )  # fmt: skip
     if bias is not None:
         y.add_(bias)

@@ -34,13 +34,14 @@ def test_kernel_is_built_wherever_it_can_run() -> None:
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
-    m=st.integers(0, 40),
+    m=st.integers(0, 40),  # AVX2 tiles of 6 rows, AVX-512 tiles of 12, and their remainders
     n=st.integers(1, 70),
     k=st.integers(1, 100),
     row_gap=st.integers(0, 7),
     with_bias=st.booleans(),
     weight_dtype=st.sampled_from(pg.PANEL_DTYPES),
     x_dtype=st.sampled_from(pg.PANEL_DTYPES),
+    allow_avx512=st.booleans(),
 )
 def test_panel_linear_matches_its_twin(
     seed: int,
@@ -51,6 +52,7 @@ def test_panel_linear_matches_its_twin(
     with_bias: bool,
     weight_dtype: torch.dtype,
     x_dtype: torch.dtype,
+    allow_avx512: bool,
 ) -> None:
     g = torch.Generator().manual_seed(seed)
     weight = torch.randn(n, k, generator=g).to(weight_dtype)
@@ -59,7 +61,7 @@ def test_panel_linear_matches_its_twin(
     bias = torch.randn(n, generator=g).to(weight_dtype) if with_bias else None
     packed = pg.pack(weight)
     assert packed.panels.dtype == weight_dtype  # bf16 stays bf16: half the bytes to stream
-    got = pg.panel_linear(x, packed, bias)
+    got = pg.panel_linear(x, packed, bias, allow_avx512=allow_avx512)  # both tile sets
     want = pg.panel_linear_reference(x, weight, bias)
     assert got.shape == want.shape == (m, n) and got.dtype == x_dtype
     if x_dtype == torch.float32:
@@ -73,8 +75,9 @@ def test_bf16_panels_widen_every_bit_pattern_exactly() -> None:
     # one-hot rows pick single weights: the fp32 result must be the bf16 weight itself, exactly
     weight = torch.randn(37, 19).mul(1e3).to(torch.bfloat16)
     weight[0, :3] = torch.tensor([3e38, -3e38, 2**-100], dtype=torch.bfloat16)  # range ends
-    got = pg.panel_linear(torch.eye(19), pg.pack(weight))
-    assert torch.equal(got, weight.float().t())
+    for allow_avx512 in (False, True):
+        got = pg.panel_linear(torch.eye(19), pg.pack(weight), allow_avx512=allow_avx512)
+        assert torch.equal(got, weight.float().t())
 
 
 @needs_kernel
@@ -143,6 +146,12 @@ def test_build_goes_to_the_private_cache_and_is_reused(
     entries = sorted((tmp_path / "cache").iterdir())
     assert pg.build().panel_width() == pg.PANEL_WIDTH  # verified and imported, not compiled again
     assert built.stat().st_mtime_ns == stamp and sorted((tmp_path / "cache").iterdir()) == entries
+
+
+@needs_kernel
+def test_avx512_tiles_run_wherever_the_cpu_has_them() -> None:
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    assert pg.has_avx512() == ("avx512f" in flags)
 
 
 def test_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:
