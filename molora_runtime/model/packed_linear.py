@@ -124,7 +124,9 @@ def gemm_candidates(
 
     def candidate(packed: PackedWeight | None) -> gemm_chooser.Candidate:
         def make(m: int) -> gemm_chooser.Runner:
-            x = torch.randn(m, weight.shape[1]).to(weight.dtype)
+            # a generator of its own: timing at load leaves torch's global RNG where it was
+            gen = torch.Generator().manual_seed(m)
+            x = torch.randn(m, weight.shape[1], generator=gen).to(weight.dtype)
             if packed is None:
                 return lambda: F.linear(x, plain)
             return lambda: packed_gemm(x, packed)

@@ -118,3 +118,11 @@ def test_weights_the_chooser_does_not_cover_keep_onednn_or_plain() -> None:
     half = torch.randn(16, 16, dtype=torch.float16)
     assert pl.pack_chosen(half) is None or isinstance(pl.pack_chosen(half), torch.Tensor)
     assert not list(Path(gemm_choice_cache.cache_root()).glob("gemm-choices-*"))
+
+
+def test_measuring_leaves_the_global_rng_where_it_was() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    pl.choose_kind(torch.randn(32, 16, generator=torch.Generator().manual_seed(0)))
+    assert torch.equal(torch.rand(4), expected)
