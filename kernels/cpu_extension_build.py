@@ -123,7 +123,8 @@ def build(spec: ExtensionSpec) -> ModuleType:
             torch_version=torch.__version__,
         )
         (scratch / MANIFEST).write_text(manifest.model_dump_json())
-        shutil.rmtree(target, ignore_errors=True)  # a refused build or a stale one
+        if not _holds_a_verified_build(spec):  # another process may have just put one there
+            shutil.rmtree(target, ignore_errors=True)  # a refused build or a stale one
         # atomic: readers see a whole build or none; on failure another process just put its
         # own (equal) build in place
         with contextlib.suppress(OSError):
@@ -158,6 +159,13 @@ def verified_library(spec: ExtensionSpec) -> Path | None:
             f"{library} has sha256 {found[:16]}…, its build recorded {manifest.sha256[:16]}…"
         )
     return library
+
+
+def _holds_a_verified_build(spec: ExtensionSpec) -> bool:
+    try:
+        return verified_library(spec) is not None
+    except KernelIntegrityError:
+        return False
 
 
 def _import(module: str, library: Path) -> ModuleType:

@@ -124,3 +124,13 @@ def test_a_symlinked_cache_entry_is_refused(spec: ceb.ExtensionSpec, tmp_path: P
     (ceb.cache_root() / spec.module).symlink_to(elsewhere)
     with pytest.raises(ceb.KernelIntegrityError, match="not a directory"):
         ceb.verified_library(spec)
+
+
+def test_a_second_builder_leaves_a_verified_build_in_place(spec: ceb.ExtensionSpec) -> None:
+    ceb.load(spec)
+    library = ceb.verified_library(spec)
+    assert library is not None
+    stamp = library.stat().st_mtime_ns
+    assert ceb.build(spec).answer() == 42  # as a process racing the first would
+    assert ceb.verified_library(spec) == library and library.stat().st_mtime_ns == stamp
+    assert [p.name for p in ceb.cache_root().iterdir()] == [spec.module]  # no scratch left
