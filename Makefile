@@ -26,9 +26,10 @@ install: $(STAMP)
 
 models: install
 	$(VENV)/bin/molora models prepare
-	# The CPU panel GEMM (kernels/csrc, fp32 and bf16) is compiled once per source hash into a user cache;
-	# building it here keeps the first request fast. It never fails: without g++ or AVX2 the
-	# engine uses oneDNN.
+	# The CPU panel GEMM (kernels/csrc) is built as a PyTorch extension (ninja and g++) into a cache
+	# private to the user, its library's sha256 recorded and checked before every load
+	# (docs/cpu-gemm.md). Without a compiler it warns and the engine uses oneDNN or F.linear.
+	$(PY) -m pip install -q ninja==1.13.2
 	$(PY) -m kernels.cpu_panel_gemm
 
 serve: models

@@ -1,110 +1,107 @@
-"""A decode step's base GEMMs on CPU, kernel by kernel: the panel GEMM against oneDNN and plain.
+"""The CPU GEMM candidates per weight shape, as the engine's chooser sees them on this CPU.
 
-Every base projection of a SmolLM2-135M-shaped model (30 layers of fused q/k/v, o, fused
-gate/up and down; random weights, 425 MB in fp32) is multiplied by the same `M`-row activation,
-one weight after another, so each pass streams all weights from DRAM as a decode step does.
-The variants run interleaved within each repetition (the box's drift hits them all alike) and
-the table gives each one's median pass time, its effective weight bandwidth and its speed
-relative to oneDNN's packed fp32 kernel, the engine's path before the panel GEMM:
+For every base weight shape of a SmolLM2-135M-shaped model (fused q/k/v, o, fused gate/up, down,
+the LM head; random weights) and each dtype, every kind that runs here (`panel`: the panel GEMM
+of `kernels.cpu_panel_gemm`; `onednn`: oneDNN on the weight packed once; `plain`: `F.linear`) is
+timed by `kernels.gemm_chooser.measure` at the row counts the engine's chooser uses, and the table
+shows microseconds per GEMM, each kind's score (weighted time relative to the fastest; 1.0 = the
+fastest everywhere) and the winner. A last table adds the shapes up as a 30-layer decode pass
+(plus the head) would run them: each fixed kind against the per-shape choice. One weight is timed
+at a time, so it may sit in cache; the engine's own step is the end-to-end check.
 
-- `plain_fp32` / `plain_bf16`: `F.linear` on the row-major weight (oneDNN reorders per call);
-- `onednn_fp32`: `F.linear` through oneDNN's weight packed once (`packed_linear.pack_onednn`);
-- `panel_fp32`, `panel_bf16`: `kernels.cpu_panel_gemm` on fp32 / bf16 panels, fp32 input
-  (`panel_bf16_x16`: bf16 input and output, as a bf16 model calls it).
-
-    python -m benchmarks.cpu_gemm [--rows 1 8 32 256] [--reps 9] [--threads 2] [--out FILE]
+    python -m benchmarks.cpu_gemm [--dtypes float32 bfloat16] [--reps 5] [--threads 2] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
+from benchmarks.lscpu import lscpu
 from benchmarks.report import write_json
-from kernels import cpu_panel_gemm
-from molora_runtime.model.packed_linear import pack_onednn, packed_gemm
+from kernels import gemm_chooser
+from molora_runtime.model.packed_linear import BASE_ROWS, HEAD_ROWS, gemm_candidates, runnable_kinds
 
-HIDDEN, INTERMEDIATE, LAYERS = 576, 1536, 30
+HIDDEN, INTERMEDIATE, LAYERS, VOCAB = 576, 1536, 30, 49152
 QKV_OUT = HIDDEN + 2 * 192  # 9 query heads and 3 KV heads of 64
-SHAPES = [(QKV_OUT, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
-BASELINE = "onednn_fp32"
+# name -> (out, in, how many a model has, the row counts it sees)
+SHAPES: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
+    "qkv": (QKV_OUT, HIDDEN, LAYERS, BASE_ROWS),
+    "o": (HIDDEN, HIDDEN, LAYERS, BASE_ROWS),
+    "gate_up": (2 * INTERMEDIATE, HIDDEN, LAYERS, BASE_ROWS),
+    "down": (HIDDEN, INTERMEDIATE, LAYERS, BASE_ROWS),
+    "lm_head": (VOCAB, HIDDEN, 1, HEAD_ROWS),
+}
 
 
-def _variants() -> dict[str, tuple[list[Any], torch.dtype, Callable[[torch.Tensor, Any], Any]]]:
-    """name -> (one operand per weight, input dtype, GEMM of an input and an operand)."""
-    gen = torch.Generator().manual_seed(0)
-    weights = [torch.randn(n, k, generator=gen) / k**0.5 for _ in range(LAYERS) for n, k in SHAPES]
-    out: dict[str, tuple[list[Any], torch.dtype, Callable[[torch.Tensor, Any], Any]]] = {
-        "plain_fp32": (weights, torch.float32, F.linear),
-        "plain_bf16": ([w.bfloat16() for w in weights], torch.bfloat16, F.linear),
+def shape_table(dtype: torch.dtype, out: int, inp: int, rows: tuple[int, ...], reps: int) -> dict:
+    """One shape's table: seconds per GEMM by kind and rows, scores, the winner."""
+    gen = torch.Generator().manual_seed(out * 7 + inp)
+    weight = (torch.randn(out, inp, generator=gen) / inp**0.5).to(dtype)
+    kinds = runnable_kinds(weight)
+    with torch.inference_mode():
+        table = gemm_chooser.measure(gemm_candidates(weight, kinds), rows, reps=reps)
+    return {
+        "table": table,
+        "scores": gemm_chooser.scores(table),
+        "winner": gemm_chooser.pick(table),
     }
-    onednn = [pack_onednn(w) for w in weights]
-    if all(p is not None for p in onednn):
-        out[BASELINE] = (onednn, torch.float32, packed_gemm)
-    if cpu_panel_gemm.available():
-        bf16_panels = [cpu_panel_gemm.pack(w.bfloat16()) for w in weights]
-        out["panel_fp32"] = ([cpu_panel_gemm.pack(w) for w in weights], torch.float32, packed_gemm)
-        out["panel_bf16"] = (bf16_panels, torch.float32, packed_gemm)
-        out["panel_bf16_x16"] = (bf16_panels, torch.bfloat16, packed_gemm)
+
+
+def model_pass(shapes: dict[str, dict], counts: dict[str, int]) -> dict[str, dict[int, float]]:
+    """Seconds of all of a model's GEMMs at each row count, per fixed kind and as chosen (a kind
+    missing for some shape is left out; rows a shape never sees count nothing)."""
+    kinds = set.intersection(*(set(s["table"]) for s in shapes.values()))
+    rows = sorted({m for s in shapes.values() for t in s["table"].values() for m in t})
+    out: dict[str, dict[int, float]] = {}
+    for kind in [*sorted(kinds), "chosen"]:
+        out[kind] = {}
+        for m in rows:
+            total = 0.0
+            for name, s in shapes.items():
+                times = s["table"][s["winner"] if kind == "chosen" else kind]
+                total += counts[name] * times.get(m, 0.0)
+            out[kind][m] = total
     return out
 
 
-def run(rows: list[int], reps: int) -> list[dict[str, Any]]:
-    variants = _variants()
-    fp32_bytes = sum(w.numel() * 4 for w in variants["plain_fp32"][0])
-    results = []
-    for m in rows:
-        inputs = {k: torch.randn(m, k) for k in (HIDDEN, INTERMEDIATE)}
-        times: dict[str, list[float]] = {name: [] for name in variants}
-        for rep in range(reps + 1):  # the first repetition warms every path up, untimed
-            for name, (operands, dtype, gemm) in variants.items():
-                xs = {k: v.to(dtype) for k, v in inputs.items()}
-                start = time.perf_counter()
-                for (_, k), op in zip(SHAPES * LAYERS, operands, strict=True):
-                    gemm(xs[k], op)
-                if rep:
-                    times[name].append(time.perf_counter() - start)
-        base = statistics.median(times[BASELINE]) if BASELINE in times else None
-        for name, samples in times.items():
-            ms = statistics.median(samples) * 1e3
-            dtype_bytes = 2 if "bf16" in name else 4
-            row = {
-                "rows": m,
-                "variant": name,
-                "ms": round(ms, 2),
-                "weight_gbps": round(fp32_bytes * dtype_bytes / 4 / (ms * 1e6), 1),
-                "speedup_vs_onednn_fp32": round(base * 1e3 / ms, 2) if base else None,
-            }
-            results.append(row)
-            print(
-                f"M={m:<4} {name:<15} {row['ms']:>8.2f} ms  {row['weight_gbps']:>5.1f} GB/s  "
-                f"x{row['speedup_vs_onednn_fp32']} vs {BASELINE}",
-                flush=True,
-            )
+def run(dtypes: list[str], reps: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    counts = {name: count for name, (_, _, count, _) in SHAPES.items()}
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        shapes = {}
+        for name, (out, inp, _, rows) in SHAPES.items():
+            shapes[name] = shape_table(dtype, out, inp, rows, reps)
+            title = f"{dtype_name} {name} [{out}x{inp}] (us per GEMM by rows)"
+            print(gemm_chooser.format_table(title, shapes[name]["table"], shapes[name]["winner"]))
+        totals = model_pass(shapes, counts)
+        print(f"{dtype_name}: all GEMMs of a decode pass, ms by rows (head at decode rows only)")
+        rows = sorted(next(iter(totals.values())))
+        print("  " + f"{'kind':<10}" + "".join(f"{m:>10}" for m in rows))
+        for kind, by_rows in totals.items():
+            print("  " + f"{kind:<10}" + "".join(f"{by_rows[m] * 1e3:>10.2f}" for m in rows))
+        results[dtype_name] = {"shapes": shapes, "model_pass_seconds": totals}
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 256])
-    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default="benchmarks/results/cpu_gemm.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    with torch.inference_mode():
-        rows = run(args.rows, args.reps)
     result = {
+        "cpu": lscpu(),
         "threads": args.threads,
+        "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "model": "SmolLM2-135M shapes, 30 layers, random weights",
-        "rows": rows,
+        "model": "SmolLM2-135M shapes, random weights",
+        "dtypes": run(args.dtypes, args.reps),
     }
     if args.out:
         write_json(args.out, result)

@@ -2,46 +2,48 @@
 panels, accumulated in fp32.
 
 A decode step multiplies a few token rows by every weight of the model, so each GEMM streams its
-weight from DRAM once and the kernel's job is to keep up with memory. oneDNN's fp32 kernel does
-not at small M. Side by side on the 2-core AVX2 dev box (60 SmolLM2-135M projections, 212 MB,
-streamed; median of 6; oneDNN on weights it packed once): 8 rows 8.7 vs 12.9 ms (24 vs 16 GB/s),
-1 row 4.9 vs 7.7 ms, 32 rows 21.8 vs 28.8 ms, 1024 rows (prefill) 574 vs 667 ms.
-bf16 panels stream half the bytes and are widened to fp32 in registers (a shift and a mask per
-16 weights): the same 60 projections on bf16 panels (fp32 input) took 4.3 / 7.7 / 22.3 / 158 ms
-at 1 / 8 / 32 / 256 rows against fp32 panels' 7.8 / 11.5 / 25.5 / 161. On an AVX2 CPU, where
-oneDNN packs no bf16 and a plain bf16 `F.linear` runs ~3x slower than fp32, they are what lets
-a bf16 model serve at all (offline, 4 adapters at 8 / 32 sequences: 36 / 43 -> 105-143 / 158-234
-tok/s).
+weight once and the kernel's job is to keep up with memory, where oneDNN's small-M kernels spend
+time on set-up. bf16 panels stream half the bytes and are widened to fp32 in registers (a shift
+and a mask per 16 weights), which is what lets a bf16 model serve on an AVX2 CPU, where oneDNN
+packs no bf16. Tiles are AVX2/FMA, or AVX-512F where the CPU has it (twice the rows per tile).
+Whether a shape runs here, on oneDNN or on `F.linear` is measured per CPU (`docs/cpu-gemm.md`).
 
-The C++ source (`csrc/panel_gemm.cpp`) is built with the system C++ compiler at first use (about
-a second) into a cache keyed by the source's hash, and called through ctypes, which releases
-the GIL. Where there is no compiler, no AVX2/FMA or no x86, `available()` is False and callers
-keep their oneDNN path; `MOLORA_CPU_PANEL_GEMM=0` turns the kernel off (side-by-side runs).
+The C++ source (`csrc/panel_gemm.cpp`) is a PyTorch C++ extension built by
+`kernels.cpu_extension_build` (at `make models`, at image build, else at first use) into a cache
+private to the user, and loaded only after its hash matches the one its build recorded; its GEMMs
+release the GIL. Where there is no compiler, no AVX2/FMA or no x86, `available()` is False (with a
+warning) and callers keep their oneDNN path; `MOLORA_CPU_PANEL_GEMM=0` turns the kernel off.
 `panel_linear_reference` is its twin: `F.linear` on the plain weight.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import logging
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch.nn import functional as F
 
+from kernels import cpu_extension_build
+from kernels.cpu_extension_build import ExtensionSpec
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "panel_gemm.cpp"
-COMPILE_FLAGS = ("-O3", "-std=c++17", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
-CACHE_ENV = "MOLORA_KERNEL_CACHE"
+SPEC = ExtensionSpec(
+    name="molora_panel_gemm",
+    source=SOURCE,
+    cflags=("-O3", "-mavx2", "-mfma", "-fopenmp"),
+    ldflags=("-fopenmp",),
+)
+CACHE_ENV = cpu_extension_build.CACHE_ENV
 SWITCH_ENV = "MOLORA_CPU_PANEL_GEMM"
 PANEL_WIDTH = 16  # must equal NR in the C++ source; checked against the library at load
 PANEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -50,7 +52,7 @@ PANEL_DTYPES = (torch.float32, torch.bfloat16)
 BF16_ORDER = [c for j in range(PANEL_WIDTH // 2) for c in (j, PANEL_WIDTH // 2 + j)]
 
 _lock = threading.Lock()
-_library: ctypes.CDLL | None = None
+_library: ModuleType | None = None
 _load_attempted = False
 
 
@@ -83,73 +85,43 @@ def cpu_supported() -> bool:
     return torch.backends.cpu.get_cpu_capability() in {"AVX2", "AVX512"}
 
 
-def cache_dir() -> Path:
-    """Where built libraries live: `$MOLORA_KERNEL_CACHE`, else `~/.cache/molora/kernels`."""
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured) if configured else Path.home() / ".cache" / "molora" / "kernels"
+def compiler() -> str | None:
+    """The C++ compiler `torch.utils.cpp_extension` will use, if there is one."""
+    name = os.environ.get("CXX") or "c++"
+    return shutil.which(name)
 
 
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def library_path(compiler: str) -> Path:
-    """The cached library for this source, flags and compiler (a change in any rebuilds)."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(" ".join((compiler, *COMPILE_FLAGS)).encode())
-    return cache_dir() / f"panel_gemm-{digest.hexdigest()[:16]}.so"
-
-
-def build() -> Path:
-    """Compile the library unless it is cached; raise RuntimeError with the compiler's output.
-    Concurrent builders each write a private file and rename it into place (atomic)."""
-    compiler = _compiler()
-    if compiler is None:
+def build() -> ModuleType:
+    """The kernel's extension module: the verified cached build, else a fresh one. Raises
+    RuntimeError with the reason (no compiler, no ninja, the compiler's output)."""
+    if compiler() is None:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
-    target = library_path(compiler)
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    cmd = [compiler, *COMPILE_FLAGS, str(SOURCE), "-o", str(partial)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-    if done.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise RuntimeError(f"building {SOURCE.name} failed: {done.stderr.strip()[-2000:]}")
-    os.replace(partial, target)
-    return target
-
-
-def _open(path: Path) -> ctypes.CDLL:
-    # torch is imported first, so the library's libgomp.so.1 resolves to the OpenMP runtime torch
-    # already loaded: one thread team, not two competing for the same cores.
-    lib = ctypes.CDLL(str(path))
-    lib.molora_panel_width.restype = ctypes.c_int64
-    if lib.molora_panel_width() != PANEL_WIDTH:
+    lib = cpu_extension_build.load(SPEC)
+    if lib.panel_width() != PANEL_WIDTH:
         raise RuntimeError("panel width of the built library differs from PANEL_WIDTH")
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.molora_panel_gemm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
-    lib.molora_panel_gemm.restype = None
-    lib.molora_panel_gemm_bf16.argtypes = lib.molora_panel_gemm.argtypes
-    lib.molora_panel_gemm_bf16.restype = None
     return lib
 
 
-def _load() -> ctypes.CDLL | None:
+def _load() -> ModuleType | None:
     global _library, _load_attempted
     if _load_attempted:
         return _library
     with _lock:
         if not _load_attempted:
             try:
-                _library = _open(build())
-            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-                log.warning("CPU panel GEMM unavailable, using oneDNN: %s", exc)
+                _library = build()
+            except (OSError, RuntimeError) as exc:  # the build's own errors are RuntimeErrors
+                log.warning(
+                    "CPU panel GEMM unavailable, its shapes run on oneDNN or F.linear: %s", exc
+                )
             _load_attempted = True
     return _library
+
+
+def has_avx512() -> bool:
+    """Whether the loaded kernel runs AVX-512 tiles on this CPU (False where it is not loaded)."""
+    lib = _load()
+    return bool(lib is not None and lib.has_avx512())
 
 
 def available() -> bool:
@@ -179,11 +151,15 @@ def pack(weight: torch.Tensor) -> PanelWeight:
 
 
 def panel_linear(
-    x: torch.Tensor, weight: PanelWeight, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: PanelWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    allow_avx512: bool = True,
 ) -> torch.Tensor:
     """`F.linear(x, W, bias)` for 2-D fp32 or bf16 CPU `x [M, in]` on `W`'s panels (no
     autograd): products summed in fp32, the result in `x`'s dtype (rounded once, as
-    `F.linear` rounds a bf16 GEMM)."""
+    `F.linear` rounds a bf16 GEMM). AVX-512 tiles where the CPU has them, unless not allowed."""
     lib = _load()
     if lib is None:
         raise RuntimeError("the CPU panel GEMM is not available here (see `available()`)")
@@ -198,14 +174,10 @@ def panel_linear(
     m, n = x32.shape[0], weight.out_features
     y = torch.empty(m, n, dtype=torch.float32)
     if m and n:
-        kernel = (
-            lib.molora_panel_gemm
-            if weight.panels.dtype == torch.float32
-            else lib.molora_panel_gemm_bf16
-        )
+        kernel = lib.gemm_fp32 if weight.panels.dtype == torch.float32 else lib.gemm_bf16
         kernel(
             x32.data_ptr(), x32.stride(0), weight.panels.data_ptr(), y.data_ptr(), n,
-            m, n, weight.in_features, torch.get_num_threads(),
+            m, n, weight.in_features, torch.get_num_threads(), allow_avx512,
         )  # fmt: skip
     if bias is not None:
         y.add_(bias)
@@ -221,12 +193,21 @@ def panel_linear_reference(
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
 
-if __name__ == "__main__":  # `python -m kernels.cpu_panel_gemm`: build ahead (make install)
+def main() -> int:
+    """`python -m kernels.cpu_panel_gemm`: build ahead (`make models`, the image). Exits 0 where
+    the kernel cannot be built here (serving then runs on oneDNN) after saying why, loudly."""
     logging.basicConfig(level=logging.INFO)
     if not cpu_supported():
-        print("CPU panel GEMM: this CPU has no AVX2/FMA; serving uses oneDNN")
-        sys.exit(0)
+        print("CPU panel GEMM: this CPU has no AVX2/FMA; serving uses oneDNN", file=sys.stderr)
+        return 0
     try:
-        print(f"CPU panel GEMM built: {build()}")
-    except RuntimeError as exc:  # serving still works on oneDNN; say so, do not fail the install
-        print(f"CPU panel GEMM not built ({exc}); serving uses oneDNN")
+        lib = build()
+    except RuntimeError as exc:
+        print(f"WARNING: CPU panel GEMM not built ({exc}); serving uses oneDNN", file=sys.stderr)
+        return 0
+    print(f"CPU panel GEMM built and verified: {lib.__file__}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,15 +1,16 @@
-// y[M, N] = x[M, K] @ W[N, K]^T on AVX2/FMA CPUs, W pre-packed into 16-column panels of fp32 or
-// bf16, x and y fp32, accumulation in fp32.
+// y[M, N] = x[M, K] @ W[N, K]^T on AVX2/FMA (or AVX-512F) CPUs, W pre-packed into 16-column
+// panels of fp32 or bf16, x and y fp32, accumulation in fp32.
 //
 // Decode GEMMs have a handful of rows (tokens) against a weight that streams from DRAM once per
-// step. oneDNN's small-M fp32 kernel reaches ~16 GB/s of this box's ~34 GB/s at 8 rows; a plain
-// register-blocked micro-kernel over panels laid out [panel][k][16] keeps both FMA ports fed
-// and reads each weight byte once per call (see kernels/cpu_panel_gemm.py for the numbers).
+// step. A plain register-blocked micro-kernel over panels laid out [panel][k][16] keeps the FMA
+// ports fed and reads each weight byte once per call.
 // bf16 panels halve the bytes a step streams: each 16-column row of a panel is widened to fp32
 // in registers (a bf16 is the top half of an fp32): one shift and one mask per 16 weights.
-// Built at first use by kernels/cpu_panel_gemm.py; threads come from the OpenMP runtime torch
-// already loaded (same soname), so the GEMM runs on torch's intra-op team.
+// Built as a PyTorch C++ extension by kernels/cpu_panel_gemm.py (at `make models`, at image build,
+// else at first use); threads come from the OpenMP runtime torch already loaded (same soname), so
+// the GEMM runs on torch's intra-op team.
 #include <immintrin.h>
+#include <pybind11/pybind11.h>
 #include <stdint.h>
 
 namespace {
@@ -86,37 +87,120 @@ void panel_rows(const float* x, int64_t ldx, const W* panel, int64_t k, float* y
   }
 }
 
+// The same on AVX-512 CPUs: a 16-column panel row is one 16-float register, so a tile holds
+// twice the rows in the same registers and each FMA does twice the work. Compiled for
+// AVX-512F by attribute (the library is built without -march, so it runs on AVX2-only CPUs) and
+// taken only where the CPU reports AVX-512F.
+constexpr int MR512 = 12;  // 12 accumulators + 1 weight row + 1 broadcast of 32 registers
+
+__attribute__((target("avx512f"))) inline __m512 load_row512(const float* row) {
+  return _mm512_loadu_ps(row);
+}
+
+// A bf16 row's 32-bit lanes hold column j low and column 8 + j high (see load_row): widen both
+// halves as on AVX2 and join them into one register in column order.
+__attribute__((target("avx512f"))) inline __m512 load_row512(const uint16_t* row) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+  const __m256i lo = _mm256_slli_epi32(bits, 16);
+  const __m256i hi = _mm256_and_si256(bits, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  return _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+}
+
+template <int R, typename W>
+__attribute__((target("avx512f"))) void micro_tile512(const float* x, int64_t ldx,
+                                                      const W* panel, int64_t k, float* y,
+                                                      int64_t ldy, int64_t ncols) {
+  __m512 acc[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    const __m512 w = load_row512(panel + i * NR);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + i]), w, acc[r]);
+    }
+  }
+  const __mmask16 keep = ncols == NR ? static_cast<__mmask16>(0xFFFF)
+                                     : static_cast<__mmask16>((1u << ncols) - 1u);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+}
+
+template <typename W>
+__attribute__((target("avx512f"))) void panel_rows512(const float* x, int64_t ldx,
+                                                      const W* panel, int64_t k, float* y,
+                                                      int64_t ldy, int64_t ncols, int64_t m) {
+  int64_t r = 0;
+  for (; r + MR512 <= m; r += MR512) {
+    micro_tile512<MR512, W>(x + r * ldx, ldx, panel, k, y + r * ldy, ldy, ncols);
+  }
+  const float* xr = x + r * ldx;
+  float* yr = y + r * ldy;
+  switch (m - r) {
+    case 1: micro_tile512<1, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    case 2: micro_tile512<2, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    case 3: micro_tile512<3, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    case 4: micro_tile512<4, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    case 5: micro_tile512<5, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    case 6: micro_tile512<6, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    case 7: micro_tile512<7, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    case 8: micro_tile512<8, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    case 9: micro_tile512<9, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    case 10: micro_tile512<10, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    case 11: micro_tile512<11, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
+    default: break;
+  }
+}
+
+const bool kHasAvx512 = __builtin_cpu_supports("avx512f");
+
 template <typename W>
 void panel_gemm(const float* x, int64_t ldx, const W* panels, float* y, int64_t ldy, int64_t m,
-                int64_t n, int64_t k, int threads) {
+                int64_t n, int64_t k, int threads, bool allow_avx512) {
   const int64_t npanels = (n + NR - 1) / NR;
+  const bool wide = allow_avx512 && kHasAvx512;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t p = 0; p < npanels; ++p) {
     const int64_t ncols = (n - p * NR) < NR ? (n - p * NR) : NR;
-    panel_rows(x, ldx, panels + p * k * NR, k, y + p * NR, ldy, ncols, m);
+    if (wide) {
+      panel_rows512(x, ldx, panels + p * k * NR, k, y + p * NR, ldy, ncols, m);
+    } else {
+      panel_rows(x, ldx, panels + p * k * NR, k, y + p * NR, ldy, ncols, m);
+    }
   }
 }
 
 }  // namespace
 
-extern "C" {
-
 // Columns per panel, so the Python side packs with the same width the kernel reads.
-int64_t molora_panel_width(void) { return NR; }
+static int64_t panel_width() { return NR; }
 
-// x: m rows of k floats, row stride ldx; panels: [ceil(n / 16), k, 16] contiguous, zero padded;
-// y: m rows of n floats, row stride ldy. The caller checks shapes, dtypes and strides and passes
-// torch's intra-op thread count (OpenMP's own default is per calling thread, and the engine
-// steps on a thread of its own).
-void molora_panel_gemm(const float* x, int64_t ldx, const float* panels, float* y, int64_t ldy,
-                       int64_t m, int64_t n, int64_t k, int threads) {
-  panel_gemm(x, ldx, panels, y, ldy, m, n, k, threads);
+// Whether the GEMMs run their AVX-512 tiles here (else the AVX2/FMA ones).
+static bool has_avx512() { return kHasAvx512; }
+
+// x: m rows of k floats, row stride ldx; panels: [ceil(n / 16), k, 16] contiguous, zero padded,
+// fp32 or bf16 (the raw 16-bit patterns, as torch stores bfloat16); y: m rows of n floats, row
+// stride ldy. Addresses come as integers: the caller (cpu_panel_gemm.panel_linear) checks shapes,
+// dtypes and strides and passes torch's intra-op thread count (OpenMP's own default is per
+// calling thread, and the engine steps on a thread of its own). `allow_avx512` false keeps the
+// AVX2 tiles on an AVX-512 CPU (tests check both against their twin).
+static void gemm_fp32(uintptr_t x, int64_t ldx, uintptr_t panels, uintptr_t y, int64_t ldy,
+                      int64_t m, int64_t n, int64_t k, int threads, bool allow_avx512) {
+  panel_gemm(reinterpret_cast<const float*>(x), ldx, reinterpret_cast<const float*>(panels),
+             reinterpret_cast<float*>(y), ldy, m, n, k, threads, allow_avx512);
 }
 
-// The same with bf16 panels (the raw 16-bit patterns, as torch stores bfloat16).
-void molora_panel_gemm_bf16(const float* x, int64_t ldx, const uint16_t* panels, float* y,
-                            int64_t ldy, int64_t m, int64_t n, int64_t k, int threads) {
-  panel_gemm(x, ldx, panels, y, ldy, m, n, k, threads);
+static void gemm_bf16(uintptr_t x, int64_t ldx, uintptr_t panels, uintptr_t y, int64_t ldy,
+                      int64_t m, int64_t n, int64_t k, int threads, bool allow_avx512) {
+  panel_gemm(reinterpret_cast<const float*>(x), ldx, reinterpret_cast<const uint16_t*>(panels),
+             reinterpret_cast<float*>(y), ldy, m, n, k, threads, allow_avx512);
 }
 
-}  // extern "C"
+// The GEMMs release the GIL: the engine's step thread and the server's event loop run beside them.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  m.def("panel_width", &panel_width);
+  m.def("has_avx512", &has_avx512);
+  m.def("gemm_fp32", &gemm_fp32, py::call_guard<py::gil_scoped_release>());
+  m.def("gemm_bf16", &gemm_bf16, py::call_guard<py::gil_scoped_release>());
+}

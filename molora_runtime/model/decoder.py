@@ -15,7 +15,13 @@ from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.attention_meta import CacheAttention, DenseAttention, KVCache
 from molora_runtime.model.layers import FusedLinear, LoRALinear, RMSNorm, RotaryEmbedding, Rotation
 from molora_runtime.model.lora_context import LoRAContext
-from molora_runtime.model.packed_linear import PackedWeight, linear, pack_weight, packed_kind
+from molora_runtime.model.packed_linear import (
+    HEAD_ROWS,
+    PackedWeight,
+    linear,
+    pack_chosen,
+    packed_summary,
+)
 from molora_runtime.model.paged_decode import paged_decode
 
 AttentionMeta = CacheAttention | DenseAttention
@@ -164,11 +170,11 @@ class CausalLM(nn.Module):
         in_group = {id(member) for f in fused for member in f.members}
         for f in fused:
             f.pack()  # its members never run their own GEMM
-        for m in self.lora_linears():
-            if id(m) not in in_group:
-                m.pack()
-        self.packed_head = pack_weight(self._head_weight())
-        return packed_kind(self.packed_head)
+        plain = [m for m in self.lora_linears() if id(m) not in in_group]
+        for m in plain:
+            m.pack()
+        self.packed_head = pack_chosen(self._head_weight(), HEAD_ROWS)
+        return packed_summary([*(m.packed for m in (*fused, *plain)), self.packed_head])
 
     def _head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -16,7 +16,7 @@ from molora_runtime.model.packed_linear import (
     PackedPairs,
     PackedWeight,
     linear,
-    pack_weight,
+    pack_chosen,
     packed_ready,
     routed_lora_packed,
 )
@@ -238,7 +238,7 @@ class LoRALinear(nn.Module):
         self.packed: PackedWeight | None = None  # packed copy of `weight` (CPU serving)
 
     def pack(self) -> None:
-        self.packed = pack_weight(self.weight)
+        self.packed = pack_chosen(self.weight)
 
     def forward(self, x: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
         y = linear(x, self.weight, self.bias, self.packed)
@@ -287,7 +287,7 @@ class FusedLinear(nn.Module):
 
     def pack(self) -> None:
         if self.weight is not None:
-            self.packed = pack_weight(self.weight)
+            self.packed = pack_chosen(self.weight)
 
     def fuse(self) -> None:
         with torch.no_grad():

@@ -1,13 +1,14 @@
-"""Base-weight GEMMs on CPU through weights packed once, not on every call.
+"""Base-weight GEMMs on CPU through weights packed once, not on every call, on the kind of GEMM
+measured fastest for each weight's shape on this CPU.
 
 `F.linear` on CPU hands oneDNN a plain row-major weight, which it reorders into its blocked
-layout on each call. Packing once at load (as PyTorch's inductor does for frozen CPU graphs)
-measured, per SmolLM2-135M projection on the 2-core dev box: 1.1-1.4x faster in bf16 and
-1.5-3x in fp32 at 32 tokens, ~2x at one token (`/tmp`-free script in the issue-12 note).
-Where the CPU has AVX2/FMA and a compiler, fp32 and bf16 weights go one step further: the panel
-GEMM of `kernels.cpu_panel_gemm` runs fp32 1.3-1.5x faster than oneDNN's packed kernel at 1-32
-rows and ~1.15x at prefill sizes, and bf16 panels (which oneDNN cannot pack on AVX2, where a plain
-bf16 GEMM is ~3x slower than fp32) faster still at decode sizes. Any other CPU keeps oneDNN.
+layout on each call; packing once at load (as PyTorch's inductor does for frozen CPU graphs)
+saves that. Three kinds compute the same product: the panel GEMM of `kernels.cpu_panel_gemm`
+(fp32 or bf16 panels, AVX2/FMA), oneDNN's packed kernel (native AVX512-BF16/AMX where the CPU has
+them) and plain `F.linear`. Which is fastest depends on the CPU, the shape and the row count, so
+`pack_chosen` times them on each distinct shape (`kernels.gemm_chooser`), keeps the tables per
+machine kind (`kernels.gemm_choice_cache`) and logs each shape's table once. `MOLORA_CPU_GEMM`
+(`panel`, `onednn`, `plain`; default `auto`) forces one kind where it runs, for side-by-side runs.
 
 Only the serving forward uses the packed copy: anything that needs autograd through the GEMM,
 any other device and any dtype oneDNN does not pack keeps `F.linear`. The plain weight stays
@@ -17,18 +18,27 @@ the source of truth (checkpoints, training, the embedding a tied LM head shares)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+import threading
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.nn import functional as F
 
-from kernels import cpu_panel_gemm
+from kernels import cpu_panel_gemm, gemm_choice_cache, gemm_chooser
 from kernels.cpu_panel_gemm import PanelWeight
 
 log = logging.getLogger(__name__)
 
 # oneDNN picks its blocked format for a typical token count; any count runs on it.
 PACK_FOR_TOKENS = 32
+GEMM_ENV = "MOLORA_CPU_GEMM"
+KINDS = ("panel", "onednn", "plain")
+BASE_ROWS = (*gemm_chooser.DECODE_ROWS, gemm_chooser.PREFILL_ROWS)
+HEAD_ROWS = gemm_chooser.DECODE_ROWS  # the LM head sees one row per sequence, prefill or not
+
+_chosen: dict[str, str] = {}  # shape key -> kind, decided once per process
+_choice_lock = threading.Lock()
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
@@ -46,8 +56,8 @@ PackedWeight = torch.Tensor | PanelWeight  # oneDNN's blocked copy, or fp32/bf16
 
 
 def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
-    """The packed copy of base weight `weight [out, in]` that `linear` runs fastest on: fp32 or
-    bf16 panels where the panel GEMM runs, else oneDNN's, else None (plain `F.linear`)."""
+    """A packed copy of `weight [out, in]` chosen without measuring (the LoRA pairs, built while
+    serving): fp32 or bf16 panels where the panel GEMM runs, else oneDNN's, else None."""
     if (
         weight.device.type == "cpu"
         and weight.dtype in cpu_panel_gemm.PANEL_DTYPES
@@ -63,6 +73,114 @@ def packed_kind(packed: PackedWeight | None) -> str:
     if isinstance(packed, PanelWeight):
         return f"the panel GEMM ({str(packed.panels.dtype).removeprefix('torch.')} panels)"
     return "oneDNN (packed weights)" if packed is not None else "plain F.linear"
+
+
+def packed_summary(packs: Sequence[PackedWeight | None]) -> str:
+    """How many weights run on each kind, most first: `the panel GEMM (...) x90, oneDNN ... x31`."""
+    counts: dict[str, int] = {}
+    for packed in packs:
+        counts[packed_kind(packed)] = counts.get(packed_kind(packed), 0) + 1
+    return ", ".join(f"{kind} x{n}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def runnable_kinds(weight: torch.Tensor) -> list[str]:
+    """The kinds that can run `weight [out, in]` here, in `KINDS` order (plain always can)."""
+    kinds = []
+    if weight.dtype in cpu_panel_gemm.PANEL_DTYPES and cpu_panel_gemm.available():
+        kinds.append("panel")
+    if packing_supported(weight):
+        kinds.append("onednn")
+    return [*kinds, "plain"]
+
+
+def pack_as(weight: torch.Tensor, kind: str) -> PackedWeight | None:
+    """`weight`'s packed copy for `kind` (None for `plain`, or where oneDNN refuses the shape)."""
+    if kind == "panel":
+        return cpu_panel_gemm.pack(weight)
+    return pack_onednn(weight) if kind == "onednn" else None
+
+
+def forced_kind() -> str | None:
+    """The kind `MOLORA_CPU_GEMM` forces, or None for `auto`; any other value is refused."""
+    value = os.environ.get(GEMM_ENV, "auto").strip().lower()
+    if value == "auto":
+        return None
+    if value not in KINDS:
+        raise ValueError(f"{GEMM_ENV}={value!r}: expected auto or one of {', '.join(KINDS)}")
+    return value
+
+
+def shape_key(weight: torch.Tensor, rows: Sequence[int]) -> str:
+    dtype = str(weight.dtype).removeprefix("torch.")
+    return f"{dtype}:{weight.shape[0]}x{weight.shape[1]}:rows={','.join(map(str, rows))}"
+
+
+def gemm_candidates(
+    weight: torch.Tensor, kinds: Sequence[str]
+) -> dict[str, gemm_chooser.Candidate]:
+    """Each kind as a `gemm_chooser` candidate: a GEMM of `m` random rows on `weight`."""
+    packs = {kind: pack_as(weight, kind) for kind in kinds}
+    plain = weight.detach()
+
+    def candidate(packed: PackedWeight | None) -> gemm_chooser.Candidate:
+        def make(m: int) -> gemm_chooser.Runner:
+            # a generator of its own: timing at load leaves torch's global RNG where it was
+            gen = torch.Generator().manual_seed(m)
+            x = torch.randn(m, weight.shape[1], generator=gen).to(weight.dtype)
+            if packed is None:
+                return lambda: F.linear(x, plain)
+            return lambda: packed_gemm(x, packed)
+
+        return make
+
+    return {
+        kind: candidate(packs[kind]) for kind in kinds if kind == "plain" or packs[kind] is not None
+    }
+
+
+def choose_kind(weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS) -> str:
+    """The kind `weight`'s shape runs fastest on here: forced, decided earlier in this process,
+    taken from this machine's stored table, or measured now (and stored); logged once."""
+    kinds = runnable_kinds(weight)
+    forced = forced_kind()
+    if forced is not None:
+        if forced in kinds:
+            return forced
+        log.warning(
+            "%s=%s cannot run %s here; choosing by measurement",
+            GEMM_ENV,
+            forced,
+            shape_key(weight, rows),
+        )
+    key = shape_key(weight, rows)
+    with _choice_lock:
+        if key in _chosen and _chosen[key] in kinds:
+            return _chosen[key]
+        table = gemm_choice_cache.load(key)
+        source = "stored"
+        if table is None or not set(kinds) <= set(table):
+            with torch.no_grad():
+                table = gemm_chooser.measure(gemm_candidates(weight, kinds), rows)
+            gemm_choice_cache.store(key, table)
+            source = "measured"
+        winner = gemm_chooser.pick(table, allowed=kinds)
+        _chosen[key] = winner
+    title = f"CPU GEMM for {key} ({source}, us per GEMM by rows)"
+    log.info("%s", gemm_chooser.format_table(title, table, winner))
+    return winner
+
+
+def pack_chosen(weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS) -> PackedWeight | None:
+    """The packed copy of base weight `weight [out, in]` on the kind `choose_kind` picks for its
+    shape (None: plain `F.linear`). Weights that are not 2-D fp32/bf16 CPU tensors keep the
+    oneDNN copy where there is one."""
+    if (
+        weight.device.type != "cpu"
+        or weight.dim() != 2
+        or weight.dtype not in cpu_panel_gemm.PANEL_DTYPES
+    ):
+        return pack_onednn(weight)
+    return pack_as(weight, choose_kind(weight, rows))
 
 
 def pack_onednn(weight: torch.Tensor) -> torch.Tensor | None:

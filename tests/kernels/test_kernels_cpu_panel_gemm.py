@@ -3,10 +3,11 @@ input's dtype, over random shapes (row counts across the 6-row tile and its rema
 across the 16-column panel and a padded last panel, strided input rows, with and without bias;
 fp32 and bf16 panels, fp32 and bf16 inputs); it refuses what it cannot run
 rather than read past a buffer; and where this CPU and a compiler can run it, it is built, not
-silently skipped."""
+silently skipped; where it cannot, the fallback says so."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -14,14 +15,18 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils import cpp_extension
 
+from kernels import cpu_extension_build
 from kernels import cpu_panel_gemm as pg
 
 needs_kernel = pytest.mark.skipif(not pg.available(), reason="no AVX2/FMA CPU or no C++ compiler")
 
 
 def test_kernel_is_built_wherever_it_can_run() -> None:
-    can_build = pg.cpu_supported() and any(shutil.which(c) for c in ("c++", "g++", "clang++"))
+    can_build = (
+        pg.cpu_supported() and pg.compiler() is not None and cpp_extension.is_ninja_available()
+    )
     assert pg.available() == can_build
 
 
@@ -29,13 +34,14 @@ def test_kernel_is_built_wherever_it_can_run() -> None:
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
-    m=st.integers(0, 40),
+    m=st.integers(0, 40),  # AVX2 tiles of 6 rows, AVX-512 tiles of 12, and their remainders
     n=st.integers(1, 70),
     k=st.integers(1, 100),
     row_gap=st.integers(0, 7),
     with_bias=st.booleans(),
     weight_dtype=st.sampled_from(pg.PANEL_DTYPES),
     x_dtype=st.sampled_from(pg.PANEL_DTYPES),
+    allow_avx512=st.booleans(),
 )
 def test_panel_linear_matches_its_twin(
     seed: int,
@@ -46,6 +52,7 @@ def test_panel_linear_matches_its_twin(
     with_bias: bool,
     weight_dtype: torch.dtype,
     x_dtype: torch.dtype,
+    allow_avx512: bool,
 ) -> None:
     g = torch.Generator().manual_seed(seed)
     weight = torch.randn(n, k, generator=g).to(weight_dtype)
@@ -54,7 +61,7 @@ def test_panel_linear_matches_its_twin(
     bias = torch.randn(n, generator=g).to(weight_dtype) if with_bias else None
     packed = pg.pack(weight)
     assert packed.panels.dtype == weight_dtype  # bf16 stays bf16: half the bytes to stream
-    got = pg.panel_linear(x, packed, bias)
+    got = pg.panel_linear(x, packed, bias, allow_avx512=allow_avx512)  # both tile sets
     want = pg.panel_linear_reference(x, weight, bias)
     assert got.shape == want.shape == (m, n) and got.dtype == x_dtype
     if x_dtype == torch.float32:
@@ -68,8 +75,9 @@ def test_bf16_panels_widen_every_bit_pattern_exactly() -> None:
     # one-hot rows pick single weights: the fp32 result must be the bf16 weight itself, exactly
     weight = torch.randn(37, 19).mul(1e3).to(torch.bfloat16)
     weight[0, :3] = torch.tensor([3e38, -3e38, 2**-100], dtype=torch.bfloat16)  # range ends
-    got = pg.panel_linear(torch.eye(19), pg.pack(weight))
-    assert torch.equal(got, weight.float().t())
+    for allow_avx512 in (False, True):
+        got = pg.panel_linear(torch.eye(19), pg.pack(weight), allow_avx512=allow_avx512)
+        assert torch.equal(got, weight.float().t())
 
 
 @needs_kernel
@@ -99,8 +107,12 @@ def test_bad_inputs_are_refused_before_the_kernel_reads_them() -> None:
 def test_a_failing_compiler_is_reported_with_its_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = tmp_path / "broken-c++"
-    fake.write_text("#!/bin/sh\necho 'fatal: no such target' >&2\nexit 1\n")
+    real = shutil.which("c++") or "c++"
+    fake = tmp_path / "broken-c++"  # answers --version like the real one, fails every compile
+    fake.write_text(
+        f'#!/bin/sh\nif [ "$1" = --version ]; then exec {real} --version; fi\n'
+        "echo 'fatal: no such target' >&2\nexit 1\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
     monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
@@ -109,15 +121,37 @@ def test_a_failing_compiler_is_reported_with_its_output(
     assert not list((tmp_path / "cache").glob("*"))  # no half-written library left behind
 
 
+def test_no_compiler_falls_back_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(pg, "_load_attempted", False)
+    monkeypatch.setattr(pg, "_library", None)
+    with caplog.at_level(logging.WARNING, logger=pg.__name__):
+        assert pg._load() is None
+    assert "CPU panel GEMM unavailable" in caplog.text and "no C++ compiler" in caplog.text
+
+
 @needs_kernel
-def test_build_goes_to_the_configured_cache_and_is_reused(
+def test_build_goes_to_the_private_cache_and_is_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path))
-    first = pg.build()
-    assert first.parent == tmp_path and first.exists()
-    stamp = first.stat().st_mtime_ns
-    assert pg.build() == first and first.stat().st_mtime_ns == stamp
+    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
+    assert pg.build().panel_width() == pg.PANEL_WIDTH
+    built = cpu_extension_build.verified_library(pg.SPEC)
+    assert built is not None and built.parent == tmp_path / "cache" / pg.SPEC.module
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+    stamp = built.stat().st_mtime_ns
+    entries = sorted((tmp_path / "cache").iterdir())
+    assert pg.build().panel_width() == pg.PANEL_WIDTH  # verified and imported, not compiled again
+    assert built.stat().st_mtime_ns == stamp and sorted((tmp_path / "cache").iterdir()) == entries
+
+
+@needs_kernel
+def test_avx512_tiles_run_wherever_the_cpu_has_them() -> None:
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    assert pg.has_avx512() == ("avx512f" in flags)
 
 
 def test_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,9 @@
-"""An fp32 or bf16 CPU engine serves its base GEMMs on the panel kernel (`kernels.cpu_panel_gemm`):
-every base weight and the LM head are packed as panels of the model's dtype, the kernel really
-runs, and mixed-adapter requests get the same tokens and logprobs as with the kernel switched off
-(oneDNN in fp32, plain bf16 `F.linear` in bf16)."""
+"""An fp32 or bf16 CPU engine serves its base GEMMs on the kind chosen per shape
+(`model.packed_linear`): forced to the panel kernel (`kernels.cpu_panel_gemm`), every base weight
+and the LM head are packed as panels of the model's dtype, the kernel really runs, and
+mixed-adapter requests get the same tokens and logprobs as with the kernel switched off (oneDNN or
+plain `F.linear`); left to measure, each weight runs on the kind its shape's table picked, and the
+table is logged."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import cpu_panel_gemm
+from kernels import cpu_panel_gemm, gemm_chooser
+from kernels.cpu_extension_build import CACHE_ENV
 from kernels.cpu_panel_gemm import PanelWeight
 from molora_runtime.engine.types import SamplingParams
+from molora_runtime.model import packed_linear
 from molora_runtime.model.layers import FusedLinear, LoRALinear
 from tests.runtime.rt_util import (
     assert_same_generations,
@@ -43,11 +47,15 @@ def _serve(
     return run_to_completion(engine, reqs), engine.model
 
 
-def _base_packs(model: torch.nn.Module) -> list[object]:
+def _base_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     fused = [m for m in model.modules() if isinstance(m, FusedLinear)]
     members = {id(member) for f in fused for member in f.members}
     plain = [m for m in model.modules() if isinstance(m, LoRALinear) and id(m) not in members]
-    return [m.packed for m in (*fused, *plain)]
+    return [*fused, *plain]
+
+
+def _base_packs(model: torch.nn.Module) -> list[object]:
+    return [m.packed for m in _base_modules(model)]
 
 
 @pytest.mark.parametrize(
@@ -62,10 +70,11 @@ def test_cpu_engine_runs_on_panels_and_matches_the_plain_path(
     dtype: str,
     tolerance: float,
 ) -> None:
+    monkeypatch.setenv(packed_linear.GEMM_ENV, "panel")
     calls = count_calls(monkeypatch, cpu_panel_gemm, "panel_linear")
     with caplog.at_level(logging.INFO, logger="molora_runtime.engine.engine"):
         panel, model = _serve(tiny_llama, tiny_adapters, dtype)
-    assert f"CPU base GEMMs run on the panel GEMM ({dtype} panels)" in caplog.text
+    assert f"CPU base GEMMs run on the panel GEMM ({dtype} panels) x" in caplog.text
     packs = [*_base_packs(model), model.packed_head]
     assert all(isinstance(p, PanelWeight) for p in packs)
     assert all(p.panels.dtype == getattr(torch, dtype) for p in packs)
@@ -75,3 +84,31 @@ def test_cpu_engine_runs_on_panels_and_matches_the_plain_path(
     plain, model = _serve(tiny_llama, tiny_adapters, dtype)
     assert not any(isinstance(p, PanelWeight) for p in _base_packs(model))
     assert_same_generations(panel, plain, tolerance)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpu_engine_runs_each_shape_on_the_kind_measured_fastest(
+    tiny_llama: Path,
+    tiny_adapters: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    dtype: str,
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(packed_linear.GEMM_ENV, raising=False)
+    monkeypatch.setattr(packed_linear, "_chosen", {})
+    with caplog.at_level(logging.INFO):
+        _, model = _serve(tiny_llama, tiny_adapters, dtype)
+    weights = [*(m.weight for m in _base_modules(model)), model._head_weight()]
+    packs = [*_base_packs(model), model.packed_head]
+    for i, (weight, packed) in enumerate(zip(weights, packs, strict=True)):
+        rows = packed_linear.HEAD_ROWS if i == len(weights) - 1 else packed_linear.BASE_ROWS
+        key = packed_linear.shape_key(weight, rows)
+        table = packed_linear.gemm_choice_cache.load(key)
+        assert table is not None, key
+        kind = gemm_chooser.pick(table, allowed=packed_linear.runnable_kinds(weight))
+        expected = {"panel": PanelWeight, "onednn": torch.Tensor, "plain": type(None)}[kind]
+        assert isinstance(packed, expected), (key, kind, type(packed))
+        assert caplog.text.count(f"CPU GEMM for {key} (measured") == 1
+    assert "CPU base GEMMs run on" in caplog.text
