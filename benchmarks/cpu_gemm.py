@@ -5,7 +5,8 @@ the LM head; random weights) and each dtype, every kind that runs here (`panel`:
 of `kernels.cpu_panel_gemm`; `onednn`: oneDNN on the weight packed once; `plain`: `F.linear`) is
 timed by `kernels.gemm_chooser.measure` at the row counts the engine's chooser uses, and the table
 shows microseconds per GEMM, each kind's score (weighted time relative to the fastest; 1.0 = the
-fastest everywhere) and the winner. A last table adds the shapes up as a 30-layer decode pass
+fastest everywhere) and the winner, picked as the engine picks (fp32: among the kinds that give
+a row the same bits alone as in a batch). A last table adds the shapes up as a 30-layer decode pass
 (plus the head) would run them: each fixed kind against the per-shape choice. One weight is timed
 at a time, so it may sit in cache; the engine's own step is the end-to-end check.
 
@@ -22,7 +23,13 @@ import torch
 from benchmarks.lscpu import lscpu
 from benchmarks.report import write_json
 from kernels import gemm_chooser
-from molora_runtime.model.packed_linear import BASE_ROWS, HEAD_ROWS, gemm_candidates, runnable_kinds
+from molora_runtime.model.packed_linear import (
+    BASE_ROWS,
+    HEAD_ROWS,
+    gemm_candidates,
+    row_invariant,
+    runnable_kinds,
+)
 
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB = 576, 1536, 30, 49152
 QKV_OUT = HIDDEN + 2 * 192  # 9 query heads and 3 KV heads of 64
@@ -43,10 +50,14 @@ def shape_table(dtype: torch.dtype, out: int, inp: int, rows: tuple[int, ...], r
     kinds = runnable_kinds(weight)
     with torch.inference_mode():
         table = gemm_chooser.measure(gemm_candidates(weight, kinds), rows, reps=reps)
+    invariant = {kind: row_invariant(weight, kind, rows) for kind in table}
+    # as the engine chooses: fp32 among row-invariant kinds, bf16 among all
+    allowed = [k for k in table if invariant[k] or dtype != torch.float32] or list(table)
     return {
         "table": table,
         "scores": gemm_chooser.scores(table),
-        "winner": gemm_chooser.pick(table),
+        "row_invariant": invariant,
+        "winner": gemm_chooser.pick(table, allowed=allowed),
     }
 
 
@@ -75,7 +86,9 @@ def run(dtypes: list[str], reps: int) -> dict[str, Any]:
         shapes = {}
         for name, (out, inp, _, rows) in SHAPES.items():
             shapes[name] = shape_table(dtype, out, inp, rows, reps)
-            title = f"{dtype_name} {name} [{out}x{inp}] (us per GEMM by rows)"
+            varies = [k for k, ok in shapes[name]["row_invariant"].items() if not ok]
+            note = f"; not row-invariant: {', '.join(varies)}" if varies else ""
+            title = f"{dtype_name} {name} [{out}x{inp}] (us per GEMM by rows{note})"
             print(gemm_chooser.format_table(title, shapes[name]["table"], shapes[name]["winner"]))
         totals = model_pass(shapes, counts)
         print(f"{dtype_name}: all GEMMs of a decode pass, ms by rows (head at decode rows only)")

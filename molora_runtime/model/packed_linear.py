@@ -138,13 +138,34 @@ def gemm_candidates(
     }
 
 
+def row_invariant(weight: torch.Tensor, kind: str, rows: Sequence[int]) -> bool:
+    """Whether `kind` gives every row the same bits alone as inside a batch of any of `rows`:
+    a request's output must not depend on what it is batched with (MKL's fp32 GEMM, for one,
+    sums in an order that depends on the row count)."""
+    packed = pack_as(weight, kind)
+    if kind != "plain" and packed is None:
+        return False
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(max(rows), weight.shape[1], generator=gen).to(weight.dtype)
+    with torch.no_grad():
+        full = linear(x, weight.detach(), None, packed)
+        return all(
+            torch.equal(linear(x[i : i + m], weight.detach(), None, packed), full[i : i + m])
+            for m in rows
+            for i in {0, max(rows) - m}
+        )
+
+
 def choose_kind(weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS) -> str:
     """The kind `weight`'s shape runs fastest on here: forced, decided earlier in this process,
-    taken from this machine's stored table, or measured now (and stored); logged once."""
-    kinds = runnable_kinds(weight)
+    taken from this machine's stored table, or measured now (and stored); logged once. fp32
+    weights choose among row-invariant kinds only (`row_invariant`: a greedy fp32 request gets
+    the same tokens alone as in any batch); bf16 ones among all, since oneDNN's native bf16
+    kernels, the reason to serve in bf16, sum in an order that depends on the row count."""
+    runnable = runnable_kinds(weight)
     forced = forced_kind()
     if forced is not None:
-        if forced in kinds:
+        if forced in runnable:
             return forced
         log.warning(
             "%s=%s cannot run %s here; choosing by measurement",
@@ -154,8 +175,14 @@ def choose_kind(weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS) -> str:
         )
     key = shape_key(weight, rows)
     with _choice_lock:
-        if key in _chosen and _chosen[key] in kinds:
+        if key in _chosen and _chosen[key] in runnable:
             return _chosen[key]
+        kinds = runnable
+        if weight.dtype == torch.float32:
+            kinds = [kind for kind in runnable if row_invariant(weight, kind, rows)]
+            if not kinds:  # no panel kernel and oneDNN varies: keep every kind rather than none
+                log.warning("no row-invariant GEMM for %s; choosing among all", key)
+                kinds = runnable
         table = gemm_choice_cache.load(key)
         source = "stored"
         if table is None or not set(kinds) <= set(table):
@@ -165,7 +192,9 @@ def choose_kind(weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS) -> str:
             source = "measured"
         winner = gemm_chooser.pick(table, allowed=kinds)
         _chosen[key] = winner
-    title = f"CPU GEMM for {key} ({source}, us per GEMM by rows)"
+    dropped = [kind for kind in runnable if kind not in kinds]
+    note = f"; not row-invariant here, left out: {', '.join(dropped)}" if dropped else ""
+    title = f"CPU GEMM for {key} ({source}, us per GEMM by rows{note})"
     log.info("%s", gemm_chooser.format_table(title, table, winner))
     return winner
 

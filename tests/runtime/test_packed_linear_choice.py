@@ -1,11 +1,13 @@
 """Base GEMMs on the kind measured fastest per shape (`model.packed_linear`): every kind that runs
-here equals its twin (`F.linear` in fp32) on fp32 and bf16 weights; the choice comes from this
-machine's stored table when there is one and is measured (and stored) when not; a forced kind is
-honoured where it runs, and a misspelled one is refused."""
+here equals its twin (`F.linear` in fp32) on fp32 and bf16 weights; for fp32 weights only kinds
+that give a row the same bits alone as in a batch are chosen; the choice comes from this machine's stored table
+when there is one and is measured (and stored) when not; a forced kind is honoured where it runs,
+and a misspelled one is refused."""
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -45,21 +47,33 @@ def test_every_kind_equals_its_twin(dtype: torch.dtype, n: int, k: int, m: int) 
             torch.testing.assert_close(got, want, rtol=2**-6, atol=2e-2 * k**0.5, msg=kind)
 
 
+def _allowed(weight: torch.Tensor, rows=pl.BASE_ROWS) -> list[str]:
+    """The kinds `choose_kind` picks among for `weight` (row-invariant ones for fp32)."""
+    kinds = pl.runnable_kinds(weight)
+    if weight.dtype != torch.float32:
+        return kinds
+    return [k for k in kinds if pl.row_invariant(weight, k, rows)] or kinds
+
+
+EXPECTED_TYPE = {"panel": PanelWeight, "onednn": torch.Tensor, "plain": type(None)}
+
+
 def test_a_shape_is_measured_once_stored_and_then_taken_from_the_store(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     weight = torch.randn(48, 32)
     key = pl.shape_key(weight, pl.BASE_ROWS)
+    allowed = _allowed(weight)
     with caplog.at_level(logging.INFO, logger=pl.__name__):
         kind = pl.choose_kind(weight)
     assert f"CPU GEMM for {key} (measured" in caplog.text
     stored = gemm_choice_cache.load(key)
-    assert stored is not None and set(stored) == set(pl.runnable_kinds(weight))
+    assert stored is not None and set(stored) == set(allowed)
     assert all(set(times) == set(pl.BASE_ROWS) for times in stored.values())
-    assert kind == max(stored, key=lambda k: -pl.gemm_chooser.scores(stored)[k])
+    assert kind == pl.gemm_chooser.pick(stored)
 
     # a new process (no in-memory choice) follows the stored table, whatever it says
-    winner = "plain"
+    winner = next(k for k in reversed(allowed) if k != kind) if len(allowed) > 1 else kind
     rigged = {k: dict.fromkeys(pl.BASE_ROWS, 1e-3) for k in stored}
     rigged[winner] = dict.fromkeys(pl.BASE_ROWS, 1e-6)
     gemm_choice_cache.store(key, rigged)
@@ -67,7 +81,7 @@ def test_a_shape_is_measured_once_stored_and_then_taken_from_the_store(
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=pl.__name__):
         assert pl.choose_kind(weight) == winner
-        assert pl.pack_chosen(weight) is None  # plain F.linear: nothing packed
+        assert isinstance(pl.pack_chosen(weight), EXPECTED_TYPE[winner])
     assert f"CPU GEMM for {key} (stored" in caplog.text
     assert caplog.text.count("CPU GEMM for") == 1  # the table is logged once per shape
 
@@ -77,11 +91,33 @@ def test_a_stored_table_without_a_kind_that_now_runs_is_measured_again(
 ) -> None:
     weight = torch.randn(40, 24)
     key = pl.shape_key(weight, pl.BASE_ROWS)
-    gemm_choice_cache.store(key, {"plain": dict.fromkeys(pl.BASE_ROWS, 1e-6)})
+    allowed = _allowed(weight)
+    gemm_choice_cache.store(key, {allowed[-1]: dict.fromkeys(pl.BASE_ROWS, 1e-6)})
     with caplog.at_level(logging.INFO, logger=pl.__name__):
         pl.choose_kind(weight)
-    assert "(measured" in caplog.text
-    assert set(gemm_choice_cache.load(key) or {}) == set(pl.runnable_kinds(weight))
+    if len(allowed) > 1:
+        assert "(measured" in caplog.text
+    assert set(gemm_choice_cache.load(key) or {}) == set(allowed)
+
+
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (72, 40)])
+def test_the_chosen_fp32_kind_gives_a_row_the_same_bits_alone_as_in_a_batch(
+    caplog: pytest.LogCaptureFixture, n: int, k: int
+) -> None:
+    weight = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k))
+    with caplog.at_level(logging.INFO, logger=pl.__name__):
+        kind = pl.choose_kind(weight)
+    packed = pl.pack_as(weight, kind)
+    x = torch.randn(256, k, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        batch = pl.linear(x, weight, None, packed)
+        for i, m in ((0, 1), (5, 1), (63, 1), (8, 32), (0, 64)):
+            assert torch.equal(pl.linear(x[i : i + m], weight, None, packed), batch[i : i + m])
+    found = re.search(r"not row-invariant here, left out: ([a-z, ]+)\)", caplog.text)
+    dropped = found.group(1).split(", ") if found else []
+    for other in pl.runnable_kinds(weight):
+        invariant = pl.row_invariant(weight, other, pl.BASE_ROWS)
+        assert (other in dropped) == (not invariant) and (invariant or other != kind)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
