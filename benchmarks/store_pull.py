@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from adapter_store import AdapterStoreSource, LocalCache, Registry
 from adapter_store.backends.s3 import S3Backend
 from adapter_store.registry import blob_key
+from benchmarks.report import write_json
 from tests.support.seaweedfs import SeaweedFS
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -166,8 +167,7 @@ def main() -> None:
             "server": "SeaweedFS weed mini on 127.0.0.1",
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(
         f"adapter: SmolLM2-135M LoRA r=16, 7 targets, {size / MB:.1f} MiB; publish {publish_s:.2f}s"
     )
