@@ -3,7 +3,7 @@
 # adapters, the learned composition over them, then the quality table. These are the exact
 # commands (and seeds) that produced the committed store; on CPU with 2 free cores the whole
 # script takes about 50 minutes, on a GPU a few minutes (pass DEVICE=cuda THREADS=).
-# Usage: bash benchmarks/build_default_store.sh [WORK_DIR]
+# Usage: bash scripts/build_default_store.sh [WORK_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Cards record commands with the home folder as `~`, so the default keeps them machine-free.
