@@ -24,7 +24,7 @@ from adapter_store.backends.base import Progress
 from adapter_store.errors import IntegrityError
 from adapter_store.manifest import AdapterManifest, CompositionManifest, parse_manifest
 from adapter_store.names import Kind, check_name, check_version
-from adapter_store.registry import MANIFEST, Registry, kind_prefix
+from adapter_store.versions import MANIFEST, Registry, kind_prefix
 
 log = logging.getLogger(__name__)
 AnyManifest = AdapterManifest | CompositionManifest

@@ -28,7 +28,12 @@ class StoreSettings(BaseModel):
 
 
 def molora_home() -> Path:
-    return Path(os.environ.get("MOLORA_HOME") or Path.home() / ".cache" / "molora").expanduser()
+    """The one root of MoLoRA's caches (models, store cache, settings): `$MOLORA_HOME`, else
+    `$XDG_CACHE_HOME/molora`, else `~/.cache/molora`."""
+    if env := os.environ.get("MOLORA_HOME"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "molora"
 
 
 def load_settings() -> StoreSettings:

@@ -24,8 +24,8 @@ from adapter_store.config import (
 from adapter_store.errors import IntegrityError, NotFoundError, StoreUnavailableError
 from adapter_store.manifest import AdapterManifest, CompositionManifest
 from adapter_store.names import KINDS, Kind, parse_ref
-from adapter_store.registry import MANIFEST, AnyManifest, Registry, blob_key, kind_prefix
 from adapter_store.validate import sha256_file
+from adapter_store.versions import MANIFEST, AnyManifest, Registry, blob_key, kind_prefix
 
 log = logging.getLogger(__name__)
 

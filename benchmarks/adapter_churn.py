@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     args.requests = args.requests or (64 if args.quick else 320)
 
     from adapter_store import open_registry
-    from molora_runtime.model.registry import resolve_model_path
+    from molora_runtime.model.model_paths import resolve_model_path
     from tests.support.local_ray import start_local_cluster, stop_local_cluster
     from tests.support.seaweedfs import SeaweedFS
 

@@ -217,7 +217,7 @@ def main() -> None:
 
     from molora_runtime.lora.composition import load_composition
     from molora_runtime.model.loader import load_model
-    from molora_runtime.model.registry import resolve_model_path
+    from molora_runtime.model.model_paths import resolve_model_path
     from molora_runtime.training.experts import attach_experts
     from molora_runtime.training.gate_stats import gate_shares, plot_gate_shares
     from molora_runtime.training.router import load_experts

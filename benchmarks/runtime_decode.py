@@ -28,7 +28,7 @@ from molora_runtime.lora.composition import CompositionConfig, save_composition
 from molora_runtime.lora.routing import RouteSegment, build_lora_context
 from molora_runtime.lora.source import DirectorySource
 from molora_runtime.model.attention_meta import step_attention
-from molora_runtime.model.registry import resolve_model_path
+from molora_runtime.model.model_paths import resolve_model_path
 
 RESULTS = Path(__file__).parent / "results" / "runtime_decode.json"
 NAMES = ["math", "code", "style", "facts"]

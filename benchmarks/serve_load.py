@@ -176,7 +176,7 @@ def build_assets(args: argparse.Namespace, work: Path) -> tuple[str, Path, list[
     sys.path.insert(0, str(ROOT / "tests" / "serve"))  # the tests' real-asset builder
     from serve_assets import make_store, make_tiny_model
 
-    from molora_runtime.model.registry import resolve_model_path
+    from molora_runtime.model.model_paths import resolve_model_path
 
     names = [f"skill{i}" for i in range(args.adapters)]
     if args.tiny:

@@ -151,7 +151,7 @@ def prepare_assets(work_arg: str | None, prefix: str) -> tuple[Path, Path, Path,
     """(model dir, work folder, adapter store, vocab-route split) of a benchmark run; the work
     folder is `work_arg` (kept between runs) or a new temporary one."""
     from molora_runtime.model.arch import load_arch
-    from molora_runtime.model.registry import resolve_model_path
+    from molora_runtime.model.model_paths import resolve_model_path
 
     model_dir = resolve_model_path("smollm2-135m-instruct")
     work = Path(work_arg or tempfile.mkdtemp(prefix=prefix))

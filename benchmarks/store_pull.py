@@ -26,8 +26,9 @@ from safetensors.torch import load_file
 
 from adapter_store import AdapterStoreSource, LocalCache, Registry
 from adapter_store.backends.s3 import S3Backend
-from adapter_store.registry import blob_key
+from adapter_store.versions import blob_key
 from benchmarks.report import write_json
+from molora_runtime.model.model_paths import prepared_model_dir
 from tests.support.seaweedfs import SeaweedFS
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -35,8 +36,7 @@ MB = 1024 * 1024
 
 
 def model_dir() -> Path:
-    home = Path(os.environ.get("MOLORA_HOME") or Path.home() / ".cache" / "molora")
-    return home / "models" / "smollm2-135m-instruct"
+    return prepared_model_dir("smollm2-135m-instruct")
 
 
 def make_adapter(out: Path) -> Path:

@@ -128,7 +128,7 @@ def load_base(model: str, device: torch.device):
     """The frozen base model and its tokenizer, in float32 for stable small-batch training."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from molora_runtime.model.registry import resolve_model_path
+    from molora_runtime.model.model_paths import resolve_model_path
 
     path = resolve_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -252,7 +252,7 @@ def train_router(cfg: RouterTrainConfig) -> Path:
     from transformers import AutoTokenizer
 
     from molora_runtime.model.loader import load_model
-    from molora_runtime.model.registry import resolve_model_path
+    from molora_runtime.model.model_paths import resolve_model_path
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from safetensors.torch import save_file
 
+from adapter_store.config import molora_home
 from molora_runtime.config import DEFAULT_MODEL
 
 GGUF_MODELS: dict[str, tuple[str, str]] = {
@@ -26,14 +26,6 @@ GGUF_MODELS: dict[str, tuple[str, str]] = {
 
 class ModelNotFoundError(FileNotFoundError):
     """A model name is neither a folder nor a prepared alias."""
-
-
-def molora_home() -> Path:
-    """Root of MoLoRA's caches (`$MOLORA_HOME`, else `$XDG_CACHE_HOME/molora`, else ~/.cache)."""
-    if env := os.environ.get("MOLORA_HOME"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "molora"
 
 
 def prepared_model_dir(alias: str) -> Path:
