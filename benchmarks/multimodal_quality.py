@@ -220,7 +220,7 @@ def timing(llm, prompts, all_tasks, args) -> dict[str, float]:
 
 def speed_rows(folders, prompts, all_tasks, args, cached_llm) -> dict[str, Any]:
     """The speed comparison on its own engine without prefix caching (warmed up first: the
-    adapters' first load is not timed), and, for comparison with runs before issue 19, the
+    adapters' first load is not timed), and, for comparison with earlier runs, the
     same on `cached_llm` (prefix cache on, warm from the quality rows)."""
     llm = digits_llm(args.model, folders, enable_prefix_caching=False)
     idx = [i for i, t in enumerate(all_tasks) if t.kind == "mixed"][:2]

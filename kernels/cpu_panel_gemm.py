@@ -2,16 +2,9 @@
 panels, accumulated in fp32.
 
 A decode step multiplies a few token rows by every weight of the model, so each GEMM streams its
-weight from DRAM once and the kernel's job is to keep up with memory. oneDNN's fp32 kernel does
-not at small M. Side by side on the 2-core AVX2 dev box (60 SmolLM2-135M projections, 212 MB,
-streamed; median of 6; oneDNN on weights it packed once): 8 rows 8.7 vs 12.9 ms (24 vs 16 GB/s),
-1 row 4.9 vs 7.7 ms, 32 rows 21.8 vs 28.8 ms, 1024 rows (prefill) 574 vs 667 ms.
-bf16 panels stream half the bytes and are widened to fp32 in registers (a shift and a mask per
-16 weights): the same 60 projections on bf16 panels (fp32 input) took 4.3 / 7.7 / 22.3 / 158 ms
-at 1 / 8 / 32 / 256 rows against fp32 panels' 7.8 / 11.5 / 25.5 / 161. On an AVX2 CPU, where
-oneDNN packs no bf16 and a plain bf16 `F.linear` runs ~3x slower than fp32, they are what lets
-a bf16 model serve at all (offline, 4 adapters at 8 / 32 sequences: 36 / 43 -> 105-143 / 158-234
-tok/s).
+weight from memory once and the kernel's job is to keep up with memory, which oneDNN's fp32 kernel
+does not at small M. bf16 panels stream half the bytes and are widened to fp32 in registers, which
+lets a bf16 model run at fp32 speed on CPUs without bf16 arithmetic (timings: `benchmarks.cpu_gemm`).
 
 The C++ source (`csrc/panel_gemm.cpp`) is built with the system C++ compiler at first use (about
 a second) into a cache keyed by the source's hash, and called through ctypes, which releases

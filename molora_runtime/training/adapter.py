@@ -92,7 +92,7 @@ class AdapterTrainConfig(BaseModel):
 
     def resume_key(self) -> dict:
         """Fields that must match for a checkpoint to be resumed. Fields added after checkpoints
-        were written (issue 19's draw options) count only when set, so those still resume."""
+        were written (the later draw options) count only when set, so those still resume."""
         key = self.model_dump(
             exclude={"output", "checkpoint_every", "device", "threads", "stop_at"}
         )
