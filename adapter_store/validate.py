@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from adapter_store import rules
+import adapter_store.rules as rules
 from adapter_store.errors import InvalidInputError
 from adapter_store.safetensors_header import nonfinite_tensors, read_header
 

@@ -22,7 +22,7 @@ mkdir -p "$WORK"
 
 # 0. The codebook: k-means (17 codes) on the train split's 2x2 patches, seeded; the committed
 #    molora_runtime/multimodal/codebook.json is this output (a test checks it).
-$PY -m molora_runtime.multimodal.codebook
+$PY -m molora_runtime.multimodal.codebook_fit
 
 # 1. Two adapters, trained apart (in parallel, THREADS threads each). `draw` learns the image
 #    codes (text -> image), `read` the text (image -> text); see molora_runtime/multimodal/digits.py.
