@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from adapter_store.backends.base import Progress
 from adapter_store.config import load_settings, open_backend, resolve_store_url
 from adapter_store.errors import InvalidInputError, NotFoundError, StoreError
@@ -134,7 +136,6 @@ def _progress(args: argparse.Namespace, label: str, total: int) -> Iterator[Prog
     if args.json or args.no_progress or not sys.stderr.isatty():
         yield None
         return
-    from tqdm import tqdm
 
     with tqdm(
         total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr

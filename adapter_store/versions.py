@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from adapter_store.backends.base import Backend, ObjectExistsError, ObjectMissingError, Progress
+from adapter_store.config import open_backend
 from adapter_store.errors import (
     IntegrityError,
     InvalidInputError,
@@ -480,6 +481,5 @@ class Registry:
 def open_registry(
     url: str, endpoint_url: str | None = None, *, create: bool = False, **kwargs: Any
 ) -> Registry:
-    from adapter_store.config import open_backend
 
     return Registry(open_backend(url, endpoint_url, create=create), **kwargs)

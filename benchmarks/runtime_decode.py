@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from benchmarks.report import write_json
 from molora_runtime.config import LORA_TARGET_MODULES, EngineConfig, HotSetConfig
@@ -36,7 +37,6 @@ NAMES = ["math", "code", "style", "facts"]
 
 def make_adapters(model_dir: Path, work: Path, rank: int) -> dict[str, Path]:
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
     out = {}
     for i, name in enumerate(NAMES):

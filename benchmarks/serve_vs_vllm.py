@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+import torch
 import yaml
+from transformers import AutoModelForCausalLM
 
 from benchmarks import serve_offline
 from benchmarks.machine import machine_info
@@ -60,6 +62,9 @@ from benchmarks.workload import (
     TARGETS,
     modes,
 )
+from molora_runtime.lora.composition import CompositionConfig, save_composition
+from molora_runtime.model.arch import load_arch
+from molora_runtime.model.model_paths import resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_vs_vllm.json"
@@ -75,12 +80,7 @@ def make_assets(work: Path, model_dir: Path) -> Path:
     store = work / "store"
     if (store / ".done").is_file():
         return store
-    import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from molora_runtime.lora.composition import CompositionConfig, save_composition
-    from molora_runtime.model.arch import load_arch
 
     for i, name in enumerate(ADAPTERS):
         torch.manual_seed(100 + i)
@@ -150,8 +150,6 @@ def make_assets(work: Path, model_dir: Path) -> Path:
 def prepare_assets(work_arg: str | None, prefix: str) -> tuple[Path, Path, Path, int]:
     """(model dir, work folder, adapter store, vocab-route split) of a benchmark run; the work
     folder is `work_arg` (kept between runs) or a new temporary one."""
-    from molora_runtime.model.arch import load_arch
-    from molora_runtime.model.model_paths import resolve_model_path
 
     model_dir = resolve_model_path("smollm2-135m-instruct")
     work = Path(work_arg or tempfile.mkdtemp(prefix=prefix))

@@ -17,6 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from transformers import AutoModelForCausalLM
+
 # Run as a script, this folder is sys.path[0] and its kernels.py would shadow the kernels package.
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).parent.resolve():
     sys.path.pop(0)
@@ -40,9 +43,7 @@ def model_dir() -> Path:
 
 
 def make_adapter(out: Path) -> Path:
-    import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir()), dtype=torch.float32)
