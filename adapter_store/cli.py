@@ -20,10 +20,11 @@ from tqdm import tqdm
 from adapter_store.backends.base import Progress
 from adapter_store.config import load_settings, open_backend, resolve_store_url
 from adapter_store.errors import InvalidInputError, NotFoundError, StoreError
+from adapter_store.layout import AnyManifest
 from adapter_store.names import Kind, check_name, parse_ref
 from adapter_store.source import AdapterStoreSource
 from adapter_store.validate import DEFAULT_MAX_BYTES, load_base_config
-from adapter_store.versions import AnyManifest, Registry
+from adapter_store.versions import Registry
 
 EPILOG = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 

@@ -13,7 +13,6 @@ the winner's files and can remove exactly what it uploaded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -21,29 +20,29 @@ import secrets
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from adapter_store.backends.base import Backend, ObjectExistsError, ObjectMissingError, Progress
+from adapter_store.backends.base import Backend, ObjectMissingError, Progress
 from adapter_store.config import open_backend
 from adapter_store.errors import (
     IntegrityError,
     InvalidInputError,
     NotFoundError,
-    StoreError,
     VersionExistsError,
 )
+from adapter_store.layout import MANIFEST, YANKED, AnyManifest, blob_key, kind_prefix, version_dir
 from adapter_store.manifest import (
     AdapterManifest,
     CompositionManifest,
     FileEntry,
     YankRecord,
-    dump_manifest,
     parse_manifest,
     utcnow,
 )
-from adapter_store.names import KINDS, Kind, check_name, check_tenant, check_version, parse_ref
+from adapter_store.names import Kind, check_name, check_tenant, check_version, parse_ref
+from adapter_store.staging import HashingWriter, StagedPublish
 from adapter_store.validate import (
     COMPOSITION_CONFIG,
     DEFAULT_MAX_BYTES,
@@ -54,25 +53,6 @@ from adapter_store.validate import (
 )
 
 log = logging.getLogger(__name__)
-AnyManifest = AdapterManifest | CompositionManifest
-MANIFEST = "manifest.json"
-YANKED = "yanked.json"
-
-
-def kind_prefix(kind: Kind) -> str:
-    if kind not in KINDS:
-        raise InvalidInputError(f"unknown kind {kind!r}; expected one of {KINDS}")
-    return f"{kind}s/"
-
-
-def version_dir(kind: Kind, name: str, version: str) -> str:
-    return f"{kind_prefix(kind)}{check_name(name)}/{check_version(version)}/"
-
-
-def blob_key(manifest: AnyManifest, path: str) -> str:
-    return (
-        f"{version_dir(manifest.kind, manifest.name, manifest.version)}{manifest.blob_dir}/{path}"
-    )
 
 
 @dataclass
@@ -81,64 +61,12 @@ class VersionInfo:
     yanked: bool
 
 
-class HashingWriter:
-    """Write-through sink that counts and hashes what passes (for verify-while-download)."""
-
-    def __init__(self, out: BinaryIO | None = None) -> None:
-        self.out = out
-        self.digest = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        self.size += len(data)
-        if self.out is not None:
-            self.out.write(data)
-        return len(data)
-
-    def check(self, entry: FileEntry, ref: str) -> None:
-        if self.size != entry.size or self.digest.hexdigest() != entry.sha256:
-            raise IntegrityError(
-                f"{ref}: {entry.path} failed verification (expected {entry.size} bytes sha256 "
-                f"{entry.sha256[:12]}…, got {self.size} bytes sha256 {self.digest.hexdigest()[:12]}…): "
-                "the stored object is corrupted or was modified"
-            )
-
-
-@dataclass
-class StagedPublish:
-    """Files uploaded, manifest not yet written: `commit()` publishes, `abort()` cleans up."""
-
-    registry: Registry
-    manifest: AnyManifest
-    uploaded: list[str] = field(default_factory=list)
-    done: bool = False
-
-    def commit(self) -> AnyManifest:
-        m = self.manifest
-        key = version_dir(m.kind, m.name, m.version) + MANIFEST
-        try:
-            self.registry.backend.put_bytes(key, dump_manifest(m), if_absent=True)
-        except ObjectExistsError:
-            self.abort()
-            raise VersionExistsError(
-                f"{m.kind} {m.ref} already exists (published concurrently); versions are "
-                "immutable, choose a new version"
-            ) from None
-        except BaseException:
-            self.abort()
-            raise
-        self.done = True
-        return m
-
-    def abort(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        try:
-            self.registry.backend.delete(self.uploaded)
-        except StoreError as exc:  # the store went away: say what is left behind
-            log.error("could not remove partial upload %s: %s", self.uploaded, exc)
+def _check_ref(name: str, version: str, tenant: str | None) -> None:
+    """Refuse a malformed name, version or tenant before anything is read or uploaded."""
+    check_name(name)
+    check_version(version)
+    if tenant is not None:
+        check_tenant(tenant)
 
 
 class Registry:
@@ -309,7 +237,7 @@ class Registry:
     def _upload(
         self, manifest: AnyManifest, sources: dict[str, Path], progress: Progress | None
     ) -> StagedPublish:
-        staged = StagedPublish(self, manifest)
+        staged = StagedPublish(self.backend, manifest)
         try:
             for entry in manifest.files:
                 key = blob_key(manifest, entry.path)
@@ -331,6 +259,11 @@ class Registry:
     def _blob_dir() -> str:
         return f"u-{int(time.time() * 1000):x}-{secrets.token_hex(6)}"
 
+    def _check_free(self, kind: Kind, name: str, version: str, tenant: str | None) -> None:
+        """The version is new and the name's owner (public or a tenant) is `tenant`."""
+        self._check_new(kind, name, version)
+        self._check_tenant(kind, name, tenant)
+
     def stage_adapter(
         self,
         folder: str | Path,
@@ -344,18 +277,14 @@ class Registry:
         tenant: str | None = None,
         progress: Progress | None = None,
     ) -> StagedPublish:
-        check_name(name)
-        check_version(version)
-        if tenant is not None:
-            check_tenant(tenant)
+        _check_ref(name, version, tenant)
         info = validate_adapter(Path(folder), base_config, self.max_bytes)
         base = base_model or info.base_model
         if not base:
             raise InvalidInputError(
                 "adapter_config.json names no base_model_name_or_path: pass --base-model"
             )
-        self._check_new("adapter", name, version)
-        self._check_tenant("adapter", name, tenant)
+        self._check_free("adapter", name, version, tenant)
         entries, sources = self._entries(info.files)
         manifest = AdapterManifest(
             name=name, version=version, base_model=base, files=entries, blob_dir=self._blob_dir(),
@@ -408,13 +337,9 @@ class Registry:
         tenant: str | None = None,
         progress: Progress | None = None,
     ) -> StagedPublish:
-        check_name(name)
-        check_version(version)
-        if tenant is not None:
-            check_tenant(tenant)
+        _check_ref(name, version, tenant)
         files, cfg = read_composition(Path(folder), self.max_bytes)
-        self._check_new("composition", name, version)
-        self._check_tenant("composition", name, tenant)
+        self._check_free("composition", name, version, tenant)
         pinned = self.pin_adapters(cfg.adapters, cfg.base_model, tenant)
         with tempfile.TemporaryDirectory(prefix="molora-compose-") as tmp:
             stored_cfg = Path(tmp) / COMPOSITION_CONFIG

@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from adapter_store import AdapterStoreSource, LocalCache, Registry
 from adapter_store.backends.s3 import S3Backend
-from adapter_store.versions import blob_key
+from adapter_store.layout import blob_key
 from benchmarks.report import write_json
 from molora_runtime.model.model_paths import prepared_model_dir
 from tests.support.seaweedfs import SeaweedFS
