@@ -259,6 +259,21 @@ class Registry:
     def _blob_dir() -> str:
         return f"u-{int(time.time() * 1000):x}-{secrets.token_hex(6)}"
 
+    def _common(
+        self,
+        name: str,
+        version: str,
+        entries: list[FileEntry],
+        description: str | None,
+        tags: list[str] | None,
+        tenant: str | None,
+    ) -> dict[str, Any]:
+        """The manifest fields every kind shares, with a fresh blob folder and timestamp."""
+        return {
+            "name": name, "version": version, "files": entries, "blob_dir": self._blob_dir(),
+            "created": utcnow(), "description": description, "tags": tags or [], "tenant": tenant,
+        }  # fmt: skip
+
     def _check_free(self, kind: Kind, name: str, version: str, tenant: str | None) -> None:
         """The version is new and the name's owner (public or a tenant) is `tenant`."""
         self._check_new(kind, name, version)
@@ -286,10 +301,9 @@ class Registry:
             )
         self._check_free("adapter", name, version, tenant)
         entries, sources = self._entries(info.files)
+        common = self._common(name, version, entries, description, tags, tenant)
         manifest = AdapterManifest(
-            name=name, version=version, base_model=base, files=entries, blob_dir=self._blob_dir(),
-            created=utcnow(), description=description, tags=tags or [], tenant=tenant,
-            base_model_fingerprint=info.base_model_fingerprint,
+            **common, base_model=base, base_model_fingerprint=info.base_model_fingerprint,
             base_model_identity=info.base_model_identity, rank=info.rank, alpha=info.alpha,
             target_modules=info.target_modules, num_layers=info.num_layers, dtype=info.dtype,
         )  # fmt: skip
@@ -348,11 +362,10 @@ class Registry:
             )
             files = [stored_cfg if p.name == COMPOSITION_CONFIG else p for p in files]
             entries, sources = self._entries(files)
+            common = self._common(name, version, entries, description, tags, tenant)
             manifest = CompositionManifest(
-                name=name, version=version, base_model=cfg.base_model, files=entries,
-                blob_dir=self._blob_dir(), created=utcnow(), description=description,
-                tags=tags or [], tenant=tenant, adapters=pinned, top_k=cfg.top_k, temperature=cfg.temperature,
-                num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
+                **common, base_model=cfg.base_model, adapters=pinned, top_k=cfg.top_k,
+                temperature=cfg.temperature, num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
             )  # fmt: skip
             return self._upload(manifest, sources, progress)
 
