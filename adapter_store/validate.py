@@ -30,7 +30,6 @@ DEFAULT_MAX_BYTES = 2 * 1024**3
 # Base-config keys that do not change any weight shape (dropped before fingerprinting).
 VOLATILE_CONFIG_KEYS = {"transformers_version", "torch_dtype", "dtype", "_name_or_path"}
 
-LoraConfigFile = rules.PeftConfig
 CompositionFile = rules.CompositionSpec
 
 
