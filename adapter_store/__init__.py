@@ -17,8 +17,8 @@ from adapter_store.errors import (
 )
 from adapter_store.manifest import AdapterManifest, CompositionManifest, FileEntry
 from adapter_store.names import Ref, parse_ref
-from adapter_store.registry import Registry, open_registry
 from adapter_store.source import AdapterStoreSource
+from adapter_store.versions import Registry, open_registry
 
 
 def open_store(

@@ -22,12 +22,12 @@ from filelock import FileLock, Timeout
 
 from adapter_store.backends.base import Progress
 from adapter_store.errors import IntegrityError
-from adapter_store.manifest import AdapterManifest, CompositionManifest, parse_manifest
+from adapter_store.layout import MANIFEST, AnyManifest, kind_prefix
+from adapter_store.manifest import parse_manifest
 from adapter_store.names import Kind, check_name, check_version
-from adapter_store.registry import MANIFEST, Registry, kind_prefix
+from adapter_store.versions import Registry
 
 log = logging.getLogger(__name__)
-AnyManifest = AdapterManifest | CompositionManifest
 LAST_USED = ".last_used"
 STALE_TMP_S = 6 * 3600
 

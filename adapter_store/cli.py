@@ -15,13 +15,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from adapter_store.backends.base import Progress
 from adapter_store.config import load_settings, open_backend, resolve_store_url
 from adapter_store.errors import InvalidInputError, NotFoundError, StoreError
+from adapter_store.layout import AnyManifest
 from adapter_store.names import Kind, check_name, parse_ref
-from adapter_store.registry import AnyManifest, Registry
 from adapter_store.source import AdapterStoreSource
 from adapter_store.validate import DEFAULT_MAX_BYTES, load_base_config
+from adapter_store.versions import Registry
 
 EPILOG = __doc__.split("\n\n", 1)[1] if __doc__ else ""
 
@@ -142,7 +145,6 @@ def _progress(args: argparse.Namespace, label: str, total: int) -> Iterator[Prog
     if args.json or args.no_progress or not sys.stderr.isatty():
         yield None
         return
-    from tqdm import tqdm
 
     with tqdm(
         total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr

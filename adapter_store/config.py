@@ -10,6 +10,8 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapter_store.backends.base import Backend
+from adapter_store.backends.local import LocalBackend
+from adapter_store.backends.s3 import S3Backend
 from adapter_store.errors import InvalidInputError
 
 DEFAULT_LOCAL_STORE = Path("deployments/default_store")
@@ -28,7 +30,12 @@ class StoreSettings(BaseModel):
 
 
 def molora_home() -> Path:
-    return Path(os.environ.get("MOLORA_HOME") or Path.home() / ".cache" / "molora").expanduser()
+    """The one root of MoLoRA's caches (models, store cache, settings): `$MOLORA_HOME`, else
+    `$XDG_CACHE_HOME/molora`, else `~/.cache/molora`."""
+    if env := os.environ.get("MOLORA_HOME"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "molora"
 
 
 def load_settings() -> StoreSettings:
@@ -86,13 +93,11 @@ def open_backend(url: str, endpoint_url: str | None = None, *, create: bool = Fa
             raise InvalidInputError(
                 f"store URL {url!r} lacks a bucket: expected s3://bucket/prefix"
             )
-        from adapter_store.backends.s3 import S3Backend  # boto3 only when needed
 
         return S3Backend(parsed.netloc, parsed.path.strip("/"), endpoint_url=endpoint_url)
     if "://" in url:
         raise InvalidInputError(
             f"unsupported store URL {url!r}: use s3://bucket/prefix or a directory"
         )
-    from adapter_store.backends.local import LocalBackend
 
     return LocalBackend(url, create=create)

@@ -79,12 +79,6 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     return tensors
 
 
-def read_float_tensor(path: Path, name: str) -> np.ndarray:
-    """Load one float tensor as float32 numpy (gates are small); BF16 is widened by hand."""
-    header = read_header(path)
-    return _read_float(path, name, header[name])
-
-
 def nonfinite_tensors(path: Path) -> list[str]:
     """Names of the float tensors of `path` holding NaN or Inf (one header read, one pass)."""
     header = read_header(path)

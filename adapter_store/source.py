@@ -22,10 +22,11 @@ from adapter_store.config import (
     resolve_store_url,
 )
 from adapter_store.errors import IntegrityError, NotFoundError, StoreUnavailableError
+from adapter_store.layout import MANIFEST, AnyManifest, blob_key, kind_prefix
 from adapter_store.manifest import AdapterManifest, CompositionManifest
 from adapter_store.names import KINDS, Kind, parse_ref
-from adapter_store.registry import MANIFEST, AnyManifest, Registry, blob_key, kind_prefix
 from adapter_store.validate import sha256_file
+from adapter_store.versions import Registry
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from adapter_store import rules
+import adapter_store.rules as rules
 from adapter_store.errors import InvalidInputError
+from adapter_store.layout import MANIFEST
 from adapter_store.safetensors_header import nonfinite_tensors, read_header
 
 ADAPTER_CONFIG = rules.ADAPTER_CONFIG
@@ -30,7 +31,6 @@ DEFAULT_MAX_BYTES = 2 * 1024**3
 # Base-config keys that do not change any weight shape (dropped before fingerprinting).
 VOLATILE_CONFIG_KEYS = {"transformers_version", "torch_dtype", "dtype", "_name_or_path"}
 
-LoraConfigFile = rules.PeftConfig
 CompositionFile = rules.CompositionSpec
 
 
@@ -46,10 +46,6 @@ class AdapterInfo(BaseModel):
     target_modules: list[str]
     num_layers: int
     dtype: str
-
-
-# What `molora adapters pull` leaves beside the files (the store's manifest file name).
-PULLED_MANIFEST = "manifest.json"
 
 
 def sha256_file(path: Path, chunk: int = 4 * 1024 * 1024) -> str:
@@ -71,7 +67,7 @@ def _check_files(
     for path in sorted(folder.iterdir()):
         if path.name.startswith("."):
             continue  # editor / OS droppings are not part of the adapter
-        if path.name == PULLED_MANIFEST:
+        if path.name == MANIFEST:
             continue  # a pulled folder's record of its version: a push writes its own
         if path.suffix.lower() in PICKLE_SUFFIXES:
             raise InvalidInputError(

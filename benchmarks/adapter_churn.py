@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,13 @@ import httpx
 import torch
 from safetensors.torch import save_file
 
+from adapter_store import open_registry
+from adapter_store.errors import VersionExistsError
 from benchmarks.report import write_json
 from benchmarks.serve_load import Sample, pct, zipf_sequence
 from benchmarks.serve_load import drive as load_drive
+from molora_runtime.model.model_paths import resolve_model_path
+from tests.support.seaweedfs import SeaweedFS
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "adapter_churn.json"
@@ -89,9 +94,6 @@ def make_adapters(model_dir: Path, n: int, out: Path, seed: int) -> list[Path]:
 
 def publish(registry: Any, folders: list[Path]) -> list[str]:
     """Publish every folder as `<folder name>@v1` (8 at a time: S3 puts are latency-bound)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from adapter_store.errors import VersionExistsError
 
     def one(folder: Path) -> None:
         # a retried put that had landed, or a reused work dir: already published
@@ -264,10 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.requests = args.requests or (64 if args.quick else 320)
 
-    from adapter_store import open_registry
-    from molora_runtime.model.registry import resolve_model_path
     from tests.support.local_ray import start_local_cluster, stop_local_cluster
-    from tests.support.seaweedfs import SeaweedFS
 
     work = args.work or Path(tempfile.mkdtemp(prefix="molora-churn-"))
     model_dir = Path(resolve_model_path(MODEL))

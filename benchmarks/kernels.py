@@ -1,7 +1,7 @@
 """Routed-LoRA kernel benchmark: every variant over a shape grid; prints a table, writes JSON.
 
-    python benchmarks/kernels.py              # CUDA if present: Triton kernels + references
-    python benchmarks/kernels.py --quick      # reduced grid (the CPU run that justifies the
+    python -m benchmarks.kernels              # CUDA if present: Triton kernels + references
+    python -m benchmarks.kernels --quick      # reduced grid (the CPU run that justifies the
                                               # dispatcher's thresholds takes a few minutes)
 
 Per variant and shape it reports the median time, achieved GB/s and TFLOP/s (and their share
@@ -28,11 +28,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.report import write_json
+from kernels.reference import REFERENCE_VARIANTS
 
-from kernels.reference import REFERENCE_VARIANTS  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 # (HBM bytes/s, dense 16-bit tensor FLOP/s) from the vendors' datasheets (SXM parts).
@@ -285,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(device, dtype, args.quick, budget, args.max_seconds)
     print_table(result)
     out = args.out or RESULTS / f"kernels_{device}{'_quick' if args.quick else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    write_json(out, result)
     return 0
 
 

@@ -31,14 +31,22 @@ from typing import Any
 
 import torch
 
+from benchmarks.report import write_json
+from molora_runtime.config import EngineConfig, HotSetConfig
+from molora_runtime.engine.engine import LLMEngine
+from molora_runtime.engine.llm import as_route
+from molora_runtime.engine.types import GenerationRequest, SamplingParams
+from molora_runtime.lora.source import DirectorySource
+from molora_runtime.model.attention_meta import KVCache
+from molora_runtime.model.tiny import make_native_tiny_model, make_random_adapter
+from molora_runtime.routes import LearnedRoute
+from tests.runtime.rt_util import make_composition
+
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_SHAPE = {"hidden_size": 576, "num_layers": 30, "vocab_size": 49152}
 
 
 def _engine(model: Path, adapters: dict[str, Path], comps: dict[str, Path], **kw: Any):
-    from molora_runtime.config import EngineConfig, HotSetConfig
-    from molora_runtime.engine.engine import LLMEngine
-    from molora_runtime.lora.source import DirectorySource
 
     config = EngineConfig(
         model=str(model),
@@ -52,8 +60,6 @@ def _engine(model: Path, adapters: dict[str, Path], comps: dict[str, Path], **kw
 
 
 def _request(rid: str, prompt: list[int], route: Any, max_tokens: int):
-    from molora_runtime.engine.llm import as_route
-    from molora_runtime.engine.types import GenerationRequest, SamplingParams
 
     return GenerationRequest(
         request_id=rid,
@@ -78,8 +84,6 @@ def concurrency(tmp: Path, n: int) -> list[dict[str, Any]]:
 
 
 def _concurrency(tmp: Path, n: int, max_len: int) -> list[dict[str, Any]]:
-    from molora_runtime.model.attention_meta import KVCache
-    from molora_runtime.model.tiny import make_native_tiny_model
 
     model = make_native_tiny_model(tmp / f"small-{max_len}", vocab_size=512)
     rng = random.Random(0)
@@ -129,9 +133,6 @@ def _concurrency(tmp: Path, n: int, max_len: int) -> list[dict[str, Any]]:
 
 # ----- (b) TTFT on a shared system prompt ---------------------------------------------------------
 def shared_prefix(tmp: Path, repeats: int) -> list[dict[str, Any]]:
-    from molora_runtime.model.tiny import make_native_tiny_model, make_random_adapter
-    from molora_runtime.routes import LearnedRoute
-    from tests.runtime.rt_util import make_composition
 
     model = make_native_tiny_model(tmp / "smol", **SMOLLM2_SHAPE)
     names = [f"ad{i}" for i in range(4)]
@@ -196,7 +197,6 @@ def decode_worker(model: str, adapter: str, batches: list[int], steps: int) -> N
 
 
 def decode_side_by_side(tmp: Path, baseline: Path, steps: int, rounds: int) -> list[dict]:
-    from molora_runtime.model.tiny import make_native_tiny_model, make_random_adapter
 
     model = make_native_tiny_model(tmp / "smol-decode", **SMOLLM2_SHAPE)
     adapter = make_random_adapter(tmp / "ad0", model, rank=8, seed=0)
@@ -284,7 +284,6 @@ def main() -> None:
                     f"    {r['batch']:<7}{r['baseline_tok_s']:>11}{r['paged_tok_s']:>13}"
                     f"{r['ratio']:>8}"
                 )
-    from benchmarks.report import write_json
 
     write_json(args.out, result)
 

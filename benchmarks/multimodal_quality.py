@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 
+from adapter_store.source import AdapterStoreSource
 from benchmarks.report import write_json
+from molora_runtime import LLM
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.multimodal.classifier import DigitJudge
 from molora_runtime.multimodal.digits import DigitTask, prompt_ids, split, tasks
@@ -79,8 +81,6 @@ def parse_args() -> argparse.Namespace:
 def resolve_folders(args: argparse.Namespace) -> dict[str, str]:
     adapters = dict(item.split("=", 1) for item in args.adapter)
     if not adapters:
-        from adapter_store.source import AdapterStoreSource
-
         source = AdapterStoreSource(store_url=args.store)
         adapters = {n: str(source.adapter_path(n)) for n in ("draw", "read")}
     return adapters
@@ -220,7 +220,7 @@ def timing(llm, prompts, all_tasks, args) -> dict[str, float]:
 
 def speed_rows(folders, prompts, all_tasks, args, cached_llm) -> dict[str, Any]:
     """The speed comparison on its own engine without prefix caching (warmed up first: the
-    adapters' first load is not timed), and, for comparison with runs before issue 19, the
+    adapters' first load is not timed), and, for comparison with earlier runs, the
     same on `cached_llm` (prefix cache on, warm from the quality rows)."""
     llm = digits_llm(args.model, folders, enable_prefix_caching=False)
     idx = [i for i, t in enumerate(all_tasks) if t.kind == "mixed"][:2]
@@ -234,7 +234,6 @@ def speed_rows(folders, prompts, all_tasks, args, cached_llm) -> dict[str, Any]:
 
 def digits_llm(model: str, adapters: dict[str, Any], **engine_kwargs: Any) -> Any:
     """The engine every digits evaluation runs on (short sequences, r16 adapters)."""
-    from molora_runtime import LLM
 
     return LLM(
         model=model,

@@ -21,11 +21,20 @@ from pathlib import Path
 
 import torch
 
+from adapter_store.source import AdapterStoreSource
 from benchmarks.report import write_json
+from molora_runtime.engine.llm import LLM
 from molora_runtime.engine.types import SamplingParams
+from molora_runtime.lora.composition import load_composition
+from molora_runtime.model.loader import load_model
+from molora_runtime.model.model_paths import resolve_model_path
 from molora_runtime.routes import BaseRoute, LearnedRoute, MixRoute, SingleRoute
+from molora_runtime.training.arrow import load_arrow_model
 from molora_runtime.training.data import Example, domain_examples, mixed_examples
-from molora_runtime.training.evaluate import render_all, score
+from molora_runtime.training.evaluate import hf_generate, render_all, score
+from molora_runtime.training.experts import attach_experts
+from molora_runtime.training.gate_stats import gate_shares, plot_gate_shares
+from molora_runtime.training.router import load_experts
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -55,8 +64,6 @@ def resolve_folders(args: argparse.Namespace) -> tuple[dict[str, str], str]:
     adapters = dict(item.split("=", 1) for item in args.adapter)
     composition = args.composition
     if not adapters or composition is None:
-        from adapter_store.source import AdapterStoreSource
-
         source = AdapterStoreSource(store_url=args.store)
         if composition is None:
             composition = str(source.composition_path(COMPOSITION))
@@ -108,8 +115,6 @@ def oracle_per_token(llm, prompts, examples, refs, max_tokens) -> list[list[floa
 
 
 def arrow_row(model, folders, prompts, examples, max_tokens) -> list[list[float]]:
-    from molora_runtime.training.arrow import load_arrow_model
-    from molora_runtime.training.evaluate import hf_generate
 
     arrow, tokenizer = load_arrow_model(model, folders, top_k=1)
     return score(examples, hf_generate(arrow, tokenizer, prompts, max_tokens, batch=16))[0]
@@ -143,7 +148,6 @@ def main() -> None:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from molora_runtime.engine.llm import LLM
 
     t_start = time.monotonic()
     adapters, composition = resolve_folders(args)
@@ -214,13 +218,6 @@ def main() -> None:
         ),
     }
     print("\ntargets:", json.dumps(targets))
-
-    from molora_runtime.lora.composition import load_composition
-    from molora_runtime.model.loader import load_model
-    from molora_runtime.model.registry import resolve_model_path
-    from molora_runtime.training.experts import attach_experts
-    from molora_runtime.training.gate_stats import gate_shares, plot_gate_shares
-    from molora_runtime.training.router import load_experts
 
     comp = load_composition(COMPOSITION, composition)
     lm = load_model(resolve_model_path(args.model))

@@ -6,11 +6,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.machine import machine_info
+
 
 def write_json(path: str | Path, result: dict[str, Any]) -> Path:
-    """Write `result` as indented JSON (non-JSON values as their str) and say where."""
+    """Write `result` as indented JSON (non-JSON values as their str), with the box it ran on
+    under `machine_info`, and say where."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    result = {**result, "machine_info": result.get("machine_info") or machine_info()}
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"wrote {path}")
     return path

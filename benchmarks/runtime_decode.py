@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from benchmarks.report import write_json
 from molora_runtime.config import LORA_TARGET_MODULES, EngineConfig, HotSetConfig
@@ -28,7 +29,7 @@ from molora_runtime.lora.composition import CompositionConfig, save_composition
 from molora_runtime.lora.routing import RouteSegment, build_lora_context
 from molora_runtime.lora.source import DirectorySource
 from molora_runtime.model.attention_meta import step_attention
-from molora_runtime.model.registry import resolve_model_path
+from molora_runtime.model.model_paths import resolve_model_path
 
 RESULTS = Path(__file__).parent / "results" / "runtime_decode.json"
 NAMES = ["math", "code", "style", "facts"]
@@ -36,7 +37,6 @@ NAMES = ["math", "code", "style", "facts"]
 
 def make_adapters(model_dir: Path, work: Path, rank: int) -> dict[str, Path]:
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
     out = {}
     for i, name in enumerate(NAMES):

@@ -32,6 +32,7 @@ import httpx
 
 from benchmarks.report import write_json
 from benchmarks.sse import sse_events
+from molora_runtime.model.model_paths import resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"
@@ -175,8 +176,6 @@ async def run_load(url: str, names: list[str], args: argparse.Namespace) -> dict
 def build_assets(args: argparse.Namespace, work: Path) -> tuple[str, Path, list[str]]:
     sys.path.insert(0, str(ROOT / "tests" / "serve"))  # the tests' real-asset builder
     from serve_assets import make_store, make_tiny_model
-
-    from molora_runtime.model.registry import resolve_model_path
 
     names = [f"skill{i}" for i in range(args.adapters)]
     if args.tiny:

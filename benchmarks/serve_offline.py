@@ -24,12 +24,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from benchmarks.workload import MAX_MODEL_LEN, MAX_NUM_SEQS, NEW_TOKENS, PROMPTS, modes
+from deployments.catalog.store import open_source
+from deployments.config import StoreConfig
+from molora_runtime.config import EngineConfig, HotSetConfig
+from molora_runtime.engine.engine import LLMEngine
+from molora_runtime.engine.llm import as_route
+from molora_runtime.engine.types import GenerationRequest, SamplingParams
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _requests(mode: str, n: int, offset: int) -> list[tuple[list[dict[str, str]], Any]]:
-    from benchmarks.serve_vs_vllm import PROMPTS, modes
-
     models = modes(1)[mode]  # the vocab split is unused by the modes run here
     picked = []
     for i in range(offset, offset + n):
@@ -41,10 +49,6 @@ def _requests(mode: str, n: int, offset: int) -> list[tuple[list[dict[str, str]]
 
 def run_share(engine: Any, mode: str, conc: int, n: int, offset: int) -> tuple[int, float]:
     """Tokens and seconds of `n` requests with at most `conc` in flight."""
-    from benchmarks.serve_vs_vllm import NEW_TOKENS
-    from molora_runtime.engine.llm import as_route
-    from molora_runtime.engine.types import GenerationRequest, SamplingParams
-
     sampling = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     pending = []
     for i, (messages, route) in enumerate(_requests(mode, n, offset)):
@@ -83,14 +87,6 @@ def share_of(conc: int, n: int, replicas: int, rank: int) -> tuple[int, int, int
 
 def worker(args: argparse.Namespace) -> None:
     """One replica's share: print one JSON line per cell."""
-    import torch
-
-    from benchmarks.serve_vs_vllm import MAX_MODEL_LEN, MAX_NUM_SEQS
-    from deployments.catalog.store import open_source
-    from deployments.config import StoreConfig
-    from molora_runtime.config import EngineConfig, HotSetConfig
-    from molora_runtime.engine.engine import LLMEngine
-
     torch.set_num_threads(args.threads)
     config = EngineConfig(
         model="smollm2-135m-instruct",

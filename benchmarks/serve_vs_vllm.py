@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -44,33 +43,33 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+import torch
 import yaml
+from transformers import AutoModelForCausalLM
 
 from benchmarks import serve_offline
+from benchmarks.machine import machine_info
 from benchmarks.report import write_json
 from benchmarks.sse import sse_events
 from benchmarks.vllm_env import vllm_cpu_env
+from benchmarks.workload import (
+    ADAPTERS,
+    CELLS,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    NEW_TOKENS,
+    PROMPTS,
+    TARGETS,
+    modes,
+)
+from molora_runtime.lora.composition import CompositionConfig, save_composition
+from molora_runtime.model.arch import load_arch
+from molora_runtime.model.model_paths import resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_vs_vllm.json"
-ADAPTERS = ["a", "b", "c", "d"]
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-NEW_TOKENS = 64
-PROMPTS = [
-    "What is the capital of France?",
-    "Give me three tips for sleeping better.",
-    "Explain photosynthesis in one sentence.",
-    "Write a haiku about the sea.",
-    "How do I boil an egg?",
-    "What is 17 times 23?",
-    "Name two benefits of regular exercise.",
-    "Translate 'good morning' into Spanish.",
-]
-MAX_MODEL_LEN = 1024
-MAX_NUM_SEQS = 32
 VLLM_PORT = 18431
 MOLORA_PORT = 18500
-SCHED_BATCH_ENV = "MOLORA_BENCH_SCHED_BATCH"  # set by --sched-batch
 
 
 # ---- assets ---------------------------------------------------------------------------------
@@ -81,12 +80,7 @@ def make_assets(work: Path, model_dir: Path) -> Path:
     store = work / "store"
     if (store / ".done").is_file():
         return store
-    import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from molora_runtime.lora.composition import CompositionConfig, save_composition
-    from molora_runtime.model.arch import load_arch
 
     for i, name in enumerate(ADAPTERS):
         torch.manual_seed(100 + i)
@@ -156,8 +150,6 @@ def make_assets(work: Path, model_dir: Path) -> Path:
 def prepare_assets(work_arg: str | None, prefix: str) -> tuple[Path, Path, Path, int]:
     """(model dir, work folder, adapter store, vocab-route split) of a benchmark run; the work
     folder is `work_arg` (kept between runs) or a new temporary one."""
-    from molora_runtime.model.arch import load_arch
-    from molora_runtime.model.registry import resolve_model_path
 
     model_dir = resolve_model_path("smollm2-135m-instruct")
     work = Path(work_arg or tempfile.mkdtemp(prefix=prefix))
@@ -268,10 +260,8 @@ def start_molora(
         **(extra_env or {}),
     }
     serve = Path(sys.executable).parent / "serve"
-    # `--sched-batch`: the cluster under SCHED_BATCH, the replica back on SCHED_OTHER
-    batch = ["chrt", "--batch", "0"] if os.environ.get(SCHED_BATCH_ENV) == "1" else []
     out = log.open("w")
-    proc = subprocess.Popen([*batch, str(serve), "run", str(config)], env=env, stdout=out,
+    proc = subprocess.Popen([str(serve), "run", str(config)], env=env, stdout=out,
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)  # fmt: skip
     wait_up(f"http://127.0.0.1:{MOLORA_PORT}/health", proc)
     return proc
@@ -361,21 +351,6 @@ class CpuMeter:
         if self.proc is None:
             return {}
         return {p.label: p.cpu_s for p in session_processes(self.proc)}
-
-
-def machine() -> dict[str, Any]:
-    """The box, with what decides the GEMM path: bf16 in hardware (AVX512-BF16/AMX) or not.
-    Runs on boxes with and without it are not comparable cell for cell."""
-    info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform()}
-    with contextlib.suppress(OSError):
-        text = Path("/proc/cpuinfo").read_text()
-        model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-        flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-        info["cpu"] = model.group(1).strip() if model else None
-        have = set(flags.group(1).split()) if flags else set()
-        wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-        info["isa"] = [f for f in wanted if f in have]
-    return info
 
 
 def molora_binding(log: Path) -> list[str]:
@@ -515,27 +490,6 @@ def agreement(run: dict[str, Any]) -> dict[str, Any] | None:
     return {"identical": len(same), "of": total, "which": same}
 
 
-def modes(vocab_split: int) -> dict[str, list[tuple[str, dict | None]]]:
-    vocab = {
-        "kind": "vocab",
-        "ranges": [
-            {"start": 0, "end": vocab_split, "adapter": "a"},
-            {"start": vocab_split, "end": 2 * vocab_split, "adapter": "b"},
-        ],
-        "default": "c",
-    }
-    return {
-        "base": [("base", None)],
-        "single": [("a", None)],
-        "mixed": [(n, None) for n in ADAPTERS],
-        "learned_top2": [("mix4", None)],
-        "vocab": [("base", vocab)],
-    }
-
-
-CELLS = {"full": [(1, 4), (8, 32), (32, 64)], "quick": [(8, 16), (32, 64)]}
-
-
 def drive(
     port: int,
     mode_names: list[str],
@@ -659,13 +613,7 @@ def main() -> None:
         help="run vLLM, MoLoRA and offline this many times, order reversed every other round "
         "(ABC CBA ...); best of N per cell, and per-round ratios in the JSON",
     )  # fmt: skip
-    ap.add_argument(
-        "--sched-batch", action="store_true",
-        help="start MoLoRA's cluster under SCHED_BATCH (`chrt --batch 0`; see deployments/replica/scheduling.py)",
-    )  # fmt: skip
     args = ap.parse_args()
-    if args.sched_batch:
-        os.environ[SCHED_BATCH_ENV] = "1"
 
     model_dir, work, store, vocab_split = prepare_assets(args.work, "serve-vs-vllm-")
     cells = CELLS["quick" if args.quick else "full"]
@@ -723,7 +671,7 @@ def main() -> None:
         Path(args.out),
         {
             "benchmark": "serve_vs_vllm",
-            "machine": machine(),
+            "machine": machine_info(),
             "workload": {
                 "model": "SmolLM2-135M-Instruct",
                 "adapters": "4 PEFT LoRAs r=8 alpha=16 on all 7 projections",

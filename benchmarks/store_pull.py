@@ -17,6 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from transformers import AutoModelForCausalLM
+
 # Run as a script, this folder is sys.path[0] and its kernels.py would shadow the kernels package.
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).parent.resolve():
     sys.path.pop(0)
@@ -26,7 +29,9 @@ from safetensors.torch import load_file
 
 from adapter_store import AdapterStoreSource, LocalCache, Registry
 from adapter_store.backends.s3 import S3Backend
-from adapter_store.registry import blob_key
+from adapter_store.layout import blob_key
+from benchmarks.report import write_json
+from molora_runtime.model.model_paths import prepared_model_dir
 from tests.support.seaweedfs import SeaweedFS
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -34,14 +39,11 @@ MB = 1024 * 1024
 
 
 def model_dir() -> Path:
-    home = Path(os.environ.get("MOLORA_HOME") or Path.home() / ".cache" / "molora")
-    return home / "models" / "smollm2-135m-instruct"
+    return prepared_model_dir("smollm2-135m-instruct")
 
 
 def make_adapter(out: Path) -> Path:
-    import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir()), dtype=torch.float32)
@@ -166,8 +168,7 @@ def main() -> None:
             "server": "SeaweedFS weed mini on 127.0.0.1",
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(
         f"adapter: SmolLM2-135M LoRA r=16, 7 targets, {size / MB:.1f} MiB; publish {publish_s:.2f}s"
     )

@@ -18,7 +18,7 @@ from kernels.plan import SegmentPlan, routed_lora_planned
 from kernels.reference import REFERENCE_VARIANTS
 
 # CPU choice by token count T and buffer slots S (incl. the zero slot), from
-# `python benchmarks/kernels.py --quick` on the shared 2-core dev box, 1 thread, d=1024, r=16
+# `python -m benchmarks.kernels --quick` on the shared 2-core dev box, 1 thread, d=1024, r=16
 # (benchmarks/results/kernels_cpu_quick.json, "best_reference_by_T"): masked wins at T=1 for
 # every S (plain GEMVs, no index ops); one-hot (two GEMMs of width S·r) wins for T <= 32 when
 # S is small, but its S× flops lose to segmented beyond that; segmented (sorted, one GEMM pair

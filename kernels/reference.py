@@ -5,7 +5,7 @@ Every function here computes exactly the same thing,
     delta[t] = Σ_j  weights[t, j] · B[s] @ (A[s] @ x[t]),   s = slot_ids[t, j],  skipped if s <= 0,
 
 in fp32 and returns it in `x.dtype`. They differ only in how the work is laid out, which decides
-their speed on a given device and token count (see `benchmarks/kernels.py`). All of them are
+their speed on a given device and token count (see `python -m benchmarks.kernels`). All of them are
 differentiable w.r.t. `x`, `weights`, `A` and `B`, because learned-router training
 backpropagates through the op into the gate weights. `A`/`B` may be strided views
 (`A_buf[:, layer]`); nothing here assumes contiguity. They also never rely on slot 0 being the

@@ -16,7 +16,7 @@ from kernels.triton_sgmv import sgmv
 
 # Up to this many (token, j) pairs the per-pair gather kernels win: each pair is one program and
 # small batches need split-K to fill the GPU, while SGMV tiles need >= 16 tokens per slot to pay.
-# Provisional until the first GPU run of `benchmarks/kernels.py` (benchmarks/results/*cuda*.json).
+# Provisional until the first GPU run of `python -m benchmarks.kernels` (benchmarks/results/*cuda*.json).
 DECODE_MAX_PAIRS = 128
 
 MODES = ("auto", "bgmv", "sgmv")

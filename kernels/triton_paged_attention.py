@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_attention import check_paged_inputs
+from kernels.paged_inputs import check_paged_inputs
 from kernels.triton_common import sm_count
 
 MAX_SPLITS = 32

@@ -41,13 +41,3 @@ def parse_bytes(value: object) -> int:
         f"{value!r} is not a size: use a byte count (an integer) or a number with one of "
         "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (e.g. '512MiB')"
     )
-
-
-def format_bytes(n: int) -> str:
-    """Short human form for messages and tables (binary units)."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"

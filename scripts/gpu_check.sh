@@ -25,7 +25,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET MOLORA_KERNEL_BACKEND
 
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
-    for entry in "-m tests.gpu.run_checks" "benchmarks/kernels.py" "-m benchmarks.paged_attention" "-m benchmarks.decode_step"; do
+    for entry in "-m tests.gpu.run_checks" "-m benchmarks.kernels" "-m benchmarks.paged_attention" "-m benchmarks.decode_step"; do
         # shellcheck disable=SC2086
         "$PY" $entry --help >/dev/null || { echo "entry point failed: $entry"; exit 1; }
     done
@@ -41,7 +41,7 @@ checks_rc=$?
 
 bench_args=(--device cuda --max-seconds 130 --out "$OUT/kernels_cuda.json")
 if [[ "${QUICK:-0}" == "1" ]]; then bench_args+=(--quick); fi
-timeout 150 "$PY" benchmarks/kernels.py "${bench_args[@]}"
+timeout 150 "$PY" -m benchmarks.kernels "${bench_args[@]}"
 bench_rc=$?
 
 # Paged decode attention (Triton) vs contiguous-cache SDPA / bmm, with achieved K/V bandwidth.

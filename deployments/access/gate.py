@@ -201,7 +201,7 @@ class Access:
 def _base_config(cfg: Any) -> dict[str, Any] | None:
     """The served model's config.json, which the rulebook checks loaded adapters against."""
     from adapter_store.validate import load_base_config
-    from molora_runtime.model.registry import resolve_model_path
+    from molora_runtime.model.model_paths import resolve_model_path
 
     try:
         return load_base_config(resolve_model_path(cfg.engine.model))

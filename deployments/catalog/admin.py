@@ -50,7 +50,7 @@ def set_yanked(
     yank: bool,
 ) -> YankResult:
     from adapter_store.errors import InvalidInputError, NotFoundError
-    from adapter_store.registry import open_registry
+    from adapter_store.versions import open_registry
 
     kind = KINDS.get(collection)
     if kind is None:

@@ -135,8 +135,8 @@ def load_lora(
     """Publish `body.lora_path` as `body.lora_name` (see the module docstring)."""
     from adapter_store.errors import InvalidInputError, NotFoundError
     from adapter_store.names import check_name
-    from adapter_store.registry import open_registry
     from adapter_store.validate import DEFAULT_MAX_BYTES
+    from adapter_store.versions import open_registry
 
     name = body.lora_name
     try:
@@ -212,7 +212,7 @@ def load_lora(
 def unload_lora(store: StoreConfig, tenant: str | None, body: UnloadLoraBody) -> LoraResult:
     """Yank every live version of `body.lora_name` (visible to `tenant`)."""
     from adapter_store.errors import InvalidInputError, NotFoundError
-    from adapter_store.registry import open_registry
+    from adapter_store.versions import open_registry
 
     name = body.lora_name
     missing = LoraAdminError(404, f"the LoRA adapter {name!r} cannot be found", "lora_name")

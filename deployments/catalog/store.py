@@ -8,7 +8,7 @@ from molora_runtime.lora.source import AdapterSource
 
 
 def _registry(cfg: StoreConfig):
-    from adapter_store.registry import open_registry
+    from adapter_store.versions import open_registry
 
     return open_registry(cfg.resolved_url(), cfg.endpoint_url)
 

@@ -20,10 +20,10 @@ from typing import Any
 import yaml
 
 from adapter_store.errors import InvalidInputError, NotFoundError
-from adapter_store.registry import open_registry
 from adapter_store.validate import load_base_config, sha256_file
+from adapter_store.versions import open_registry
 from deployments.config import REPO_ROOT, ConfigError, ServeConfig
-from molora_runtime.model.registry import GGUF_MODELS, resolve_model_path
+from molora_runtime.model.model_paths import GGUF_MODELS, resolve_model_path
 
 TEMPLATE = REPO_ROOT / "serve_config.yaml"
 DEFAULT_MODEL_ALIAS = "smollm2-135m-instruct"

@@ -2,11 +2,11 @@
 
 A full (generation-2) collection walks every object the collector tracks while holding the
 GIL: in a model replica no decode step runs meanwhile, in a router no token moves. A replica
-tracks ~400K objects once its engine is up (torch, Ray, FastAPI, pydantic, the tokenizer): one
-full collection over them took 233 ms on the 2-core box (`benchmarks/gc_pauses.py`). Ray Serve
+tracks hundreds of thousands of objects once its engine is up (torch, Ray, FastAPI, pydantic, the
+tokenizer), so one full collection over them takes a noticeable pause. Ray Serve
 (2.60) collects and `gc.freeze()`s a replica's heap once its constructor has returned
 (`RAY_SERVE_FREEZE_GC_ON_STARTUP`, on by default; leave it on), which puts those objects out of
-later collections' reach: the same collection then took under 0.01 ms. What serving allocates
+later collections' reach. What serving allocates
 afterwards is still collected. `GcPauseMeter` reports those pauses, and Serve's start-up
 collection once per process (the meter starts in the constructor, before it).
 

@@ -8,8 +8,8 @@ wake-up stops one team thread mid-GEMM and the whole team with it. Tasks under `
 not pre-empt on wake-up; they run at the next scheduler tick or when a core is free, with the same
 fair share of CPU as before. So a cluster started under `SCHED_BATCH` (`chrt --batch 0 make
 serve`) has the model replica take `SCHED_OTHER` back for itself (its step and OpenMP threads,
-and every thread it starts later, which inherit it). Opt-in: on the 2-core dev box one A/B
-measured +7% to +45% tok/s and `benchmarks.sched_batch` later -1% to -19% (README, Quick start).
+and every thread it starts later, which inherit it). Opt-in, because its gain is not established
+(the measurements are in benchmarks/HISTORY.md).
 
 Standard library only (no Ray): Linux's per-thread policy, set through `os.sched_setscheduler`.
 Moving between `SCHED_BATCH` and `SCHED_OTHER` needs no privilege.

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
 from molora_runtime.config import EngineConfig
 
@@ -44,6 +45,5 @@ def load_tokenizer(folder: Path) -> Any | None:
         and not (folder / "tokenizer_config.json").is_file()
     ):
         return None
-    from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder))

@@ -37,7 +37,7 @@ from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.source import AdapterSource
 from molora_runtime.model.attention_meta import KVCache
 from molora_runtime.model.loader import load_model
-from molora_runtime.model.registry import resolve_model_path
+from molora_runtime.model.model_paths import resolve_model_path
 
 log = logging.getLogger(__name__)
 

@@ -65,8 +65,7 @@ def bad_rows(logits: torch.Tensor) -> list[int]:
 
     A row's sum is finite when all its elements are, so one reduction screens every row; only
     rows whose sum is not finite (a NaN/Inf, or finite values summing past fp32's range) get
-    the exact element-wise check. Cheaper than `isfinite` over the whole [n, V] tensor, which
-    cost ~3 ms of a SmolLM2 b=32 decode step.
+    the exact element-wise check, which is cheaper than `isfinite` over the whole [n, V] tensor.
     """
     if logits.shape[0] == 0:
         return []

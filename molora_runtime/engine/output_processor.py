@@ -24,6 +24,7 @@ from molora_runtime.engine.step_batch import StepBatch
 from molora_runtime.engine.types import FinishReason, GenerationOutput
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
+from molora_runtime.multimodal.prompt import HIDDEN_IDS
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +159,8 @@ class OutputProcessor:
     def _detokenizer(self, seq: Sequence) -> IncrementalDetokenizer:
         detok = self._detok.get(seq.request_id)
         if detok is None:
-            hidden: frozenset[int] = frozenset()
-            if seq.request.image_output:  # image codes come back as images, not as text
-                from molora_runtime.multimodal.prompt import HIDDEN_IDS as hidden
+            # image codes come back as images, not as text
+            hidden = HIDDEN_IDS if seq.request.image_output else frozenset()
             detok = IncrementalDetokenizer(self.tokenizer, seq.request.sampling.stop, hidden)
             self._detok[seq.request_id] = detok
         return detok

@@ -10,6 +10,7 @@ from molora_runtime.errors import AdapterLoadError, InvalidRequestError
 from molora_runtime.lora.composition import CompositionError, read_composition_config
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.routing import check_route_width
+from molora_runtime.multimodal.prompt import encode_with_images
 from molora_runtime.routes import LearnedRoute, RouteLimits, check_route_limits
 
 
@@ -59,8 +60,6 @@ class RequestChecker:
             assert req.prompt is not None
             text = req.prompt
         if req.images is not None:
-            from molora_runtime.multimodal.prompt import encode_with_images
-
             try:
                 return encode_with_images(self.tokenizer, text, req.images, self.vocab_size)
             except ValueError as exc:

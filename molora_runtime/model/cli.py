@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from molora_runtime.model.registry import GGUF_MODELS, prepare_model, prepared_model_dir
+from molora_runtime.model.model_paths import GGUF_MODELS, prepare_model, prepared_model_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

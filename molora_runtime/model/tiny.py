@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from molora_runtime.model.registry import resolve_model_path
+from molora_runtime.model.model_paths import resolve_model_path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 

@@ -150,7 +150,7 @@ MIXTURE = {
     # The loss is a mean over supervised tokens, so the digit is ~1/11 of it here (a mixed
     # example supervises ~16 easy tokens, a read one 2); v2 collapsed to a constant digit.
     # 80/5/15 was tried for 60 steps and collapsed too (README); kept at v2's shares so
-    # benchmarks/build_multimodal.sh still rebuilds the published adapters.
+    # scripts/build_multimodal.sh still rebuilds the published adapters.
     "read": (("read", 0.6), ("draw", 0.1), ("mixed", 0.3)),
 }
 

@@ -1,24 +1,23 @@
 """PNG <-> 8x8 17-level images, and `data:image/png;base64,...` URLs, for the HTTP API.
 
-A small, strict PNG codec on the standard library (zlib) and numpy, so the serving path needs no
-image library: it reads non-interlaced PNGs of 8 or 16 bits per channel in every colour type
-(grey, RGB, palette, grey+alpha, RGBA) and refuses the rest with a reason. Every chunk's CRC is
-checked, and the size comes from IHDR before a byte is inflated: an image larger than
-MAX_SIDE x MAX_SIDE is refused outright, and the pixel data is inflated with a cap of exactly the
-bytes its size needs, so a decompression bomb (a few KB of zlib that inflate to gigabytes) costs
-at most that cap. The image is flattened onto white paper, converted to grey (ITU-R 601 luma),
-resized to 8x8 by area averaging (a box filter, like the digits' own 4x4-block counts) and
-quantised to 17 levels where 0 is white paper and 16 full black ink, the digits' convention.
+Pillow decodes and encodes; a strict check runs first so a hostile PNG costs nothing: every chunk's
+CRC is checked, the size and format come from IHDR before a byte is inflated (an image larger than
+MAX_SIDE x MAX_SIDE, interlaced, or of a sub-byte depth is refused outright), and the pixel data is
+inflated with a cap of exactly the bytes its size needs, so a decompression bomb costs at most that
+cap. The image is flattened onto white paper, converted to grey, resized to 8x8 by area averaging
+and quantised to 17 levels where 0 is white paper and 16 full black ink, the digits' convention.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import io
 import struct
 import zlib
 
 import numpy as np
+from PIL import Image
 
 from molora_runtime.multimodal.tokens import LEVELS, PIXELS, SIDE
 
@@ -80,41 +79,8 @@ def _chunks(data: bytes):
     raise ImageInputError("PNG is truncated (no IEND chunk)")
 
 
-def _unfilter(raw: bytes, height: int, stride: int, bpp: int) -> np.ndarray:
-    """Undo the per-row PNG filters; returns [height, stride] uint8."""
-    out = np.zeros((height, stride), dtype=np.uint8)
-    prior = np.zeros(stride, dtype=np.int32)
-    for y in range(height):
-        kind = raw[y * (stride + 1)]
-        row = np.frombuffer(raw, np.uint8, stride, y * (stride + 1) + 1).astype(np.int32)
-        if kind == 0:
-            cur = row
-        elif kind == 1:  # Sub: a running sum per channel
-            cur = np.cumsum(row.reshape(-1, bpp), axis=0).reshape(-1) & 0xFF
-        elif kind == 2:  # Up
-            cur = (row + prior) & 0xFF
-        elif kind in (3, 4):  # Average, Paeth: sequential along the row
-            r, p, c = row.tolist(), prior.tolist(), [0] * stride
-            for i in range(stride):
-                a = c[i - bpp] if i >= bpp else 0
-                b = p[i]
-                if kind == 3:
-                    c[i] = (r[i] + ((a + b) >> 1)) & 0xFF
-                else:
-                    ul = p[i - bpp] if i >= bpp else 0
-                    pa, pb, pc = abs(b - ul), abs(a - ul), abs(a + b - 2 * ul)
-                    pred = a if pa <= pb and pa <= pc else b if pb <= pc else ul
-                    c[i] = (r[i] + pred) & 0xFF
-            cur = np.array(c, dtype=np.int32)
-        else:
-            raise ImageInputError(f"PNG is corrupt (unknown row filter {kind})")
-        out[y] = cur
-        prior = cur
-    return out
-
-
-def decode_png(data: bytes, max_side: int = MAX_SIDE) -> np.ndarray:
-    """A PNG's pixels as grey values on white paper: float [height, width], 0 black .. 255 white."""
+def _check(data: bytes, max_side: int) -> None:
+    """Refuse, with a reason, any PNG that is not a small, well-formed, supported image."""
     if not data.startswith(PNG_SIGNATURE):
         raise ImageInputError("image is not a PNG")
     chunks = _chunks(data)
@@ -138,20 +104,15 @@ def decode_png(data: bytes, max_side: int = MAX_SIDE) -> np.ndarray:
         )
     if compression or filtering or interlace:
         raise ImageInputError("unsupported PNG (interlaced or non-standard compression/filter)")
-    channels, size = _CHANNELS[colour], depth // 8
-    bpp = channels * size
-    stride = width * bpp
+    stride = width * _CHANNELS[colour] * depth // 8
     need = height * (stride + 1)
     inflate = zlib.decompressobj()
     raw = bytearray()
-    palette = alpha = None
+    has_palette = False
     try:
         for kind, body in chunks:
-            if kind == b"PLTE":
-                palette = np.frombuffer(body, np.uint8)[: len(body) // 3 * 3].reshape(-1, 3)
-            elif kind == b"tRNS" and colour == 3:
-                alpha = np.frombuffer(body, np.uint8)
-            elif kind == b"IDAT":
+            has_palette |= kind == b"PLTE"
+            if kind == b"IDAT":
                 raw += inflate.decompress(body, need + 1 - len(raw))
                 if len(raw) > need or inflate.unconsumed_tail:
                     raise ImageInputError("PNG is corrupt (more pixel data than its size)")
@@ -159,26 +120,26 @@ def decode_png(data: bytes, max_side: int = MAX_SIDE) -> np.ndarray:
         raise ImageInputError("PNG is corrupt (bad zlib data)") from None
     if len(raw) < need:
         raise ImageInputError("PNG is truncated (too little pixel data)")
-    rows = _unfilter(bytes(raw), height, stride, bpp)
-    if size == 2:
-        rows = rows[:, 0::2]  # the high byte of each 16-bit sample
-    px = rows.reshape(height, width, channels).astype(np.float64)
-    if colour == 3:
-        if palette is None:
-            raise ImageInputError("PNG is corrupt (palette image without PLTE)")
-        index = rows.reshape(height, width)
-        if int(index.max()) >= len(palette):
-            raise ImageInputError("PNG is corrupt (palette index out of range)")
-        full = np.full(len(palette), 255, np.uint8)
-        if alpha is not None:
-            full[: min(len(alpha), len(palette))] = alpha[: len(palette)]
-        px = np.concatenate([palette[index], full[index][..., None]], axis=2).astype(np.float64)
-    if px.shape[2] in (2, 4):  # flatten onto white paper
-        a = px[..., -1:] / 255.0
-        px = px[..., :-1] * a + 255.0 * (1 - a)
-    if px.shape[2] == 3:
-        return px @ np.array([0.299, 0.587, 0.114])
-    return px[..., 0]
+    bad = next((raw[y * (stride + 1)] for y in range(height) if raw[y * (stride + 1)] > 4), None)
+    if bad is not None:
+        raise ImageInputError(f"PNG is corrupt (unknown row filter {bad})")
+    if colour == 3 and not has_palette:
+        raise ImageInputError("PNG is corrupt (palette image without PLTE)")
+
+
+def decode_png(data: bytes, max_side: int = MAX_SIDE) -> np.ndarray:
+    """A PNG's pixels as grey values on white paper: float [height, width], 0 black .. 255 white."""
+    _check(data, max_side)
+    try:
+        img = Image.open(io.BytesIO(data), formats=["PNG"])
+        img.load()
+        if img.mode in ("I", "I;16", "I;16B"):  # 16-bit grey: its high byte
+            return (np.asarray(img, dtype=np.int64) >> 8).astype(np.float64)
+        rgba = img.convert("RGBA")
+    except (OSError, SyntaxError, ValueError) as exc:  # what the checks above cannot see
+        raise ImageInputError(f"image is not a readable PNG ({exc})") from None
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return np.asarray(Image.alpha_composite(white, rgba).convert("L"), dtype=np.float64)
 
 
 def _box(n: int, out: int) -> np.ndarray:
@@ -197,15 +158,11 @@ def png_to_levels(data: bytes, max_side: int = MAX_SIDE) -> list[int]:
         grey = decode_png(data, max_side)
     except ImageInputError:
         raise
-    except (ValueError, IndexError, struct.error) as exc:  # a case the checks above missed
+    except (ValueError, IndexError) as exc:  # a case the checks above missed
         raise ImageInputError(f"image is not a readable PNG ({type(exc).__name__})") from None
     small = _box(grey.shape[0], SIDE) @ grey @ _box(grey.shape[1], SIDE).T
     levels = np.rint((255.0 - small) * (LEVELS - 1) / 255.0).astype(int).clip(0, LEVELS - 1)
     return [int(v) for v in levels.reshape(-1)]
-
-
-def _chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
 
 def levels_to_png(levels: list[int], scale: int = OUTPUT_SCALE) -> bytes:
@@ -214,15 +171,9 @@ def levels_to_png(levels: list[int], scale: int = OUTPUT_SCALE) -> bytes:
         raise ValueError(f"an image has {PIXELS} pixels, got {len(levels)}")
     grey = np.array([255 - round(v * 255 / (LEVELS - 1)) for v in levels], np.uint8)
     big = np.kron(grey.reshape(SIDE, SIDE), np.ones((scale, scale), np.uint8))
-    side = SIDE * scale
-    raw = b"".join(b"\0" + big[y].tobytes() for y in range(side))
-    ihdr = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
-    return (
-        PNG_SIGNATURE
-        + _chunk(b"IHDR", ihdr)
-        + _chunk(b"IDAT", zlib.compress(raw, 9))
-        + _chunk(b"IEND", b"")
-    )
+    buf = io.BytesIO()
+    Image.fromarray(big, "L").save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
 
 
 def levels_to_data_url(levels: list[int]) -> str:

@@ -16,14 +16,17 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from molora_runtime.config import DEFAULT_MODEL, LORA_TARGET_MODULES
+from molora_runtime.model.model_paths import resolve_model_path
 from molora_runtime.multimodal.digits import MULTIMODAL_DOMAINS, training_examples
 from molora_runtime.training.batching import answer_loss, collate, encode_example
 from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
 from molora_runtime.training.data import DOMAINS, domain_examples
 from molora_runtime.training.progress import Progress
 from molora_runtime.training.record import write_card
+from molora_runtime.training.vocab_lora import attach_frozen_adapter
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -92,7 +95,7 @@ class AdapterTrainConfig(BaseModel):
 
     def resume_key(self) -> dict:
         """Fields that must match for a checkpoint to be resumed. Fields added after checkpoints
-        were written (issue 19's draw options) count only when set, so those still resume."""
+        were written (the later draw options) count only when set, so those still resume."""
         key = self.model_dump(
             exclude={"output", "checkpoint_every", "device", "threads", "stop_at"}
         )
@@ -126,9 +129,6 @@ def lr_at(step: int, cfg_steps: int, warmup: int, lr: float) -> float:
 
 def load_base(model: str, device: torch.device):
     """The frozen base model and its tokenizer, in float32 for stable small-batch training."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from molora_runtime.model.registry import resolve_model_path
 
     path = resolve_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -168,8 +168,6 @@ def train_adapter(cfg: AdapterTrainConfig) -> Path:
     if cfg.image_adapter and cfg.text_adapter:
         raise ValueError("image_adapter and text_adapter exclude each other")
     if cfg.image_adapter or cfg.text_adapter:
-        from molora_runtime.training.vocab_lora import attach_frozen_adapter
-
         at = "image" if cfg.image_adapter else "text"
         route = attach_frozen_adapter(model, Path(cfg.image_adapter or cfg.text_adapter), at=at)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}

@@ -18,12 +18,6 @@ from molora_runtime.training.data import Example, score_completion
 Generator = Callable[[list[str]], list[str]]
 
 
-def max_new_tokens_for(examples: Sequence[Example], tokenizer) -> int:
-    """Enough tokens for the longest gold answer plus slack (greedy decoding stops at EOS)."""
-    longest = max(len(tokenizer(e.target())["input_ids"]) for e in examples)
-    return longest + 8
-
-
 def score(
     examples: Sequence[Example], completions: Sequence[str]
 ) -> tuple[list[list[float]], dict[str, float]]:

@@ -19,11 +19,15 @@ from pathlib import Path
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from transformers import AutoTokenizer
 
 from molora_runtime.config import DEFAULT_MODEL, LORA_TARGET_MODULES
 from molora_runtime.lora.composition import CompositionConfig, save_composition
+from molora_runtime.lora.peft_adapter import read_peft_adapter
 from molora_runtime.model.attention_meta import DenseAttention
 from molora_runtime.model.decoder import CausalLM
+from molora_runtime.model.loader import load_model
+from molora_runtime.model.model_paths import resolve_model_path
 from molora_runtime.training.adapter import lr_at, pick_device, seed_everything
 from molora_runtime.training.batching import IGNORE, collate, encode_routed
 from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
@@ -224,7 +228,6 @@ def router_examples(domains: list[str], count: int, seed: int, single_fraction: 
 
 
 def load_experts(lm: CausalLM, adapters: dict[str, str]):
-    from molora_runtime.lora.peft_adapter import read_peft_adapter
 
     return [
         read_peft_adapter(name, folder, lm.arch, list(LORA_TARGET_MODULES), max_rank=256)
@@ -249,10 +252,6 @@ def public_config(cfg: RouterTrainConfig) -> RouterTrainConfig:
 
 def train_router(cfg: RouterTrainConfig) -> Path:
     """Train the gates of a composition over `cfg.adapters` and save the composition folder."""
-    from transformers import AutoTokenizer
-
-    from molora_runtime.model.loader import load_model
-    from molora_runtime.model.registry import resolve_model_path
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -2,7 +2,7 @@
 
 Why: under the `digits` route the prompt's image tokens (BOI + codes) are served by `draw`, so
 `read` attends to keys and values that `draw` computed. Trained alone, `read` only ever saw its
-own there: read@v3 read 65% of eval digits alone but 17.5% through the route. Here each LoRA
+own there, and reads far worse through the route than alone. Here each LoRA
 linear adds the frozen image adapter's delta at image positions and the trained one elsewhere.
 The same holds the other way round for `draw` (`--text-adapter`): under the route its image codes
 attend to the prompt's text as `read` computed it, so `draw` can train with `read` frozen at the

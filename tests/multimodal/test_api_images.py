@@ -97,7 +97,7 @@ def test_vocab_routes_over_the_image_block_draw() -> None:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from molora_runtime.model.registry import ModelNotFoundError, resolve_model_path
+    from molora_runtime.model.model_paths import ModelNotFoundError, resolve_model_path
 
     try:
         resolve_model_path("smollm2-135m-instruct")  # the tokenizer of the tiny model

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from molora_runtime.multimodal import codebook, png, tokens
+from molora_runtime.multimodal import codebook, codebook_fit, png, tokens
 from molora_runtime.multimodal.digits import split
 
 MODEL = Path("~/.cache/molora/models/smollm2-135m-instruct").expanduser()
@@ -28,7 +28,7 @@ def test_token_round_trip_on_real_digits() -> None:
 
 
 def test_shipped_codebook_is_the_seeded_fit_on_the_train_split() -> None:
-    assert [list(c) for c in codebook.codebook()] == codebook.fit_codebook()
+    assert [list(c) for c in codebook.codebook()] == codebook_fit.fit_codebook()
     assert codebook.codebook()[0] == (0, 0, 0, 0)  # blank paper pads short images
 
 

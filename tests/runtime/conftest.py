@@ -23,7 +23,7 @@ if getattr(sys.modules.get("kernels"), "__file__", "") is None:
 torch.set_num_threads(1)
 
 from molora_runtime.engine.engine import LLMEngine  # noqa: E402
-from molora_runtime.model.registry import ModelNotFoundError, resolve_model_path  # noqa: E402
+from molora_runtime.model.model_paths import ModelNotFoundError, resolve_model_path  # noqa: E402
 from tests.runtime.rt_util import ALL_TARGETS, build_engine, make_composition, make_peft_adapter  # noqa: E402
 
 SMOLLM2 = "smollm2-135m-instruct"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adapter_store.registry import open_registry
+from adapter_store.versions import open_registry
 from deployments.config import ServeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_learned_composition_answers_a_mixed_request() -> None:
     from adapter_store.source import AdapterStoreSource
     from molora_runtime.engine.llm import LLM
     from molora_runtime.engine.types import SamplingParams
-    from molora_runtime.model.registry import ModelNotFoundError, resolve_model_path
+    from molora_runtime.model.model_paths import ModelNotFoundError, resolve_model_path
 
     try:
         resolve_model_path("smollm2-135m-instruct")

@@ -16,7 +16,7 @@ from adapter_store import (
     Registry,
     StoreUnavailableError,
 )
-from adapter_store.registry import blob_key
+from adapter_store.layout import blob_key
 
 SPAWN = mp.get_context("spawn")
 

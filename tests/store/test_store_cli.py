@@ -9,7 +9,7 @@ import pytest
 from store_helpers import make_composition
 
 from adapter_store import open_registry
-from adapter_store.registry import blob_key
+from adapter_store.layout import blob_key
 from deployments.ops.cli import main
 
 

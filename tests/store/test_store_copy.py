@@ -11,7 +11,7 @@ from store_helpers import make_composition
 
 from adapter_store import open_registry
 from adapter_store.errors import IntegrityError, VersionExistsError
-from adapter_store.registry import blob_key
+from adapter_store.layout import blob_key
 from deployments.ops.cli import main
 
 

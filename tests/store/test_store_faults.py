@@ -17,7 +17,7 @@ import pytest
 
 from adapter_store import AdapterStoreSource, IntegrityError, Registry, StoreUnavailableError
 from adapter_store.backends.s3 import S3Backend
-from adapter_store.registry import blob_key
+from adapter_store.layout import blob_key
 from molora_runtime.engine.engine import LLMEngine
 from tests.runtime.rt_util import (
     engine_config,

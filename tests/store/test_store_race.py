@@ -7,7 +7,7 @@ import multiprocessing as mp
 from pathlib import Path
 
 from adapter_store import Registry, VersionExistsError, open_registry
-from adapter_store.registry import MANIFEST
+from adapter_store.layout import MANIFEST
 
 SPAWN = mp.get_context("spawn")
 

@@ -49,7 +49,7 @@ def test_scoring_is_exact_match_per_sub_answer() -> None:
 def test_route_labels_follow_question_and_answer_lines() -> None:
     from transformers import AutoTokenizer
 
-    from molora_runtime.model.registry import resolve_model_path
+    from molora_runtime.model.model_paths import resolve_model_path
     from molora_runtime.training.batching import IGNORE, encode_example, route_labels
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m-instruct"))

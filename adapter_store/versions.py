@@ -1,0 +1,454 @@
+"""The registry: publish, resolve, list, yank, delete and verify versions in a backend.
+
+Key layout (identical under a directory root and an S3 prefix):
+
+    adapters/<name>/<version>/manifest.json        written last, conditionally: the commit
+    adapters/<name>/<version>/yanked.json          optional marker, excluded from `latest`
+    adapters/<name>/<version>/<blob_dir>/<file>    this publish's files (a PEFT folder)
+    compositions/<name>/<version>/...              same for compositions
+
+Each publish uploads into its own `blob_dir`, so a losing concurrent publish never overwrites
+the winner's files and can remove exactly what it uploaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from adapter_store.backends.base import Backend, ObjectMissingError, Progress
+from adapter_store.config import open_backend
+from adapter_store.errors import (
+    IntegrityError,
+    InvalidInputError,
+    NotFoundError,
+    VersionExistsError,
+)
+from adapter_store.layout import MANIFEST, YANKED, AnyManifest, blob_key, kind_prefix, version_dir
+from adapter_store.manifest import (
+    AdapterManifest,
+    CompositionManifest,
+    FileEntry,
+    YankRecord,
+    parse_manifest,
+    utcnow,
+)
+from adapter_store.names import Kind, check_name, check_tenant, check_version, parse_ref
+from adapter_store.staging import HashingWriter, StagedPublish
+from adapter_store.validate import (
+    COMPOSITION_CONFIG,
+    DEFAULT_MAX_BYTES,
+    read_composition,
+    sha256_file,
+    validate_adapter,
+    validate_stored,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VersionInfo:
+    version: str
+    yanked: bool
+
+
+def _check_ref(name: str, version: str, tenant: str | None) -> None:
+    """Refuse a malformed name, version or tenant before anything is read or uploaded."""
+    check_name(name)
+    check_version(version)
+    if tenant is not None:
+        check_tenant(tenant)
+
+
+class Registry:
+    """Versioned adapters and compositions over one backend."""
+
+    def __init__(self, backend: Backend, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.backend = backend
+        self.max_bytes = max_bytes
+        self._manifests: dict[tuple[str, str, str], AnyManifest] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def names(self, kind: Kind) -> list[str]:
+        return self.backend.list_children(kind_prefix(kind))
+
+    def versions(self, kind: Kind, name: str) -> list[VersionInfo]:
+        prefix = kind_prefix(kind) + check_name(name) + "/"
+        keys = set(self.backend.list_keys(prefix))
+        found = []
+        for key in keys:
+            rest = key[len(prefix) :]
+            version, _, leaf = rest.partition("/")
+            if leaf == MANIFEST:
+                found.append(VersionInfo(version, f"{prefix}{version}/{YANKED}" in keys))
+        return sorted(found, key=lambda v: v.version)
+
+    def manifest(self, kind: Kind, name: str, version: str) -> AnyManifest:
+        """One version's manifest (memoized: published manifests never change)."""
+        memo_key = (kind, name, version)
+        with self._lock:
+            if memo_key in self._manifests:
+                return self._manifests[memo_key]
+        key = version_dir(kind, name, version) + MANIFEST
+        try:
+            data = self.backend.read_bytes(key)
+        except ObjectMissingError:
+            raise NotFoundError(
+                f"{kind} {name}@{version} does not exist in store {self.url}"
+            ) from None
+        manifest = parse_manifest(data, f"{self.url}/{key}")
+        if manifest.kind != kind or manifest.name != name or manifest.version != version:
+            raise IntegrityError(
+                f"manifest at {self.url}/{key} describes {manifest.kind} {manifest.ref}"
+            )
+        with self._lock:
+            self._manifests[memo_key] = manifest
+        return manifest
+
+    def forget(self, kind: Kind, name: str, version: str) -> None:
+        with self._lock:
+            self._manifests.pop((kind, name, version), None)
+
+    def latest(self, kind: Kind, name: str) -> AnyManifest:
+        """Newest created, non-yanked version."""
+        infos = self.versions(kind, name)
+        live = [self.manifest(kind, name, v.version) for v in infos if not v.yanked]
+        if not live:
+            hint = " (all versions are yanked)" if infos else ""
+            raise NotFoundError(f"{kind} {name!r} does not exist in store {self.url}{hint}")
+        return max(live, key=lambda m: (m.created, m.version))
+
+    def resolve(self, kind: Kind, ref: str) -> AnyManifest:
+        r = parse_ref(ref)
+        return (
+            self.latest(kind, r.name)
+            if r.version is None
+            else self.manifest(kind, r.name, r.version)
+        )
+
+    def catalog(self, kind: Kind) -> list[AnyManifest]:
+        """Latest manifest of every name of this kind (names with only yanked versions omitted)."""
+        out = []
+        for name in self.names(kind):
+            try:
+                out.append(self.latest(kind, name))
+            except NotFoundError:
+                continue
+        return out
+
+    def fetch(
+        self,
+        manifest: AnyManifest,
+        entry: FileEntry,
+        out: BinaryIO | None,
+        progress: Progress | None = None,
+    ) -> None:
+        """Stream one file into `out` (or nowhere) and verify its size and sha256."""
+        writer = HashingWriter(out)
+        try:
+            self.backend.download(blob_key(manifest, entry.path), writer, progress, entry.size)  # type: ignore[arg-type]
+        except ObjectMissingError:
+            self.forget(manifest.kind, manifest.name, manifest.version)
+            raise NotFoundError(
+                f"{manifest.kind} {manifest.ref}: file {entry.path} is missing from store {self.url} "
+                "(deleted while reading?)"
+            ) from None
+        writer.check(entry, f"{manifest.kind} {manifest.ref}")
+
+    def fetch_to(
+        self, manifest: AnyManifest, entry: FileEntry, path: Path, progress: Progress | None = None
+    ) -> None:
+        """Download one file to `path`, then verify size and sha256 (and flush it to disk)."""
+        try:
+            self.backend.download_to(blob_key(manifest, entry.path), path, progress, entry.size)
+        except ObjectMissingError:
+            self.forget(manifest.kind, manifest.name, manifest.version)
+            raise NotFoundError(
+                f"{manifest.kind} {manifest.ref}: file {entry.path} is missing from store {self.url} "
+                "(deleted while reading?)"
+            ) from None
+        writer = HashingWriter()
+        with path.open("rb") as fh:
+            while block := fh.read(4 * 1024 * 1024):
+                writer.write(block)
+            os.fsync(fh.fileno())
+        writer.check(entry, f"{manifest.kind} {manifest.ref}")
+
+    def verify(self, manifest: AnyManifest, progress: Progress | None = None) -> list[str]:
+        """Re-download every file, compare with the manifest, then check the files against the
+        rulebook (what a server would refuse); returns the problems found."""
+        problems = []
+        with tempfile.TemporaryDirectory(prefix="molora-verify-") as tmp:
+            for entry in manifest.files:
+                try:
+                    self.fetch_to(manifest, entry, Path(tmp) / entry.path, progress)
+                except (IntegrityError, NotFoundError) as exc:
+                    problems.append(str(exc))
+            if not problems:
+                try:
+                    validate_stored(manifest.kind, Path(tmp))
+                except InvalidInputError as exc:
+                    problems.append(f"{manifest.kind} {manifest.ref} breaks the rules: {exc}")
+        return problems
+
+    # ---- publishing ----------------------------------------------------------------------------
+
+    def _check_new(self, kind: Kind, name: str, version: str) -> None:
+        if self.backend.exists(version_dir(kind, name, version) + MANIFEST):
+            raise VersionExistsError(
+                f"{kind} {name}@{version} already exists in store {self.url}; versions are "
+                "immutable, choose a new version"
+            )
+
+    def owner(self, kind: Kind, name: str) -> str | None:
+        """The tenant of a name (every version of a name has the same one); None = public."""
+        for info in self.versions(kind, name):
+            return self.manifest(kind, name, info.version).tenant
+        return None
+
+    def _check_tenant(self, kind: Kind, name: str, tenant: str | None) -> None:
+        """A name belongs to one tenant (or none) for good, so visibility never depends on
+        which version a request pins."""
+        if not self.versions(kind, name):
+            return
+        owner = self.owner(kind, name)
+        if owner != tenant:
+            have = f"tenant {owner!r}" if owner else "public"
+            want = f"tenant {tenant!r}" if tenant else "public"
+            raise InvalidInputError(
+                f"{kind} {name!r} is {have}; a new version cannot be {want} (pick another name)"
+            )
+
+    def _upload(
+        self, manifest: AnyManifest, sources: dict[str, Path], progress: Progress | None
+    ) -> StagedPublish:
+        staged = StagedPublish(self.backend, manifest)
+        try:
+            for entry in manifest.files:
+                key = blob_key(manifest, entry.path)
+                staged.uploaded.append(key)
+                self.backend.upload_file(key, sources[entry.path], progress)
+        except BaseException:
+            staged.abort()
+            raise
+        return staged
+
+    @staticmethod
+    def _entries(files: list[Path]) -> tuple[list[FileEntry], dict[str, Path]]:
+        entries = [
+            FileEntry(path=p.name, sha256=sha256_file(p), size=p.stat().st_size) for p in files
+        ]
+        return entries, {p.name: p for p in files}
+
+    @staticmethod
+    def _blob_dir() -> str:
+        return f"u-{int(time.time() * 1000):x}-{secrets.token_hex(6)}"
+
+    def _common(
+        self,
+        name: str,
+        version: str,
+        entries: list[FileEntry],
+        description: str | None,
+        tags: list[str] | None,
+        tenant: str | None,
+    ) -> dict[str, Any]:
+        """The manifest fields every kind shares, with a fresh blob folder and timestamp."""
+        return {
+            "name": name, "version": version, "files": entries, "blob_dir": self._blob_dir(),
+            "created": utcnow(), "description": description, "tags": tags or [], "tenant": tenant,
+        }  # fmt: skip
+
+    def _check_free(self, kind: Kind, name: str, version: str, tenant: str | None) -> None:
+        """The version is new and the name's owner (public or a tenant) is `tenant`."""
+        self._check_new(kind, name, version)
+        self._check_tenant(kind, name, tenant)
+
+    def stage_adapter(
+        self,
+        folder: str | Path,
+        name: str,
+        version: str,
+        *,
+        base_model: str | None = None,
+        base_config: dict[str, Any] | None = None,
+        description: str | None = None,
+        tags: list[str] | None = None,
+        tenant: str | None = None,
+        progress: Progress | None = None,
+    ) -> StagedPublish:
+        _check_ref(name, version, tenant)
+        info = validate_adapter(Path(folder), base_config, self.max_bytes)
+        base = base_model or info.base_model
+        if not base:
+            raise InvalidInputError(
+                "adapter_config.json names no base_model_name_or_path: pass --base-model"
+            )
+        self._check_free("adapter", name, version, tenant)
+        entries, sources = self._entries(info.files)
+        common = self._common(name, version, entries, description, tags, tenant)
+        manifest = AdapterManifest(
+            **common, base_model=base, base_model_fingerprint=info.base_model_fingerprint,
+            base_model_identity=info.base_model_identity, rank=info.rank, alpha=info.alpha,
+            target_modules=info.target_modules, num_layers=info.num_layers, dtype=info.dtype,
+        )  # fmt: skip
+        return self._upload(manifest, sources, progress)
+
+    def publish_adapter(
+        self, folder: str | Path, name: str, version: str, **kwargs: Any
+    ) -> AnyManifest:
+        return self.stage_adapter(folder, name, version, **kwargs).commit()
+
+    def pin_adapters(
+        self, refs: list[str], base_model: str, tenant: str | None = None
+    ) -> list[str]:
+        """Resolve each ref to `name@version`, checking it exists, fits the base model and is
+        public or the composition's own tenant's (a public composition over a private expert
+        would leak it)."""
+        pinned = []
+        for ref in refs:
+            try:
+                m = self.resolve("adapter", ref)
+            except NotFoundError as exc:
+                raise InvalidInputError(
+                    f"composition adapter {ref!r} is not in the store: {exc}"
+                ) from None
+            if m.base_model != base_model:
+                raise InvalidInputError(
+                    f"composition adapter {m.ref} is for base model {m.base_model!r}, not {base_model!r}"
+                )
+            if m.tenant is not None and m.tenant != tenant:
+                raise InvalidInputError(
+                    f"composition adapter {m.ref} is private to another tenant; a composition "
+                    "may only use public adapters and its own tenant's"
+                )
+            pinned.append(m.ref)
+        return pinned
+
+    def stage_composition(
+        self,
+        folder: str | Path,
+        name: str,
+        version: str,
+        *,
+        description: str | None = None,
+        tags: list[str] | None = None,
+        tenant: str | None = None,
+        progress: Progress | None = None,
+    ) -> StagedPublish:
+        _check_ref(name, version, tenant)
+        files, cfg = read_composition(Path(folder), self.max_bytes)
+        self._check_free("composition", name, version, tenant)
+        pinned = self.pin_adapters(cfg.adapters, cfg.base_model, tenant)
+        with tempfile.TemporaryDirectory(prefix="molora-compose-") as tmp:
+            stored_cfg = Path(tmp) / COMPOSITION_CONFIG
+            stored_cfg.write_text(
+                json.dumps(cfg.model_dump() | {"adapters": pinned}, indent=2) + "\n"
+            )
+            files = [stored_cfg if p.name == COMPOSITION_CONFIG else p for p in files]
+            entries, sources = self._entries(files)
+            common = self._common(name, version, entries, description, tags, tenant)
+            manifest = CompositionManifest(
+                **common, base_model=cfg.base_model, adapters=pinned, top_k=cfg.top_k,
+                temperature=cfg.temperature, num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
+            )  # fmt: skip
+            return self._upload(manifest, sources, progress)
+
+    def publish_composition(
+        self, folder: str | Path, name: str, version: str, **kwargs: Any
+    ) -> AnyManifest:
+        return self.stage_composition(folder, name, version, **kwargs).commit()
+
+    def copy_from(
+        self, src: Registry, kind: Kind, ref: str, progress: Progress | None = None
+    ) -> tuple[AnyManifest, bool]:
+        """Copy one version from `src` as it is (name, version, tenant, manifest fields): each
+        file verified against its sha256 on the way, checked by the rulebook again, then the
+        manifest written last. A composition's pinned adapters are copied first. Returns the
+        manifest and whether anything was copied (False: already here with the same files)."""
+        m = src.resolve(kind, ref)
+        if self.backend.exists(version_dir(kind, m.name, m.version) + MANIFEST):
+            here = self.manifest(kind, m.name, m.version)
+            if here.files != m.files or here.tenant != m.tenant:
+                raise VersionExistsError(
+                    f"{kind} {m.ref} exists in {self.url} with other files or owner"
+                )
+            return here, False
+        if isinstance(m, CompositionManifest):
+            for adapter in m.adapters:
+                self.copy_from(src, "adapter", adapter, progress)
+        self._check_tenant(kind, m.name, m.tenant)
+        with tempfile.TemporaryDirectory(prefix="molora-copy-") as tmp:
+            folder = Path(tmp)
+            for entry in m.files:
+                src.fetch_to(m, entry, folder / entry.path, progress)
+            if isinstance(m, CompositionManifest):
+                read_composition(folder, self.max_bytes)
+            else:
+                validate_adapter(folder, None, self.max_bytes)
+            copied = m.model_copy(update={"blob_dir": self._blob_dir()})
+            sources = {e.path: folder / e.path for e in m.files}
+            return self._upload(copied, sources, progress).commit(), True
+
+    # ---- removing ------------------------------------------------------------------------------
+
+    def users_of(self, adapter_ref: str) -> list[str]:
+        """Composition versions that pin this adapter version."""
+        users = []
+        for name in self.names("composition"):
+            for info in self.versions("composition", name):
+                m = self.manifest("composition", name, info.version)
+                if adapter_ref in m.adapters:  # type: ignore[union-attr]
+                    users.append(m.ref)
+        return users
+
+    def delete(self, kind: Kind, name: str, version: str, *, force: bool = False) -> AnyManifest:
+        """Remove a version: manifest first (readers stop seeing it), then its files."""
+        manifest = self.manifest(kind, name, version)
+        if kind == "adapter" and not force:
+            users = self.users_of(manifest.ref)
+            if users:
+                raise InvalidInputError(
+                    f"adapter {manifest.ref} is pinned by composition(s) {', '.join(users)}; "
+                    "delete those first or pass --force"
+                )
+        vdir = version_dir(kind, name, version)
+        self.backend.delete([vdir + MANIFEST])
+        self.forget(kind, name, version)
+        self.backend.delete([k for k in self.backend.list_keys(vdir)])
+        return manifest
+
+    def yank(self, kind: Kind, name: str, version: str, reason: str | None = None) -> AnyManifest:
+        manifest = self.manifest(kind, name, version)
+        record = YankRecord(yanked=utcnow(), reason=reason)
+        self.backend.put_bytes(
+            version_dir(kind, name, version) + YANKED, record.model_dump_json().encode()
+        )
+        return manifest
+
+    def unyank(self, kind: Kind, name: str, version: str) -> AnyManifest:
+        manifest = self.manifest(kind, name, version)
+        self.backend.delete([version_dir(kind, name, version) + YANKED])
+        return manifest
+
+
+def open_registry(
+    url: str, endpoint_url: str | None = None, *, create: bool = False, **kwargs: Any
+) -> Registry:
+
+    return Registry(open_backend(url, endpoint_url, create=create), **kwargs)
