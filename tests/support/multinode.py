@@ -93,6 +93,7 @@ def app_config(
     max_num_seqs: int = 8,
     policy: str = "affinity",
     autoscaling: dict[str, Any] | None = None,
+    max_per_node: int | None = None,
 ) -> dict[str, Any]:
     """The shipped serve_config.yaml's application, on the tiny model and the S3 store: model
     replicas on worker nodes' `model_slot`s (fractional CPUs), two routers on the head."""
@@ -118,6 +119,8 @@ def app_config(
                 health_check_timeout_s=10,
                 ray_actor_options={"num_cpus": 0.25, "resources": {"model_slot": 1}},
             )
+            if max_per_node:
+                d["max_replicas_per_node"] = max_per_node
             if autoscaling:
                 d.pop("num_replicas", None)
                 d["autoscaling_config"] = autoscaling
@@ -133,6 +136,7 @@ class MultiNodeCluster:
     """Head + worker nodes on 127.0.0.1, SeaweedFS, Serve's HTTP proxy on the head."""
 
     work: Path
+    owns_work: bool = False
     worker_cpus: float = 1.0
     slots_per_node: int = 2
     redis_address: str | None = None
@@ -174,7 +178,9 @@ class MultiNodeCluster:
         self.gcs_address = self.cluster.address
         ray.init(address=self.gcs_address, log_to_driver=False, configure_logging=False)
         self.http_port = ports.free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": self.http_port})
+        serve.start(
+            proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": self.http_port}
+        )
         return self
 
     def _node_env(self, name: str) -> dict[str, str]:
@@ -224,6 +230,8 @@ class MultiNodeCluster:
                 self.cluster.shutdown()
         if self.seaweed is not None:
             self.seaweed.stop()
+        if self.owns_work:
+            shutil.rmtree(self.work, ignore_errors=True)
 
     # -- the app --------------------------------------------------------------------------
 
@@ -292,8 +300,9 @@ class MultiNodeCluster:
 
 def start_multinode(work: Path | None = None, **kwargs: Any) -> MultiNodeCluster:
     """Start the cluster (and SeaweedFS) in `work` (a fresh temp dir by default)."""
+    owns = work is None
     work = work or Path(tempfile.mkdtemp(prefix="molora-mn-"))
-    cluster = MultiNodeCluster(work=work, **kwargs)
+    cluster = MultiNodeCluster(work=work, owns_work=owns, **kwargs)
     try:
         return cluster.start()
     except BaseException:
