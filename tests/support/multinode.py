@@ -145,6 +145,8 @@ class MultiNodeCluster:
     seaweed: SeaweedFS | None = None
     nodes: dict[str, Any] = field(default_factory=dict)
     gcs_address: str = ""
+    # Ray's sockets live here: AF_UNIX paths are limited to 107 bytes, so a short temp dir.
+    ray_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="mn-ray-"))
 
     @property
     def url(self) -> str:
@@ -165,7 +167,7 @@ class MultiNodeCluster:
             "resources": {"head": 1},
             "include_dashboard": False,
             "node_ip_address": "127.0.0.1",
-            "temp_dir": str(self.work / "ray"),
+            "temp_dir": self.ray_dir,
             "_system_config": FAST_FAILURE,
             "env_vars": self._node_env("head"),
         }
@@ -230,6 +232,7 @@ class MultiNodeCluster:
                 self.cluster.shutdown()
         if self.seaweed is not None:
             self.seaweed.stop()
+        shutil.rmtree(self.ray_dir, ignore_errors=True)
         if self.owns_work:
             shutil.rmtree(self.work, ignore_errors=True)
 
