@@ -8,11 +8,20 @@ from pathlib import Path
 import pytest
 from start_once import StartOnce
 
-from tests.support.multinode import MultiNodeCluster, app_config, make_assets, start_multinode
+from tests.support.multinode import (
+    MultiNodeCluster,
+    RedisServer,
+    app_config,
+    make_assets,
+    start_multinode,
+)
 
 ADAPTERS = 8
 
-CLUSTER = StartOnce("multinode", lambda: start_multinode(), lambda c: c.stop())
+# GCS fault tolerance on where Debian's redis-server is installed (the head-loss test needs it).
+CLUSTER = StartOnce(
+    "multinode", lambda: start_multinode(gcs_ft=RedisServer.available()), lambda c: c.stop()
+)
 
 
 @pytest.fixture(scope="session")

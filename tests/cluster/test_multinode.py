@@ -8,6 +8,7 @@ import copy
 import time
 
 import httpx
+import pytest
 
 from tests.support.multinode import MultiNodeCluster, stream_events
 
@@ -146,3 +147,32 @@ async def test_node_loss_mid_stream_ends_streams_with_errors_and_capacity_return
         served = [await chat(http, name) for name in NAMES * 2]
     now = replica_nodes(multinode)
     assert {now[s["molora"]["replica"]] for s in served} == {"node_a", "node_b"}
+
+
+async def test_gcs_killed_serve_keeps_answering_and_the_head_recovers(multinode, deployed):
+    if multinode.redis is None:
+        pytest.skip("no redis-server: GCS fault tolerance needs an external Redis")
+    import ray
+
+    async with httpx.AsyncClient(base_url=multinode.url, timeout=60) as http:
+        multinode.kill_gcs()
+        try:
+            started = asyncio.Event()
+            streamed = asyncio.create_task(stream(http, "a01", 200, started))
+            served = [await chat(http, name) for name in NAMES]
+            assert all(s["choices"][0]["finish_reason"] == "length" for s in served)
+            status, events, done = await streamed
+            assert status == 200 and done and "error" not in events[-1], events[-1:]
+        finally:
+            multinode.restart_gcs()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the head serves its API again, nodes intact
+            try:
+                alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+                break
+            except Exception:
+                await asyncio.sleep(1)
+        assert set(multinode.node_ids().values()) <= alive
+        assert multinode.running_by_node() == {"node_a": 1, "node_b": 1}
+        served = [await chat(http, name) for name in NAMES]
+        assert len(served) == len(NAMES)

@@ -21,6 +21,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -131,6 +132,54 @@ def app_config(
     return app
 
 
+class RedisServer:
+    """A loopback `redis-server` (Debian's package) with a password, holding Ray's GCS state
+    (GCS fault tolerance, as KubeRay's gcsFaultToleranceOptions sets it up)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.password = secrets.token_hex(16)
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("redis-server") is not None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> RedisServer:
+        import socket
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = ports.free_port()
+        args = [
+            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+            "--requirepass", self.password, "--save", "", "--appendonly", "no",
+            "--dir", str(self.workdir),
+        ]  # fmt: skip
+        log = (self.workdir / "redis.log").open("wb")
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited; see {self.workdir / 'redis.log'}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 1),
+            ):
+                return self
+            time.sleep(0.1)
+        raise TimeoutError("redis-server did not listen")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
 @dataclass
 class MultiNodeCluster:
     """Head + worker nodes on 127.0.0.1, SeaweedFS, Serve's HTTP proxy on the head."""
@@ -139,7 +188,8 @@ class MultiNodeCluster:
     owns_work: bool = False
     worker_cpus: float = 1.0
     slots_per_node: int = 2
-    redis_address: str | None = None
+    gcs_ft: bool = False
+    redis: RedisServer | None = None
     http_port: int = 0
     cluster: Any = None
     seaweed: SeaweedFS | None = None
@@ -171,8 +221,11 @@ class MultiNodeCluster:
             "_system_config": FAST_FAILURE,
             "env_vars": self._node_env("head"),
         }
-        if self.redis_address:
-            head_args["external_addresses"] = [self.redis_address]
+        if self.gcs_ft:  # GCS fault tolerance: the GCS keeps its tables in Redis
+            self.redis = RedisServer(self.work / "redis").start()
+            head_args["external_addresses"] = [self.redis.address]
+            head_args["redis_password"] = self.redis.password
+            head_args["gcs_server_port"] = ports.free_port()  # a restarted GCS binds it again
         self.cluster = Cluster(initialize_head=True, head_node_args=head_args)
         self.nodes["head"] = self.cluster.head_node
         for name in WORKERS:
@@ -216,6 +269,14 @@ class MultiNodeCluster:
         self.cluster.remove_node(node, allow_graceful=False)
         return pids
 
+    def kill_gcs(self) -> None:
+        """Kill the head's GCS server (SIGKILL); raylets and workers keep running meanwhile."""
+        self.nodes["head"].kill_gcs_server(check_alive=False)
+
+    def restart_gcs(self) -> None:
+        """Start the GCS again; with Redis it recovers the cluster's state from there."""
+        self.nodes["head"].start_gcs_server()
+
     def node_ids(self) -> dict[str, str]:
         return {name: node.node_id for name, node in self.nodes.items()}
 
@@ -232,6 +293,8 @@ class MultiNodeCluster:
                 self.cluster.shutdown()
         if self.seaweed is not None:
             self.seaweed.stop()
+        if self.redis is not None:
+            self.redis.stop()
         shutil.rmtree(self.ray_dir, ignore_errors=True)
         if self.owns_work:
             shutil.rmtree(self.work, ignore_errors=True)
