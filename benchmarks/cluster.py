@@ -194,8 +194,10 @@ async def _node_loss(mn: MultiNodeCluster, n_streams: int, max_tokens: int) -> d
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     affected = [r for r in results if r["end"] == "error"]
+    # Refused at admission (429/503 before the first token) is an answer, not a loss.
+    admitted = [r for r in results if r["status"] == 200]
     silent = [
-        r for r in results if r["end"] != "error" and not (r["end"] == "finish" and r.get("done"))
+        r for r in admitted if r["end"] != "error" and not (r["end"] == "finish" and r.get("done"))
     ]
     readd = time.monotonic()
     mn.add_worker("node_b")
@@ -208,6 +210,8 @@ async def _node_loss(mn: MultiNodeCluster, n_streams: int, max_tokens: int) -> d
         "affected": len(affected),
         "affected_on_lost_node": sum(where.get(r["replica"]) == "node_b" for r in affected),
         "silent_losses": len(silent),
+        "silent_ends": dict(Counter(r["end"] for r in silent)),
+        "stream_statuses": dict(Counter(str(r["status"]) for r in results)),
         "http_5xx": sum(500 <= s < 600 for s in after)
         + sum(500 <= (r["status"] or 0) < 600 for r in results),
         "requests_during_loss": len(after),

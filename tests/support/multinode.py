@@ -155,13 +155,17 @@ class RedisServer:
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = ports.free_port()
-        args = [
-            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-            "--requirepass", self.password, "--save", "", "--appendonly", "no",
-            "--dir", str(self.workdir),
-        ]  # fmt: skip
+        # The password goes in a private config file, not on a command line others can list.
+        conf = self.workdir / "redis.conf"
+        conf.touch(mode=0o600)
+        conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\nrequirepass {self.password}\n"
+            f'save ""\nappendonly no\ndir {self.workdir}\n'
+        )
         log = (self.workdir / "redis.log").open("wb")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            ["redis-server", str(conf)], stdout=log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
