@@ -95,7 +95,9 @@ def replica_report(mn: MultiNodeCluster) -> list[dict[str, Any]]:
             "replica": rid,
             "node": where.get(rid, "?"),
             "slot": sorted(a for a, t in r["residency"].items() if t == "slot"),
-            "store_loads": r["tiers"].get("store", {}).get("loads", 0),
+            # loads into this node's disk cache (from the store) and into slots
+            "disk_loads": r["tiers"].get("disk", {}).get("loads", 0),
+            "slot_loads": r["tiers"].get("slot", {}).get("loads", 0),
         }
         for rid, r in sorted(seen.items(), key=lambda kv: where.get(kv[0], "?"))
     ]
