@@ -86,6 +86,21 @@ def lost_fields(original: Any, roundtrip: Any, path: str = "") -> list[str]:
     return [] if original == roundtrip else [path]
 
 
+def json_pointer_remove(doc: Any, pointer: str) -> None:
+    """RFC 6902 `remove`: the path must exist."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.lstrip("/").split("/")]
+    node = doc
+    for part in parts[:-1]:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if isinstance(node, list):
+        index = int(parts[-1])
+        if not 0 <= index < len(node):
+            raise KeyError(pointer)
+        del node[index]
+    else:
+        del node[parts[-1]]  # KeyError when absent
+
+
 def json_pointer_replace(doc: Any, pointer: str, value: Any) -> None:
     """RFC 6902 `replace`: the path must already exist."""
     parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.lstrip("/").split("/")]
@@ -156,8 +171,11 @@ def kustomize_build(directory: Path) -> list[dict[str, Any]]:
             (ops,) = body
             for obj in targets:
                 for op in ops:
-                    assert op["op"] == "replace", f"unsupported op {op['op']}"
-                    json_pointer_replace(obj, op["path"], copy.deepcopy(op["value"]))
+                    assert op["op"] in ("replace", "remove"), f"unsupported op {op['op']}"
+                    if op["op"] == "remove":
+                        json_pointer_remove(obj, op["path"])
+                    else:
+                        json_pointer_replace(obj, op["path"], copy.deepcopy(op["value"]))
         else:
             for doc in body:
                 index = next((i for i, o in enumerate(objects) if _key(o) == _key(doc)), None)

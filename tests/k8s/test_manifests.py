@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from importlib.metadata import version
@@ -87,7 +88,11 @@ def test_pod_templates_and_service_are_valid_core_objects(built: list[dict]) -> 
 
 @pytest.mark.parametrize(
     ("kind", "model"),
-    [("ConfigMap", "V1ConfigMap"), ("Namespace", "V1Namespace")],
+    [
+        ("ConfigMap", "V1ConfigMap"),
+        ("Namespace", "V1Namespace"),
+        ("PodDisruptionBudget", "V1PodDisruptionBudget"),
+    ],
 )
 def test_core_objects_roundtrip(built: list[dict], kind: str, model: str) -> None:
     for obj in _by_kind(built, kind):
@@ -114,13 +119,18 @@ def test_rayservice_shape(built: list[dict]) -> None:
     (configmap,) = _by_kind(built, "ConfigMap")
     cluster = rayservice["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
-    (worker,) = cluster["workerGroupSpecs"]
-    assert worker["minReplicas"] <= worker["replicas"] <= worker["maxReplicas"]
-    (gpu,) = worker["template"]["spec"]["containers"]
-    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert gpu["resources"]["requests"]["nvidia.com/gpu"] == "1"
-    probe = gpu["readinessProbe"]["httpGet"]
-    assert (probe["path"], probe["port"]) == ("/-/healthz", kube.SERVE_PORT)
+    # One worker group per GPU type, each on its nodes (node label) with a Ray resource naming it.
+    for worker in cluster["workerGroupSpecs"]:
+        assert worker["minReplicas"] <= worker["replicas"] <= worker["maxReplicas"]
+        (gpu,) = worker["template"]["spec"]["containers"]
+        assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert gpu["resources"]["requests"]["nvidia.com/gpu"] == "1"
+        probe = gpu["readinessProbe"]["httpGet"]
+        assert (probe["path"], probe["port"]) == ("/-/healthz", kube.SERVE_PORT)
+        gpu_type = worker["groupName"].removeprefix("gpu-")
+        resources = json.loads(worker["rayStartParams"]["resources"].strip("'"))
+        assert resources == {f"gpu_{gpu_type}": 1}
+        assert worker["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"]
     (secret,) = load_all(BASE / "s3-credentials.example.yaml")
     for container in containers([rayservice]):
         assert set(container["resources"]) == {"requests", "limits"}
@@ -146,7 +156,7 @@ def test_secret_example_holds_placeholders_only() -> None:
 def test_serve_autoscaling_fits_the_worker_group(built: list[dict]) -> None:
     (rayservice,) = _by_kind(built, "RayService")
     serve = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
-    (worker,) = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    worker = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]  # the sized group
     gpus_per_node = int(
         worker["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     )
@@ -288,10 +298,34 @@ def test_ray_token_auth_and_api_keys_from_secrets(built: list[dict]) -> None:
         assert "RAY_AUTH_TOKEN" not in yaml.safe_dump(container)
 
 
-@pytest.mark.parametrize("example", ["ray-auth-token.example.yaml", "api-keys.example.yaml"])
+@pytest.mark.parametrize(
+    "example",
+    ["ray-auth-token.example.yaml", "api-keys.example.yaml", "redis-password.example.yaml"],
+)
 def test_auth_secret_examples_hold_placeholders_only(example: str) -> None:
     (secret,) = load_all(BASE / example)
     assert lost_fields(secret, model_roundtrip(secret, "V1Secret")) == []
     assert set(secret["stringData"].values()) == {"REPLACE_ME"}
     kust = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     assert example not in kust["resources"]
+
+
+def test_disruption_budget_upgrade_strategy_and_gcs_fault_tolerance(built: list[dict]) -> None:
+    """Drains take one GPU worker at a time, cluster changes bring up a new cluster before the
+    old one goes, and the head's state lives in an external Redis (password from a Secret)."""
+    (rayservice,) = _by_kind(built, "RayService")
+    (pdb,) = _by_kind(built, "PodDisruptionBudget")
+    workers = pod_templates(rayservice)
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    for name, template in workers.items():
+        labels = template["metadata"]["labels"]
+        covered = all(labels.get(k) == v for k, v in selector.items())
+        assert covered == (name != "head"), name
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert rayservice["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
+    ft = rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    (secret,) = load_all(BASE / "redis-password.example.yaml")
+    ref = ft["redisPassword"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": secret["metadata"]["name"], "key": "password"}
+    assert set(secret["stringData"]) == {"password"}
+    assert ft["redisAddress"].startswith("redis://")
