@@ -26,15 +26,17 @@ def paused_app(ray_cluster, tiny_assets):
 
 
 def _replica_pid() -> int:
-    from ray.util.state import list_actors
+    """The process id of the one ModelReplica actor (asked of the actor itself)."""
+    import ray
 
-    alive = [
-        a
-        for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True, limit=1000)
-        if "ModelReplica" in (a.class_name or "")
+    names = [
+        entry
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry["name"].startswith("SERVE_REPLICA::") and "ModelReplica" in entry["name"]
     ]
-    assert len(alive) == 1, alive
-    return int(alive[0].pid)
+    assert len(names) == 1, names
+    actor = ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
+    return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=60))
 
 
 async def _stream(http: httpx.AsyncClient, tokens: int) -> tuple[int, str]:
