@@ -33,7 +33,7 @@ from deployments.access.admission import AdmissionMiddleware
 from deployments.access.auth import Principal
 from deployments.access.gate import Access, AccessError
 from deployments.access.gate import error_response as access_error_response
-from deployments.access.tenancy import visible_routes
+from deployments.access.tenancy import metric_label, visible_routes
 from deployments.api.errors import status_of
 from deployments.api.images import ImageOutput, ImagePartError, request_images, wants_images
 from deployments.api.json_guard import BodyError, parse_body
@@ -567,6 +567,7 @@ class Router:
                 end(0, False)
             return error_response(exc.status, exc.message, exc.param, retry_after)
         tracker = _Tracker(resolved)
+        tracker.label = metric_label(tracker.label, resolved, await self.catalog.get())
         tracker.on_done.append(lambda used, ok: end(used, ok, tracker.prompt_tokens > 0))
         try:
             stream, first = await self._start(gen_req, resolved, choices_asked(body)[1])

@@ -136,6 +136,7 @@ async def _slow_body(host: str, port: int, key: str) -> tuple[int, float, float]
 async def test_slow_bodies_do_not_freeze_the_endpoint(tenants) -> None:
     url = urlparse(tenants["url"])
     async with httpx.AsyncClient(base_url=tenants["url"], timeout=120) as http:
+        await _bystander(http, tenants)  # warm: the adapter loaded, the prompt cached
         alone, ttft_alone = await _bystander(http, tenants)
         keys = tenants["keys"]
         attackers = [
@@ -209,3 +210,28 @@ def test_admin_stats_show_only_the_callers_tenant(tenants) -> None:
     assert PRIVATE_ACME in body["residency"]
     assert PRIVATE_EVIL not in json.dumps(body)
     assert sum(body["counts"].values()) == len(body["residency"])
+
+
+def test_metrics_exporter_names_no_private_adapter(ray_cluster, tenants) -> None:
+    """The exporter answers without a key: a tenant's private names never reach it; their
+    requests are counted under adapter="private"."""
+    from deployments.ops import metric_names
+
+    for who, model in (("evil", PRIVATE_EVIL), ("acme", PRIVATE_ACME)):
+        resp = httpx.post(
+            f"{tenants['url']}/v1/chat/completions",
+            json={"model": model, "messages": MESSAGES, "max_tokens": 2},
+            headers=_headers(tenants, who),
+            timeout=60,
+        )
+        assert resp.status_code == 200, resp.text
+    wanted = metric_names.scraped(metric_names.REQUESTS)
+    deadline = time.monotonic() + 60
+    text = ""
+    while time.monotonic() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{ray_cluster['metrics_port']}/metrics", timeout=10).text
+        if any(ln.startswith(wanted) and 'adapter="private"' in ln for ln in text.splitlines()):
+            break
+        time.sleep(2)
+    assert any(ln.startswith(wanted) and 'adapter="private"' in ln for ln in text.splitlines())
+    assert PRIVATE_EVIL not in text and PRIVATE_ACME not in text
