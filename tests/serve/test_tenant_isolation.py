@@ -235,3 +235,22 @@ def test_metrics_exporter_names_no_private_adapter(ray_cluster, tenants) -> None
         time.sleep(2)
     assert any(ln.startswith(wanted) and 'adapter="private"' in ln for ln in text.splitlines())
     assert PRIVATE_EVIL not in text and PRIVATE_ACME not in text
+
+
+async def test_oversized_body_refused_from_its_headers(tenants) -> None:
+    """A declared 1 GB body is a 413 before one byte of it is sent."""
+    url = urlparse(tenants["url"])
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    writer.write(
+        (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.hostname}\r\n"
+            f"Authorization: Bearer {tenants['keys']['acme']}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n"
+        ).encode()
+    )
+    await writer.drain()
+    try:
+        line = await asyncio.wait_for(reader.readline(), timeout=30)
+    finally:
+        writer.close()
+    assert int(line.split()[1]) == 413
