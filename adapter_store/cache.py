@@ -133,6 +133,13 @@ class LocalCache:
         self.touch(entry)
         return entry
 
+    def _remember(self, entry: Path, manifest: AnyManifest) -> None:
+        """Files just downloaded were hashed on the way in: no need to hash them on first use."""
+        for f in manifest.files:
+            st = (entry / f.path).lstat()
+            with self._count_lock:
+                self._verified[entry / f.path] = (st.st_size, st.st_mtime_ns, st.st_ino, f.sha256)
+
     def _mismatch(self, entry: Path, manifest: AnyManifest) -> str | None:
         """What differs between the cached files and the manifest (size, sha256), if anything;
         a file is hashed again only when its size, mtime or inode changed."""
@@ -171,9 +178,12 @@ class LocalCache:
                 (tmp / LAST_USED).touch()
                 entry.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(tmp, entry)
+                self._remember(entry, manifest)
                 self.count(loads=1)
             except OSError as exc:
-                full = disk_full(exc, f"store cache {self.root}: downloading {kind} {name}@{version}")
+                full = disk_full(
+                    exc, f"store cache {self.root}: downloading {kind} {name}@{version}"
+                )
                 if full is None:
                     raise
                 raise full from exc

@@ -37,8 +37,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from adapter_store.limits import (
+    MAX_ABS_ALPHA,
+    MAX_ABS_WEIGHT,
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
+    MAX_KEY_CHARS,
+    MAX_RANK,
+    check_patterns,
+    json_depth,
+)
 from adapter_store.names import parse_ref
-from adapter_store.patterns import MAX_PATTERN_CHARS, MAX_PATTERNS, PatternError, check_pattern
 from adapter_store.patterns import fullmatch as pattern_fullmatch
 from adapter_store.patterns import suffix_match as pattern_suffix_match
 
@@ -53,13 +62,6 @@ TENSOR_KEY = re.compile(
     r"^(?:.*\.)?layers\.(?P<layer>\d+)\.(?:self_attn|mlp)\.(?P<module>\w+)\."
     r"lora_(?P<ab>[AB])(?:\.[\w-]+)?\.weight$"
 )
-MAX_RANK = 1024
-MAX_ABS_ALPHA = 4096.0
-# Slot contents (A and scale * B): far inside float16's 65504, so scale and cast stay finite.
-MAX_ABS_WEIGHT = 1.0e4
-MAX_CONFIG_BYTES = 64 * 1024
-MAX_CONFIG_DEPTH = 8
-MAX_KEY_CHARS = 512
 MIN_GATE_TEMPERATURE = 0.01
 MAX_GATE_TEMPERATURE = 100.0
 COMPOSITION_CONFIG = "composition.json"
@@ -118,36 +120,8 @@ class PeftConfig(BaseModel):
         for refused, why in refusals:
             if refused:
                 raise ValueError(why)
-        self._check_patterns()
+        check_patterns(self.target_modules, self.rank_pattern, self.alpha_pattern)
         return self
-
-    def _check_patterns(self) -> None:
-        targets = self.target_modules
-        if isinstance(targets, list) and (
-            len(targets) > MAX_PATTERNS or any(len(t) > MAX_PATTERN_CHARS for t in targets)
-        ):
-            raise ValueError(
-                f"target_modules: at most {MAX_PATTERNS} names of {MAX_PATTERN_CHARS} characters"
-            )
-        for what, patterns in (
-            ("rank_pattern", self.rank_pattern),
-            ("alpha_pattern", self.alpha_pattern),
-        ):
-            if len(patterns) > MAX_PATTERNS:
-                raise ValueError(f"{what}: more than {MAX_PATTERNS} patterns")
-        for value in self.rank_pattern.values():
-            if not 1 <= value <= MAX_RANK:
-                raise ValueError(f"rank_pattern: rank {value} outside [1, {MAX_RANK}]")
-        for value in self.alpha_pattern.values():
-            if not math.isfinite(value) or abs(value) > MAX_ABS_ALPHA:
-                raise ValueError(f"alpha_pattern: alpha {value} outside ±{MAX_ABS_ALPHA:g}")
-        try:
-            if isinstance(targets, str):
-                check_pattern(targets)
-            for pattern in [*self.rank_pattern, *self.alpha_pattern]:
-                check_pattern(pattern)
-        except PatternError as exc:
-            raise ValueError(str(exc)) from None
 
 
 def parse_peft_config(data: Any) -> PeftConfig:
@@ -164,28 +138,6 @@ def parse_peft_config(data: Any) -> PeftConfig:
             f"{ADAPTER_CONFIG} is not a valid PEFT LoRA config: "
             + (f"{where}: {msg}" if where else msg)
         ) from None
-
-
-def json_depth(text: str) -> int:
-    """Deepest bracket nesting of a JSON text, in one linear scan (no recursion)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def read_peft_config_text(text: str) -> PeftConfig:
