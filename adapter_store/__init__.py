@@ -7,6 +7,7 @@ runtime reads through `AdapterStoreSource`, a verified, LRU-bounded local cache.
 from adapter_store.cache import LocalCache
 from adapter_store.config import open_backend, resolve_store_url
 from adapter_store.errors import (
+    DiskFullError,
     IntegrityError,
     InvalidInputError,
     NotFoundError,
@@ -32,6 +33,7 @@ __all__ = [
     "AdapterManifest",
     "AdapterStoreSource",
     "CompositionManifest",
+    "DiskFullError",
     "FileEntry",
     "IntegrityError",
     "InvalidInputError",

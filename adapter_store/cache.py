@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -21,10 +22,11 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from adapter_store.backends.base import Progress
-from adapter_store.errors import IntegrityError
+from adapter_store.errors import IntegrityError, disk_full
 from adapter_store.layout import MANIFEST, AnyManifest, kind_prefix
 from adapter_store.manifest import parse_manifest
 from adapter_store.names import Kind, check_name, check_version
+from adapter_store.validate import sha256_file
 from adapter_store.versions import Registry
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class LocalCache:
         self._count_lock = threading.Lock()
         self._usage: tuple[float, int] | None = None
         self._names: dict[str, tuple[float, list[str]]] = {}
+        self._verified: dict[Path, tuple[int, int, int, str]] = {}
 
     def count(self, **deltas: int) -> None:
         """Add to the counters (fetch workers of one replica call this concurrently)."""
@@ -109,12 +112,50 @@ class LocalCache:
         with contextlib.suppress(FileNotFoundError):  # evicted meanwhile: nothing to mark
             (entry / LAST_USED).touch()
 
-    def get(self, kind: Kind, name: str, version: str) -> Path | None:
-        """The cached folder if present (entries only exist once complete and verified)."""
+    def get(
+        self, kind: Kind, name: str, version: str, manifest: AnyManifest | None = None
+    ) -> Path | None:
+        """The cached folder if present and its files still match `manifest` (the store's; the
+        cached manifest.json when none is given). A changed or damaged entry is dropped and
+        None returned, so the caller downloads it again."""
         entry = self.entry_dir(kind, name, version)
-        if (entry / MANIFEST).is_file():
-            self.touch(entry)
-            return entry
+        if not (entry / MANIFEST).is_file():
+            return None
+        try:
+            want = manifest or parse_manifest((entry / MANIFEST).read_bytes(), str(entry))
+            problem = self._mismatch(entry, want)
+        except (FileNotFoundError, IntegrityError) as exc:
+            problem = str(exc)
+        if problem is not None:
+            log.warning("store cache %s: dropping %s@%s: %s", self.root, name, version, problem)
+            self.remove(kind, name, version)
+            return None
+        self.touch(entry)
+        return entry
+
+    def _remember(self, entry: Path, manifest: AnyManifest) -> None:
+        """Files just downloaded were hashed on the way in: no need to hash them on first use."""
+        for f in manifest.files:
+            st = (entry / f.path).lstat()
+            with self._count_lock:
+                self._verified[entry / f.path] = (st.st_size, st.st_mtime_ns, st.st_ino, f.sha256)
+
+    def _mismatch(self, entry: Path, manifest: AnyManifest) -> str | None:
+        """What differs between the cached files and the manifest (size, sha256), if anything;
+        a file is hashed again only when its size, mtime or inode changed."""
+        for f in manifest.files:
+            path = entry / f.path
+            st = path.lstat()
+            if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+                return f"{f.path} is not the {f.size}-byte file of the manifest"
+            stamp = (st.st_size, st.st_mtime_ns, st.st_ino, f.sha256)
+            with self._count_lock:
+                if self._verified.get(path) == stamp:
+                    continue
+            if sha256_file(path) != f.sha256:
+                return f"{f.path} does not match its manifest sha256"
+            with self._count_lock:
+                self._verified[path] = stamp
         return None
 
     def pull(
@@ -137,7 +178,15 @@ class LocalCache:
                 (tmp / LAST_USED).touch()
                 entry.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(tmp, entry)
+                self._remember(entry, manifest)
                 self.count(loads=1)
+            except OSError as exc:
+                full = disk_full(
+                    exc, f"store cache {self.root}: downloading {kind} {name}@{version}"
+                )
+                if full is None:
+                    raise
+                raise full from exc
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         self.evict(keep={entry})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class StoreError(Exception):
     """Base of every adapter-store failure; `exit_code` is what the CLI returns for it."""
@@ -43,3 +45,16 @@ class StoreAccessError(StoreError, PermissionError):
     """The store answered but refused the request (credentials, permissions, missing bucket)."""
 
     exit_code = 8
+
+
+class DiskFullError(StoreError, OSError):
+    """The local disk (store cache or local store) ran out of space; nothing partial was kept."""
+
+    exit_code = 9
+
+
+def disk_full(exc: OSError, what: str) -> DiskFullError | None:
+    """A clear DiskFullError for ENOSPC/EDQUOT (None for any other OSError)."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    return DiskFullError(f"{what}: no space left on the disk ({exc.strerror}); free space there")

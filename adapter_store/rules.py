@@ -8,14 +8,19 @@ safetensors header without torch and the runtime can check loaded tensors.
 Rules (every refusal is a `RuleError` naming the tensor or key at fault):
 - files: `adapter_config.json` + `adapter_model.safetensors`; pickle files are refused;
 - config: peft_type LORA; no DoRA, no trained biases (`bias`, `lora_bias`), no
-  `modules_to_save`, no `fan_in_fan_out` (Conv1D), no `layer_replication`; r >= 1; finite alpha;
+  `modules_to_save`, no `fan_in_fan_out` (Conv1D), no `layer_replication`; 1 <= r <= MAX_RANK;
+  |lora_alpha| <= MAX_ABS_ALPHA (alpha_pattern too); the JSON at most MAX_CONFIG_DEPTH deep and
+  MAX_CONFIG_BYTES long; regexes (string `target_modules`, pattern keys) at most
+  MAX_PATTERN_CHARS long, MAX_PATTERNS of them, valid RE2 and run only with RE2 against the
+  canonical module path `model.layers.<i>.<block>.<module>` (linear time, never `re`);
 - tensors: only `…layers.<i>.(self_attn|mlp).<module>.lora_(A|B)[.<name>].weight` for the seven
   projections of a decoder layer, float dtype, 2-D, every A with its B, rank equal to the config's
   (rank_pattern too), each module listed in `target_modules`, every listed module present;
 - shapes: one (in, out) per module across layers and consistent between modules (q/k/v/gate/up
   read the hidden size, o/down write it, gate/up/down share the intermediate size), and, when the
   base model's config is known, equal to the base's shapes with every layer index in range;
-- values: finite (no NaN/Inf), checked by each side on the arrays it reads;
+- values: finite, |A| <= MAX_ABS_WEIGHT and |scale * B| <= MAX_ABS_WEIGHT elementwise, so a slot
+  holds finite values in float16/bfloat16 after scale and cast (`check_values`);
 - base identity: `base_identity(config.json)`, recorded on push, must match the served model's.
 Compositions: `CompositionSpec` (composition.json) and `gate_shapes`.
 """
@@ -32,7 +37,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from adapter_store.limits import (
+    MAX_ABS_ALPHA,
+    MAX_ABS_WEIGHT,
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
+    MAX_KEY_CHARS,
+    MAX_RANK,
+    check_patterns,
+    json_depth,
+)
 from adapter_store.names import parse_ref
+from adapter_store.patterns import fullmatch as pattern_fullmatch
+from adapter_store.patterns import suffix_match as pattern_suffix_match
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -70,8 +87,8 @@ class PeftConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     peft_type: str = "LORA"
-    r: int = Field(ge=1)
-    lora_alpha: float = Field(allow_inf_nan=False)
+    r: int = Field(ge=1, le=MAX_RANK)
+    lora_alpha: float = Field(allow_inf_nan=False, ge=-MAX_ABS_ALPHA, le=MAX_ABS_ALPHA)
     target_modules: list[str] | str
     base_model_name_or_path: str | None = None
     rank_pattern: dict[str, int] = Field(default_factory=dict)
@@ -103,6 +120,7 @@ class PeftConfig(BaseModel):
         for refused, why in refusals:
             if refused:
                 raise ValueError(why)
+        check_patterns(self.target_modules, self.rank_pattern, self.alpha_pattern)
         return self
 
 
@@ -123,6 +141,10 @@ def parse_peft_config(data: Any) -> PeftConfig:
 
 
 def read_peft_config_text(text: str) -> PeftConfig:
+    if len(text) > MAX_CONFIG_BYTES:
+        raise RuleError(f"{ADAPTER_CONFIG} is over {MAX_CONFIG_BYTES} bytes")
+    if json_depth(text) > MAX_CONFIG_DEPTH:
+        raise RuleError(f"{ADAPTER_CONFIG} nests deeper than {MAX_CONFIG_DEPTH} levels")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -134,7 +156,7 @@ def read_peft_config_text(text: str) -> PeftConfig:
 
 def _pattern_value(patterns: Mapping[str, float], key: str, default: float) -> float:
     for pattern, value in patterns.items():
-        if re.match(rf"(.*\.)?({pattern})$", key):  # as peft.utils.other.get_pattern_key
+        if pattern_suffix_match(pattern, key):  # as peft.utils.other.get_pattern_key, in RE2
             return value
     return default
 
@@ -213,13 +235,11 @@ def base_identity(cfg: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(canon, sort_keys=True).encode()).hexdigest()
 
 
-def _targeted(cfg: PeftConfig, key: str, layer: int, module: str) -> bool:
+def _targeted(cfg: PeftConfig, layer: int, module: str) -> bool:
+    """A string `target_modules` is matched only against the canonical module path."""
     targets = cfg.target_modules
     if isinstance(targets, str):
-        prefix = key.split(".lora_", 1)[0]
-        return bool(
-            re.fullmatch(targets, prefix) or re.fullmatch(targets, module_path(layer, module))
-        )
+        return pattern_fullmatch(targets, module_path(layer, module))
     return module in targets
 
 
@@ -230,6 +250,8 @@ def check_adapter(
     found: dict[tuple[str, int], dict[str, TensorEntry]] = {}
     dtypes: set[str] = set()
     for t in tensors:
+        if len(t.key) > MAX_KEY_CHARS:
+            raise RuleError(f"tensor name {t.key[:64]!r}… is over {MAX_KEY_CHARS} characters")
         m = TENSOR_KEY.match(t.key)
         if m is None or m["module"] not in SERVABLE_MODULES:
             raise RuleError(
@@ -241,7 +263,7 @@ def check_adapter(
         if len(t.shape) != 2:
             raise RuleError(f"tensor {t.key!r} is not 2-D: {tuple(t.shape)}")
         layer, module = int(m["layer"]), m["module"]
-        if not _targeted(cfg, t.key, layer, module):
+        if not _targeted(cfg, layer, module):
             raise RuleError(
                 f"tensor {t.key!r}: {module!r} is not in target_modules {cfg.target_modules}"
             )
@@ -314,6 +336,19 @@ def _check_cross_module(dims: dict[str, tuple[tuple[int, int], str]]) -> None:
 
 def nonfinite_message(key: str) -> str:
     return f"tensor {key!r} holds NaN or Inf values"
+
+
+def check_values(key: str, max_abs: float, scale: float = 1.0) -> None:
+    """Refuse a tensor whose largest |value| (times its LoRA scale, for B) is non-finite or
+    over MAX_ABS_WEIGHT: what a slot would hold after scale and cast must stay finite."""
+    if not math.isfinite(max_abs):
+        raise RuleError(nonfinite_message(key))
+    if max_abs * abs(scale) > MAX_ABS_WEIGHT:
+        raise RuleError(
+            f"tensor {key!r} holds |values| up to {max_abs:.3g}"
+            + (f" (x scale {scale:.3g})" if scale != 1.0 else "")
+            + f", over the bound {MAX_ABS_WEIGHT:g} on slot contents"
+        )
 
 
 # ----- base model ------------------------------------------------------------------------------

@@ -76,7 +76,39 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
                 "(truncated or corrupted file?)"
             )
         tensors[name] = t
+    _check_disjoint(path, tensors)
     return tensors
+
+
+def _check_disjoint(path: Path, tensors: dict[str, TensorInfo]) -> None:
+    """No two tensors may share bytes: one write would change the other."""
+    spans = sorted((t.data_offsets, name) for name, t in tensors.items())
+    reach, holder = 0, ""
+    for (begin, end), name in spans:
+        if begin == end:
+            continue
+        if begin < reach:
+            raise InvalidInputError(
+                f"{path.name}: tensors {holder!r} and {name!r} overlap in the file (byte "
+                "ranges must be disjoint)"
+            )
+        reach, holder = end, name
+
+
+def max_abs_values(path: Path) -> dict[str, float]:
+    """Largest |value| of each float tensor of `path` (NaN or Inf give a non-finite entry)."""
+    header = read_header(path)
+    out: dict[str, float] = {}
+    for name, info in header.items():
+        if info.dtype in FLOAT_DTYPES:
+            arr = _read_float(path, name, info)
+            if arr.size == 0:
+                out[name] = 0.0
+            elif not np.isfinite(arr).all():
+                out[name] = float("inf")
+            else:
+                out[name] = float(np.abs(arr).max())
+    return out
 
 
 def nonfinite_tensors(path: Path) -> list[str]:

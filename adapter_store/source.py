@@ -166,7 +166,7 @@ class AdapterStoreSource:
         if self._is_local:
             self.cache.count(hits=1)  # a local store is read in place: already on disk
             return self._verified_local(manifest)
-        cached = self.cache.get(manifest.kind, manifest.name, manifest.version)
+        cached = self.cache.get(manifest.kind, manifest.name, manifest.version, manifest)
         if cached is not None:
             self.cache.count(hits=1)
             return cached

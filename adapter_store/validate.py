@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 import adapter_store.rules as rules
 from adapter_store.errors import InvalidInputError
 from adapter_store.layout import MANIFEST
-from adapter_store.safetensors_header import nonfinite_tensors, read_header
+from adapter_store.safetensors_header import max_abs_values, nonfinite_tensors, read_header
 
 ADAPTER_CONFIG = rules.ADAPTER_CONFIG
 ADAPTER_WEIGHTS = rules.ADAPTER_WEIGHTS
@@ -67,6 +68,7 @@ def _check_files(
     for path in sorted(folder.iterdir()):
         if path.name.startswith("."):
             continue  # editor / OS droppings are not part of the adapter
+        _refuse_links(path)
         if path.name == MANIFEST:
             continue  # a pulled folder's record of its version: a push writes its own
         if path.suffix.lower() in PICKLE_SUFFIXES:
@@ -86,6 +88,17 @@ def _check_files(
     if total > max_bytes:
         raise InvalidInputError(f"{folder} holds {total} bytes, over the {max_bytes}-byte limit")
     return files
+
+
+def _refuse_links(path: Path) -> None:
+    """A symlink or a file with other hard links may name someone else's data: refused."""
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        raise InvalidInputError(f"{path.name} is a symbolic link; links are refused, copy the file")
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        raise InvalidInputError(
+            f"{path.name} has {info.st_nlink} hard links; linked files are refused, copy the file"
+        )
 
 
 def load_base_config(path: Path) -> dict[str, Any]:
@@ -122,9 +135,13 @@ def validate_adapter(
         plan = rules.check_adapter(cfg, entries, base)
     except (rules.RuleError, UnicodeDecodeError) as exc:
         raise InvalidInputError(str(exc)) from exc
-    bad = nonfinite_tensors(folder / ADAPTER_WEIGHTS)
-    if bad:
-        raise InvalidInputError(f"{ADAPTER_WEIGHTS}: {rules.nonfinite_message(bad[0])}")
+    peaks = max_abs_values(folder / ADAPTER_WEIGHTS)
+    try:
+        for key_a, key_b, _, scale in plan.pairs.values():
+            rules.check_values(key_a, peaks[key_a])
+            rules.check_values(key_b, peaks[key_b], scale)
+    except rules.RuleError as exc:
+        raise InvalidInputError(f"{ADAPTER_WEIGHTS}: {exc}") from None
     return AdapterInfo(
         files=files,
         base_model=cfg.base_model_name_or_path,
@@ -145,8 +162,14 @@ def read_composition(
     folder = Path(folder)
     files = _check_files(folder, [COMPOSITION_CONFIG, GATES_FILE], [README], max_bytes)
     try:
-        cfg = CompositionFile.model_validate(json.loads((folder / COMPOSITION_CONFIG).read_text()))
-    except (ValidationError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = (folder / COMPOSITION_CONFIG).read_text()
+        if len(text) > rules.MAX_CONFIG_BYTES or rules.json_depth(text) > rules.MAX_CONFIG_DEPTH:
+            raise ValueError(
+                f"over {rules.MAX_CONFIG_BYTES} bytes or nested deeper than "
+                f"{rules.MAX_CONFIG_DEPTH} levels"
+            )
+        cfg = CompositionFile.model_validate(json.loads(text))
+    except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"invalid {COMPOSITION_CONFIG}: {exc}") from exc
     header = read_header(folder / GATES_FILE)
     expected = rules.gate_shapes(cfg)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from deployments.access.admission import AdmissionConfig
 from deployments.access.auth import AuthConfig
 from deployments.access.quotas import QuotaConfig
 from molora_runtime.config import EngineConfig, StrictModel
@@ -137,6 +138,9 @@ class ServerConfig(StrictModel):
     )
     auth: AuthConfig = Field(default_factory=AuthConfig, description="API keys (off by default)")
     quotas: QuotaConfig = Field(default_factory=QuotaConfig, description="per-key limits")
+    admission: AdmissionConfig = Field(
+        default_factory=AdmissionConfig, description="limits applied before the body is read"
+    )
     runtime_lora: RuntimeLoraConfig = Field(
         default_factory=RuntimeLoraConfig, description="vLLM-compatible LoRA load/unload"
     )

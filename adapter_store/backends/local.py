@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from adapter_store.backends.base import ObjectExistsError, ObjectMissingError, Progress
-from adapter_store.errors import InvalidInputError, StoreUnavailableError
+from adapter_store.errors import InvalidInputError, StoreUnavailableError, disk_full
 
 CHUNK = 4 * 1024 * 1024
 
@@ -51,6 +51,9 @@ class LocalBackend:
                 write(fh)  # type: ignore[operator]
                 fh.flush()
                 os.fsync(fh.fileno())
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise (disk_full(exc, f"local store {self.root}: writing {dest.name}") or exc) from exc
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

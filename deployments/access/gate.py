@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from deployments.access.admission import PRINCIPAL_SCOPE_KEY, Admission
 from deployments.access.auth import ANONYMOUS, KeyFileError, KeyRing, Principal, bearer_key
 from deployments.access.overload import WaitEstimator
 from deployments.access.quotas import QuotaBook, QuotaExceeded, retry_after_header
@@ -69,6 +70,9 @@ class Access:
             raise KeyFileError(f"server.auth: cannot load API keys: {exc}") from None
         self.quotas = QuotaBook(server.quotas, lease_timeout_s=server.request_timeout_s)
         self.load = WaitEstimator(floor_s=server.retry_after_s, slots=slots)
+        self.admission = Admission(
+            server.admission, self.keys, server.quotas, server.max_request_bytes
+        )
 
     def announce(self) -> None:
         """Say loudly at start when the endpoint is open to anyone who can reach it."""
@@ -87,6 +91,9 @@ class Access:
     async def authenticate(self, request: Request) -> Principal:
         if self.keys is None:
             return ANONYMOUS
+        admitted = request.scope.get(PRINCIPAL_SCOPE_KEY)
+        if isinstance(admitted, Principal):
+            return admitted  # verified from the headers by AdmissionMiddleware
         key = bearer_key(request.headers.get("authorization"))
         if key is None:
             raise AccessError(401, "missing API key: send 'Authorization: Bearer <key>'", None)
@@ -103,8 +110,13 @@ class Access:
 
     # -- how much -------------------------------------------------------------------------------
 
-    def admit(self, principal: Principal, max_tokens: int) -> Callable[[int, bool], None]:
-        """Take the request's quota; returns `end(tokens_used, ok)` to call exactly once."""
+    def admit(
+        self, principal: Principal, max_tokens: int, prompt_bound: int = 0
+    ) -> Callable[..., None]:
+        """Take the request's quota; returns `end(tokens_used, ok, prompt_counted=True)` to call
+        exactly once. A request that ends before its usage is known (cancelled, stream dropped)
+        is charged `prompt_bound`, an upper bound of its prompt tokens (the body's byte count),
+        so aborting after the first chunk does not make the prompt free."""
         try:
             lease = self.quotas.admit(principal, max_tokens, busy_s=self.load.service_s())
         except QuotaExceeded as exc:
@@ -112,12 +124,12 @@ class Access:
         started = self.load.start()
         ended = False
 
-        def end(tokens_used: int, ok: bool) -> None:
+        def end(tokens_used: int, ok: bool, prompt_counted: bool = True) -> None:
             nonlocal ended
             if ended:
                 return
             ended = True
-            lease.release(tokens_used)
+            lease.release(tokens_used if prompt_counted else tokens_used + prompt_bound)
             self.load.finish(started, ok)
 
         return end

@@ -8,7 +8,7 @@ exist. A composition is visible only if it and every one of its experts are.
 
 from __future__ import annotations
 
-from deployments.catalog.model_names import Catalog, ModelNotFound, Resolver, Route
+from deployments.catalog.model_names import Catalog, ModelNotFound, Resolved, Resolver, Route
 
 
 def _visible(owner: str | None, tenant: str | None) -> bool:
@@ -40,3 +40,21 @@ def visible_routes(resolver: Resolver, routes: dict[str, Route]) -> dict[str, Ro
             continue
         out[name] = route
     return out
+
+
+PRIVATE_LABEL = "private"
+
+
+def metric_label(label: str, resolved: Resolved, catalog: Catalog) -> str:
+    """The `adapter` label a request's metrics may carry: `label` when every name behind the
+    route is public, else PRIVATE_LABEL, so the unauthenticated metrics exporter never names a
+    tenant's private adapter or composition."""
+    names = {_base(a) for a in resolved.placement_adapters}
+    composition = getattr(resolved.route, "composition", None)
+    private = any(
+        (entry := catalog.adapters.get(n)) is not None and entry.tenant is not None for n in names
+    )
+    if composition is not None:
+        entry = catalog.compositions.get(_base(composition))
+        private = private or (entry is not None and entry.tenant is not None)
+    return PRIVATE_LABEL if private else label

@@ -29,10 +29,11 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from deployments.access.admission import AdmissionMiddleware
 from deployments.access.auth import Principal
 from deployments.access.gate import Access, AccessError
 from deployments.access.gate import error_response as access_error_response
-from deployments.access.tenancy import visible_routes
+from deployments.access.tenancy import metric_label, visible_routes
 from deployments.api.errors import status_of
 from deployments.api.images import ImageOutput, ImagePartError, request_images, wants_images
 from deployments.api.json_guard import BodyError, parse_body
@@ -58,7 +59,7 @@ from deployments.api.protocol import (
     error_payload,
     new_id,
 )
-from deployments.catalog.admin import YankBody
+from deployments.catalog.admin import YankBody, scope_stats
 from deployments.catalog.lora_admin import LoadLoraBody, UnloadLoraBody
 from deployments.catalog.model_names import (
     BadModelName,
@@ -91,6 +92,7 @@ logger = logging.getLogger("ray.serve")
 Item = ReplicaItem
 
 app = FastAPI(title="MoLoRA Serve", docs_url=None, redoc_url=None)
+app.add_middleware(AdmissionMiddleware)
 
 
 class ApiError(Exception):
@@ -407,6 +409,7 @@ class Router:
         )
         self.access = Access(self.cfg.server, self.cfg.engine.max_num_seqs, REPO_ROOT)
         self.access.announce()
+        app.state.admission = self.access.admission
         # A daemon thread: it ends with this process, nothing to stop.
         self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
 
@@ -500,7 +503,8 @@ class Router:
             result = await asyncio.wait_for(self.model.tier_stats.remote(), timeout=30)
         except Exception as exc:
             return error_response(503, f"no replica answered: {type(exc).__name__}: {exc}")
-        return JSONResponse(result)
+        visible = self.access.visible(principal, await self.catalog.get())
+        return JSONResponse(scope_stats(result, visible))
 
     @app.post("/v1/admin/{collection}/{name}/{action}", openapi_extra=body_docs(YankBody))
     async def admin(self, collection: str, name: str, action: str, request: Request) -> Any:
@@ -551,7 +555,8 @@ class Router:
             body = await self._parse(request, chat)
             max_tokens = body.requested_max_tokens() or self.cfg.server.default_max_tokens
             # Every choice may run to max_tokens: the token quota is charged for all of them.
-            end = self.access.admit(principal, max_tokens * choices_asked(body)[1])
+            prompt_bound = len(await request.body())  # bytes >= prompt tokens: charged on abort
+            end = self.access.admit(principal, max_tokens * choices_asked(body)[1], prompt_bound)
             resolved = await self._resolve(body, principal)
             images = await self._images(body)
             gen_req = self._engine_request(body, resolved, chat, images)
@@ -562,7 +567,8 @@ class Router:
                 end(0, False)
             return error_response(exc.status, exc.message, exc.param, retry_after)
         tracker = _Tracker(resolved)
-        tracker.on_done.append(end)
+        tracker.label = metric_label(tracker.label, resolved, await self.catalog.get())
+        tracker.on_done.append(lambda used, ok: end(used, ok, tracker.prompt_tokens > 0))
         try:
             stream, first = await self._start(gen_req, resolved, choices_asked(body)[1])
         except ApiError as exc:

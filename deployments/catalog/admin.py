@@ -7,11 +7,12 @@ answer the same 404 as a missing name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.access.auth import Principal
+from deployments.catalog.model_names import Catalog
 from deployments.config import StoreConfig
 
 KINDS: dict[str, Literal["adapter", "composition"]] = {
@@ -75,3 +76,18 @@ def set_yanked(
         else:
             registry.unyank(kind, name, version)
     return YankResult(kind=kind, name=name, action="yank" if yank else "unyank", versions=versions)
+
+
+def scope_stats(stats: dict[str, Any], visible: Catalog) -> dict[str, Any]:
+    """A replica's stats as one tenant's admin may see them: only the adapters its tenant sees
+    (public and its own) in `residency`, and `counts` recomputed over those, so another
+    tenant's private names and how many of them are resident never appear."""
+    residency = {
+        name: tier
+        for name, tier in stats.get("residency", {}).items()
+        if name.partition("@")[0] in visible.adapters
+    }
+    counts = dict.fromkeys(stats.get("counts", {}), 0)
+    for tier in residency.values():
+        counts[tier] = counts.get(tier, 0) + 1
+    return {**stats, "residency": residency, "counts": counts}

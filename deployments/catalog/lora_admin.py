@@ -9,7 +9,7 @@ under `lora_name`; the same name unyanks that version), or a folder inside
 `server.runtime_lora.load_dir`. Without that setting loading from paths is refused (403). A path
 is resolved (symlinks followed) and must stay inside the directory; the folder's files are then
 read through a directory descriptor with O_NOFOLLOW (a symlink inside is refused, so swapping
-one in after the check cannot escape), copied, and the copy is what is validated and published.
+one in after the check cannot escape; a file with other hard links is refused too), copied, and the copy is what is validated and published.
 """
 
 from __future__ import annotations
@@ -108,6 +108,10 @@ def copy_folder(folder: Path, dest: Path, max_bytes: int) -> None:
                     continue  # PEFT folders have no sub-folders we use
                 if not stat.S_ISREG(info.st_mode):
                     raise LoraAdminError(400, f"{name!r} is not a regular file", "lora_path")
+                if info.st_nlink > 1:  # a hard link may be another tenant's file
+                    raise LoraAdminError(
+                        400, f"{name!r} has other hard links; copy the file instead", "lora_path"
+                    )
                 total += info.st_size
                 if total > max_bytes:
                     raise LoraAdminError(400, f"the adapter folder exceeds {max_bytes} bytes")

@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from molora_runtime.errors import InvalidRequestError
 
 MAX_CACHED_GRAMMARS = 64
+# The compile budget: a schema's size bounds the time xgrammar spends compiling it.
+MAX_SCHEMA_CHARS = 64 * 1024
 
 
 class ResponseFormat(BaseModel):
@@ -87,28 +89,35 @@ class GrammarCompiler:
         if self.tokenizer is None:
             raise InvalidRequestError("response_format needs a model with a tokenizer")
         key = fmt.key()
+        if len(key) > MAX_SCHEMA_CHARS:
+            raise InvalidRequestError(
+                f"response_format schema of {len(key)} characters, over the {MAX_SCHEMA_CHARS} "
+                "this server compiles"
+            )
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
             compiler = self._get_compiler()
-            try:
-                schema = fmt.json_schema if fmt.type == "json_schema" else {"type": "object"}
-                if schema is None:
-                    raise InvalidRequestError("response_format json_schema needs a schema")
-                # json_object means an object (OpenAI), not any JSON value.
-                compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
-            except InvalidRequestError:
-                raise
-            except Exception as exc:  # xgrammar's RuntimeError names what it cannot use
-                reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-                reason = reason.split(": ", 1)[-1] if "json_schema_converter" in reason else reason
-                raise InvalidRequestError(f"invalid response_format schema: {reason}") from None
+        # Compiled outside the lock: a cached grammar never waits behind another's compile.
+        try:
+            schema = fmt.json_schema if fmt.type == "json_schema" else {"type": "object"}
+            if schema is None:
+                raise InvalidRequestError("response_format json_schema needs a schema")
+            # json_object means an object (OpenAI), not any JSON value.
+            compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+        except InvalidRequestError:
+            raise
+        except Exception as exc:  # xgrammar's RuntimeError names what it cannot use
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+            reason = reason.split(": ", 1)[-1] if "json_schema_converter" in reason else reason
+            raise InvalidRequestError(f"invalid response_format schema: {reason}") from None
+        with self._lock:
             self._cache[key] = compiled
             if len(self._cache) > MAX_CACHED_GRAMMARS:
                 self._cache.popitem(last=False)
-            return compiled
+        return compiled
 
     def new_state(self, fmt: ResponseFormat) -> GrammarState:
         return GrammarState(self.compile(fmt), self.vocab_size)

@@ -70,3 +70,16 @@ def test_invalid_schema_is_refused_before_queueing(chat_engine) -> None:
     with pytest.raises(InvalidRequestError, match="invalid response_format schema"):
         engine.add_request(_req("x", bad))
     assert not engine.has_work()
+
+
+def test_huge_schema_is_refused_within_the_compile_budget(chat_engine) -> None:
+    """A 640 KB enum would take xgrammar tens of seconds: it is refused before compiling, and a
+    json_object request of another tenant is served right after."""
+    engine = chat_engine()
+    enum = [f"value-{i:06d}" for i in range(40_000)]
+    bomb = ResponseFormat(type="json_schema", json_schema={"enum": enum})
+    with pytest.raises(InvalidRequestError, match="over the 65536 this server compiles"):
+        engine.add_request(_req("bomb", bomb))
+    assert not engine.has_work()
+    got = run_to_completion(engine, [_req("j", ResponseFormat(type="json_object"))])["j"]
+    assert got["error"] is None and got["text"].lstrip().startswith("{")

@@ -1,0 +1,256 @@
+"""Hostile clients against a real Serve app while another tenant's bystander streams.
+
+Hundreds of connections that send headers and then trickle their body are refused from their
+headers (401 for bad keys, 429 over the key's caps) or cut at the body deadline (408), while
+`/health` answers and the bystander's text equals what it gets alone. An aborted stream pays its
+prompt. A tenant admin's stats name no other tenant's private adapters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+from serve_helpers import deployed, shipped_args
+
+from deployments.access.auth import KeyFile, new_key, write_key_file
+
+MESSAGES = [{"role": "user", "content": "Write a few words."}]
+PRIVATE_EVIL = "evil-private"
+PRIVATE_ACME = "acme-private"
+BODY_TIMEOUT_S = 3.0
+CONNECTION_CAP = 16
+SLOW_LIMITED, SLOW_UNLIMITED, SLOW_BAD_KEY = 200, 60, 40  # 300 slow connections in all
+
+
+@pytest.fixture(scope="module")
+def tenants(ray_cluster, tiny_assets, tmp_path_factory):
+    from adapter_store import open_registry
+
+    root = tmp_path_factory.mktemp("tenants")
+    store = Path(shutil.copytree(tiny_assets["store"], root / "store"))
+    registry = open_registry(str(store))
+    math = registry.resolve("adapter", "math")
+    folder = store / "adapters" / "math" / math.version / math.blob_dir
+    registry.publish_adapter(folder, PRIVATE_EVIL, "v1", tenant="evil")
+    registry.publish_adapter(folder, PRIVATE_ACME, "v1", tenant="acme")
+    keys: dict[str, str] = {}
+    entries = []
+    for name, tenant, admin in [
+        ("acme", "acme", False),
+        ("acme_admin", "acme", True),
+        ("evil", "evil", False),
+        ("evil_wide", "evil", False),
+        ("evil_tpm", "evil", False),
+    ]:
+        key, entry = new_key(tenant, admin=admin)
+        keys[name], keys[f"{name}_id"] = key, entry.key_id
+        entries.append(entry)
+    write_key_file(root / "keys.json", KeyFile(keys=entries))
+    args = shipped_args(
+        tiny_assets,
+        engine={"max_num_seqs": 4, "max_queue_len": 16, "max_model_len": 512},
+        server={
+            "default_max_tokens": 8,
+            "auth": {"enabled": True, "keys_file": str(root / "keys.json")},
+            "admission": {
+                "body_timeout_s": BODY_TIMEOUT_S,
+                "max_connections_per_key": CONNECTION_CAP,
+            },
+            "quotas": {
+                "keys": {
+                    keys["evil_id"]: {"max_concurrent": 4},
+                    keys["evil_tpm_id"]: {"tokens_per_min": 3000},
+                }
+            },
+        },
+    )
+    args["store"] = {"url": str(store), "cache_dir": str(root / "cache"), "refresh_s": 0.5}
+    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=64):
+        yield {"url": ray_cluster["url"], "keys": keys}
+
+
+def _headers(tenants, who: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tenants['keys'][who]}"}
+
+
+BYSTANDER = {"model": "code", "messages": MESSAGES, "max_tokens": 24, "ignore_eos": True,
+             "temperature": 0, "stream": True}  # fmt: skip
+
+
+async def _bystander(http: httpx.AsyncClient, tenants) -> tuple[str, float]:
+    """acme's stream: its text and its time to first token."""
+    start = time.monotonic()
+    first, text = None, []
+    async with http.stream(
+        "POST", "/v1/chat/completions", json=BYSTANDER, headers=_headers(tenants, "acme")
+    ) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            for choice in chunk["choices"]:
+                if choice["delta"].get("content"):
+                    first = first or time.monotonic()
+                    text.append(choice["delta"]["content"])
+    return "".join(text), (first or time.monotonic()) - start
+
+
+async def _slow_body(host: str, port: int, key: str) -> tuple[int, float, float]:
+    """Send headers and one byte of a 4 KB body, then a byte a second: (status, seconds taken,
+    monotonic time of the answer)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    start = time.monotonic()
+    writer.write(
+        (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n{"
+        ).encode()
+    )
+    await writer.drain()
+
+    async def trickle() -> None:
+        for _ in range(60):
+            await asyncio.sleep(1.0)
+            writer.write(b" ")
+            await writer.drain()
+
+    dripping = asyncio.create_task(trickle())
+    try:
+        line = await asyncio.wait_for(reader.readline(), timeout=90)
+        now = time.monotonic()
+        return int(line.split()[1]), now - start, now
+    finally:
+        dripping.cancel()
+        writer.close()
+
+
+async def test_slow_bodies_do_not_freeze_the_endpoint(tenants) -> None:
+    url = urlparse(tenants["url"])
+    async with httpx.AsyncClient(base_url=tenants["url"], timeout=120) as http:
+        await _bystander(http, tenants)  # warm: the adapter loaded, the prompt cached
+        alone, ttft_alone = await _bystander(http, tenants)
+        keys = tenants["keys"]
+        attackers = [
+            *(_slow_body(url.hostname, url.port, keys["evil"]) for _ in range(SLOW_LIMITED)),
+            *(_slow_body(url.hostname, url.port, keys["evil_wide"]) for _ in range(SLOW_UNLIMITED)),
+            *(_slow_body(url.hostname, url.port, "sk-wrong") for _ in range(SLOW_BAD_KEY)),
+        ]
+        attack = asyncio.gather(*attackers)
+        await asyncio.sleep(1.0)  # every attacker connected and waiting
+        health = [(await http.get("/health", timeout=30)).status_code for _ in range(3)]
+        under_attack, ttft_attacked = await _bystander(http, tenants)
+        models = await http.get("/v1/models", headers=_headers(tenants, "acme"), timeout=30)
+        results = await attack
+    statuses = [status for status, _, _ in results]
+    limited = results[:SLOW_LIMITED]
+    wide = results[SLOW_LIMITED : SLOW_LIMITED + SLOW_UNLIMITED]
+    print(f"bystander TTFT alone {ttft_alone:.2f} s, under 300 slow bodies {ttft_attacked:.2f} s")
+    print("408/429/401:", statuses.count(408), statuses.count(429), statuses.count(401))
+    assert health == [200, 200, 200] and models.status_code == 200
+    assert under_attack == alone
+    assert statuses[SLOW_LIMITED + SLOW_UNLIMITED :] == [401] * SLOW_BAD_KEY
+    assert set(statuses[: SLOW_LIMITED + SLOW_UNLIMITED]) <= {408, 429}
+    # Whoever got past the headers was cut at the body deadline, and never more at once than
+    # the key's max_concurrent (4) or the per-key connection cap (16).
+    assert _most_at_once(limited) <= 4 and _most_at_once(wide) <= CONNECTION_CAP
+    assert [s for s, _, _ in limited].count(429) >= SLOW_LIMITED // 2
+
+
+def _most_at_once(results: list[tuple[int, float, float]]) -> int:
+    """The most 408-answered connections whose body wait overlapped (each waited from about
+    `answered - BODY_TIMEOUT_S` to `answered`; shrunk a little for clock jitter)."""
+    spans = [(end - BODY_TIMEOUT_S + 0.3, end - 0.3) for s, _, end in results if s == 408]
+    for _, took, _ in ((s, t, e) for s, t, e in results if s == 408):
+        assert took >= BODY_TIMEOUT_S * 0.9
+    return max((sum(a <= t <= b for a, b in spans) for t, _ in spans), default=0)
+
+
+async def test_aborted_stream_pays_its_prompt(tenants) -> None:
+    """3,000 tokens/min: streams of a long prompt dropped after the first chunk still exhaust
+    the bucket, so the key cannot get the prompt for free."""
+    prompt = "count the words of this sentence please " * 60
+    body = {"model": "tiny-base", "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 8, "stream": True}  # fmt: skip
+    statuses = []
+    async with httpx.AsyncClient(base_url=tenants["url"], timeout=60) as http:
+        for _ in range(8):
+            async with http.stream(
+                "POST", "/v1/chat/completions", json=body, headers=_headers(tenants, "evil_tpm")
+            ) as resp:
+                statuses.append(resp.status_code)
+                if resp.status_code == 200:
+                    async for _ in resp.aiter_lines():
+                        break  # abort after the first chunk
+    # An aborted request is charged its body size (~2.5 KB, a bound of its prompt tokens).
+    assert statuses.count(200) <= 2 and statuses.count(429) >= 6, statuses
+
+
+def test_admin_stats_show_only_the_callers_tenant(tenants) -> None:
+    url = tenants["url"]
+    for who, model in (("evil", PRIVATE_EVIL), ("acme", PRIVATE_ACME)):
+        resp = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": model, "messages": MESSAGES, "max_tokens": 2},
+            headers=_headers(tenants, who),
+            timeout=60,
+        )
+        assert resp.status_code == 200, resp.text
+    stats = httpx.get(f"{url}/v1/admin/stats", headers=_headers(tenants, "acme_admin"), timeout=60)
+    assert stats.status_code == 200
+    body = stats.json()
+    assert PRIVATE_ACME in body["residency"]
+    assert PRIVATE_EVIL not in json.dumps(body)
+    assert sum(body["counts"].values()) == len(body["residency"])
+
+
+def test_metrics_exporter_names_no_private_adapter(ray_cluster, tenants) -> None:
+    """The exporter answers without a key: a tenant's private names never reach it; their
+    requests are counted under adapter="private"."""
+    from deployments.ops import metric_names
+
+    for who, model in (("evil", PRIVATE_EVIL), ("acme", PRIVATE_ACME)):
+        resp = httpx.post(
+            f"{tenants['url']}/v1/chat/completions",
+            json={"model": model, "messages": MESSAGES, "max_tokens": 2},
+            headers=_headers(tenants, who),
+            timeout=60,
+        )
+        assert resp.status_code == 200, resp.text
+    wanted = metric_names.scraped(metric_names.REQUESTS)
+    deadline = time.monotonic() + 60
+    text = ""
+    while time.monotonic() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{ray_cluster['metrics_port']}/metrics", timeout=10).text
+        if any(ln.startswith(wanted) and 'adapter="private"' in ln for ln in text.splitlines()):
+            break
+        time.sleep(2)
+    assert any(ln.startswith(wanted) and 'adapter="private"' in ln for ln in text.splitlines())
+    assert PRIVATE_EVIL not in text and PRIVATE_ACME not in text
+
+
+async def test_oversized_body_refused_from_its_headers(tenants) -> None:
+    """A declared 1 GB body is a 413 before one byte of it is sent."""
+    url = urlparse(tenants["url"])
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    writer.write(
+        (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.hostname}\r\n"
+            f"Authorization: Bearer {tenants['keys']['acme']}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n"
+        ).encode()
+    )
+    await writer.drain()
+    try:
+        line = await asyncio.wait_for(reader.readline(), timeout=30)
+    finally:
+        writer.close()
+    assert int(line.split()[1]) == 413
