@@ -546,7 +546,9 @@ class Router:
                 status, f"{type(exc).__name__}: {exc}" if status >= 500 else str(exc)
             )
         headers = await self.epoch.changed()
-        return PlainTextResponse(result["message"], headers=headers)  # vLLM answers with this sentence
+        return PlainTextResponse(
+            result["message"], headers=headers
+        )  # vLLM answers with this sentence
 
     # -- request path -----------------------------------------------------------------------
 

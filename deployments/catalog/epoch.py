@@ -11,6 +11,7 @@ with the new epoch. A router that does not acknowledge within `timeout_s` is rep
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from pydantic import BaseModel
@@ -51,10 +52,8 @@ class CatalogEpoch:
         self._acked = asyncio.Event()
         if known == self.epoch:
             changed = self._changed
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), WATCH_S)
-            except TimeoutError:
-                pass
         return self.epoch
 
     async def current(self) -> int:
@@ -73,7 +72,7 @@ class CatalogEpoch:
         self._changed.set()
         self._changed = asyncio.Event()
         deadline = time.monotonic() + timeout_s
-        while laggards := self._laggards(epoch):
+        while self._laggards(epoch):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
