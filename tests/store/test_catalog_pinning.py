@@ -13,6 +13,7 @@ from deployments.catalog.lora_admin import LoadLoraBody, load_lora
 from deployments.catalog.model_names import ModelNotFound, Resolver
 from deployments.catalog.store import load_catalog
 from deployments.config import ServeConfig, StoreConfig
+from deployments.replica.deployment import pin_versions
 from molora_runtime.routes import MixRoute, VocabRoute
 
 
@@ -80,3 +81,17 @@ def test_in_place_load_of_a_store_version_leaves_only_it_live(
     with pytest.raises(ModelNotFound):
         _resolver(store_url).resolve("n0@v1")
     assert _resolver(store_url).resolve("n0").versions == [f"n0@{new}"]
+
+
+def test_replica_pins_hot_set_pins_to_the_live_version(
+    registry: Registry, source, alpha: Path, beta: Path, base_config: dict
+) -> None:
+    registry.publish_adapter(alpha, "n0", "v1", base_config=base_config)
+    registry.publish_adapter(beta, "n0", "v2", base_config=base_config)
+    cfg = ServeConfig.from_args(
+        {"served_model_name": "base", "engine": {"hot_set": {"pinned": ["n0", "n0@v1", "ghost"]}}}
+    )
+    pin_versions(cfg, source)
+    # Requests arrive as n0@v2: the pin must be that key; a missing name is left for the
+    # hot-set to report.
+    assert cfg.engine.hot_set.pinned == ["n0@v2", "n0@v1", "ghost"]
