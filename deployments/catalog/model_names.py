@@ -205,7 +205,10 @@ def pin_adapters(route: Route, pin: Callable[[str], str]) -> Route:
     if isinstance(route, SingleRoute):
         return route.model_copy(update={"adapter": pin(route.adapter)})
     if isinstance(route, MixRoute):
-        return route.model_copy(update={"weights": {pin(n): w for n, w in route.weights.items()}})
+        weights = {pin(n): w for n, w in route.weights.items()}
+        if len(weights) < len(route.weights):
+            raise BadModelName("a mix names one adapter version twice")
+        return route.model_copy(update={"weights": weights})
     if isinstance(route, VocabRoute):
         ranges = [
             r.model_copy(update={"adapter": pin(r.adapter)}) if r.adapter else r

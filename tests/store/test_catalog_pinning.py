@@ -10,7 +10,7 @@ import pytest
 
 from adapter_store import Registry
 from deployments.catalog.lora_admin import LoadLoraBody, load_lora
-from deployments.catalog.model_names import ModelNotFound, Resolver
+from deployments.catalog.model_names import BadModelName, ModelNotFound, Resolver
 from deployments.catalog.store import load_catalog
 from deployments.config import ServeConfig, StoreConfig
 from deployments.replica.deployment import pin_versions
@@ -56,6 +56,8 @@ def test_every_route_kind_is_pinned(
     resolver = _resolver(store_url)
     mix = resolver.resolve("a:0.5+b:0.5")
     assert isinstance(mix.route, MixRoute) and set(mix.route.weights) == {"a@v1", "b@v3"}
+    with pytest.raises(BadModelName, match="twice"):  # a and a@v1 are one version
+        resolver.resolve("a:0.5+a@v1:0.5")
     vocab = VocabRoute.model_validate(
         {"ranges": [{"start": 0, "end": 10, "adapter": "a"}], "default": "b"}
     )
