@@ -121,7 +121,8 @@ class Resolver:
         version = version or entry.latest
         if version is None or version not in entry.versions:
             raise ModelNotFound(
-                f"{kind} {ref!r} has no live version {version!r}; known: {list(entry.versions)}"
+                f"{kind} {ref!r} has no version {version!r} (yanked or never published); "
+                f"live: {list(entry.versions)}"
             )
         return f"{name}@{version}"
 

@@ -39,7 +39,7 @@ def test_bare_names_pin_to_the_latest_live_version(
     registry.yank("adapter", "n0", "v2", "leaked")
     resolver = _resolver(store_url)
     assert resolver.resolve("n0").route.adapter == "n0@v1"
-    with pytest.raises(ModelNotFound, match="no live version"):
+    with pytest.raises(ModelNotFound, match="yanked or never published"):
         resolver.resolve("n0@v2")
     registry.yank("adapter", "n0", "v1")
     with pytest.raises(ModelNotFound):
