@@ -2,8 +2,9 @@
 
 `serve run serve_config.yaml` calls `build_app(args)`; args are validated as `ServeConfig`
 (errors name the bad key) and become one router (ingress) plus the model replicas, whose
-handle places requests with `AdapterAffinityRouter`. Replica count, autoscaling and resources
-come from the YAML's `deployments` section, so the same code runs one CPU replica or many GPUs.
+handle places requests with `AdapterAffinityRouter`, and the catalog epoch every router
+watches (deployments/catalog/epoch.py). Replica count, autoscaling and resources come from
+the YAML's `deployments` section, so the same code runs one CPU replica or many GPUs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from deployments.api.ingress import Router
+from deployments.catalog.epoch import CatalogEpoch
 from deployments.config import REPO_ROOT, ConfigError, ServeConfig
 from deployments.replica.deployment import ModelReplica
 
@@ -71,7 +73,7 @@ def build(
     model = ModelReplica.options(
         request_router_config=router_config(cfg), **(replica_options or {})
     ).bind(config)
-    return Router.options(**(router_options or {})).bind(model, config)
+    return Router.options(**(router_options or {})).bind(model, config, CatalogEpoch.bind())
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:

@@ -69,6 +69,7 @@ from deployments.catalog.model_names import (
     Resolver,
 )
 from deployments.catalog.store import load_catalog
+from deployments.catalog.watch import CatalogWatch
 from deployments.config import REPO_ROOT, ServeConfig
 from deployments.ops import metrics
 from deployments.placement.affinity import adapter_key
@@ -261,6 +262,7 @@ class _Shaper:
         info = self.info if with_replica else None
         return MoloraInfo(
             route_kind=self.resolved.kind,
+            versions=self.resolved.versions or None,
             replica=info.replica if info else None,
             hot_set_hit=info.hot_set_hit if info else None,
             tier=info.tier if info else None,
@@ -396,12 +398,18 @@ class _Shaper:
 class Router:
     """OpenAI-compatible ingress in front of the model replicas."""
 
-    def __init__(self, model: DeploymentHandle, config: dict[str, Any]) -> None:
+    async def __init__(
+        self,
+        model: DeploymentHandle,
+        config: dict[str, Any],
+        epoch: DeploymentHandle | None = None,
+    ) -> None:
         self.cfg = ServeConfig.model_validate(config)
         self.model = model
         self.catalog = CatalogCache(
             lambda: asyncio.to_thread(load_catalog, self.cfg.store), self.cfg.store.refresh_s
         )
+        self.epoch = CatalogWatch(self.catalog, epoch, uuid.uuid4().hex)
         self._last_forced = 0.0
         self._channel_id = uuid.uuid4().hex
         self.channels = (
@@ -516,8 +524,7 @@ class Router:
             )
         except AccessError as exc:
             return access_error_response(exc)
-        await self.catalog.get(force=True)
-        return JSONResponse(result)
+        return JSONResponse(result, headers=await self.epoch.changed())
 
     @app.post("/v1/load_lora_adapter", openapi_extra=body_docs(LoadLoraBody))
     async def load_lora_adapter(self, request: Request) -> Any:
@@ -542,8 +549,10 @@ class Router:
             return error_response(
                 status, f"{type(exc).__name__}: {exc}" if status >= 500 else str(exc)
             )
-        await self.catalog.get(force=True)
-        return PlainTextResponse(result["message"])  # vLLM answers with this sentence
+        headers = await self.epoch.changed()
+        return PlainTextResponse(
+            result["message"], headers=headers
+        )  # vLLM answers with this sentence
 
     # -- request path -----------------------------------------------------------------------
 

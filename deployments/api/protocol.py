@@ -309,6 +309,7 @@ class MoloraInfo(BaseModel):
     """What we add to responses: where the request ran and, on request, per-token attribution."""
 
     route_kind: str
+    versions: list[str] | None = None  # the exact name@version refs that served the request
     replica: str | None = None
     hot_set_hit: bool | None = None
     tier: str | None = None  # where the adapters were on arrival: slot|host|loading|disk|store

@@ -176,6 +176,10 @@ def load_lora(
                 raise LoraAdminError(404, f"store adapter {ref!r} does not exist", "lora_path")
             if manifest.name == name:
                 registry.unyank("adapter", name, manifest.version)
+                if body.load_inplace:  # in place: the named version is the only live one
+                    for other in live:
+                        if other != manifest.version:
+                            registry.yank("adapter", name, other, "replaced by load_lora_adapter")
                 return LoraResult(
                     action="load", name=name, versions=[manifest.version],
                     message=f"Success: LoRA adapter '{name}' added successfully.",

@@ -4,6 +4,11 @@ The ingress keeps a `Catalog` (adapters and compositions of the store, cached fo
 seconds) and resolves `model` against it: the base model, a named route, a static mix
 `a:0.7+b:0.3`, a composition, or an adapter (`name` / `name@version`). Unknown names are
 `ModelNotFound` (→ 404); malformed ones `BadModelName` (→ 400).
+
+Every adapter and composition ref of a resolved route is *pinned* to one live version
+(`name` → `name@latest`) at admission, so replicas key hot-set slots, host and disk caches and
+the prefix cache by an exact version: a name that moves to new weights is a new key, never a
+stale slot. A yanked version is not in the catalog, so it is not found, even when named.
 """
 
 from __future__ import annotations
@@ -66,10 +71,18 @@ Route = BaseRoute | SingleRoute | MixRoute | VocabRoute | LearnedRoute
 
 @dataclass(frozen=True)
 class Resolved:
-    """A request's route plus the adapter set placement should co-locate."""
+    """A request's route (refs pinned to versions) plus the adapter set placement should
+    co-locate."""
 
     route: Route
     placement_adapters: tuple[str, ...]
+
+    @property
+    def versions(self) -> list[str]:
+        """The exact `name@version` refs that serve this request (composition first)."""
+        route = self.route
+        head = [f"composition:{route.composition}"] if isinstance(route, LearnedRoute) else []
+        return head + list(dict.fromkeys(route.adapters()))
 
     @property
     def kind(self) -> str:
@@ -101,14 +114,20 @@ class Resolver:
 
     # -- lookups ----------------------------------------------------------------------------
 
-    def _check_version(self, kind: str, ref: str, versions: tuple[str, ...]) -> None:
-        _, version = _split(ref)
-        if version is not None and versions and version not in versions:
+    @staticmethod
+    def _pin(kind: str, ref: str, entry: AdapterEntry | CompositionEntry) -> str:
+        """`ref` as `name@version` of a live version: the latest when none is named."""
+        name, version = _split(ref)
+        version = version or entry.latest
+        if version is None or version not in entry.versions:
             raise ModelNotFound(
-                f"{kind} {ref!r} has no version {version!r}; known: {list(versions)}"
+                f"{kind} {ref!r} has no version {version!r} (yanked or never published); "
+                f"live: {list(entry.versions)}"
             )
+        return f"{name}@{version}"
 
     def adapter(self, ref: str) -> str:
+        """`ref` pinned to the live version it means."""
         try:
             check_ref(ref)
         except ValueError as exc:
@@ -117,27 +136,27 @@ class Resolver:
         entry = self.adapters.get(name)
         if entry is None:
             raise ModelNotFound(f"adapter {name!r} does not exist")
-        self._check_version("adapter", ref, entry.versions)
-        return ref
+        return self._pin("adapter", ref, entry)
 
-    def composition(self, ref: str) -> CompositionEntry:
+    def composition(self, ref: str) -> tuple[CompositionEntry, str]:
+        """The composition's entry and `ref` pinned to the live version it means."""
         name, _ = _split(ref)
         entry = self.compositions.get(name)
         if entry is None:
             raise ModelNotFound(f"composition {name!r} does not exist")
-        self._check_version("composition", ref, entry.versions)
-        return entry
+        return entry, self._pin("composition", ref, entry)
 
     # -- resolution -------------------------------------------------------------------------
 
     def check_route(self, route: Route) -> Resolved:
-        """Validate every ref of an explicit route and derive its placement set."""
+        """Validate every ref of a route, pin it to a version, and derive its placement set."""
         if isinstance(route, LearnedRoute):
-            entry = self.composition(route.composition)
+            entry, pinned = self.composition(route.composition)
             experts = tuple(_split(a)[0] for a in entry.adapters)
+            route = route.model_copy(update={"composition": pinned})
             return Resolved(route, (*experts, f"composition:{entry.name}"))
-        names = [self.adapter(a) for a in route.adapters()]
-        return Resolved(route, tuple(_split(a)[0] for a in names))
+        route = pin_adapters(route, self.adapter)
+        return Resolved(route, tuple(_split(a)[0] for a in route.adapters()))
 
     def resolve(self, model: str, explicit: Route | None = None) -> Resolved:
         if explicit is not None:
@@ -182,6 +201,25 @@ class Resolver:
         raise ModelNotFound(f"model {model!r} does not exist")
 
 
+def pin_adapters(route: Route, pin: Callable[[str], str]) -> Route:
+    """A copy of `route` with every adapter ref replaced by `pin(ref)`."""
+    if isinstance(route, SingleRoute):
+        return route.model_copy(update={"adapter": pin(route.adapter)})
+    if isinstance(route, MixRoute):
+        weights = {pin(n): w for n, w in route.weights.items()}
+        if len(weights) < len(route.weights):
+            raise BadModelName("a mix names one adapter version twice")
+        return route.model_copy(update={"weights": weights})
+    if isinstance(route, VocabRoute):
+        ranges = [
+            r.model_copy(update={"adapter": pin(r.adapter)}) if r.adapter else r
+            for r in route.ranges
+        ]
+        default = pin(route.default) if route.default else None
+        return route.model_copy(update={"ranges": ranges, "default": default})
+    return route
+
+
 def _first_error(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return exc.errors()[0]["msg"]
@@ -209,5 +247,13 @@ class CatalogCache:
             except Exception:
                 if self._catalog is None:
                     raise
+            self._at = time.monotonic()
+            return self._catalog
+
+    async def refresh(self) -> Catalog:
+        """Reload now and raise if the store cannot be read (a change must not be acknowledged
+        on a stale catalog)."""
+        async with self._lock:
+            self._catalog = await self._load()
             self._at = time.monotonic()
             return self._catalog

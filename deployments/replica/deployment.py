@@ -129,6 +129,19 @@ def tier_snapshot(hot_set: Any) -> ResidencyReport:
     )
 
 
+def pin_versions(config: ServeConfig, source: Any) -> None:
+    """Hot-set pins given by bare name become the version live now: requests arrive pinned to
+    exact versions by the router, and only an exact ref shares their slot."""
+    hot_set = config.engine.hot_set
+    refs = []
+    for ref in hot_set.pinned:
+        try:
+            refs.append(ref if "@" in ref else source.manifest("adapter", ref).ref)
+        except Exception:  # the hot-set reports an adapter that cannot load
+            refs.append(ref)
+    hot_set.pinned = refs
+
+
 @serve.deployment(
     name="ModelReplica",
     max_ongoing_requests=32,
@@ -149,6 +162,7 @@ class ModelReplica:
         warn_if_slow_serve_path()
         self._config = ServeConfig.model_validate(config)
         self._source = open_source(self._config.store)
+        pin_versions(self._config, self._source)
         self._engine = AsyncEngine(self._config.engine, self._source)
         await self._engine.start()
         try:
@@ -183,10 +197,9 @@ class ModelReplica:
             yield encode(error_item(exc))
             return
         box = self._outboxes.open(channel) if isinstance(channel, str) else None
-        wanted = {base_name(a) for a in (placement or {}).get("adapters", [])}
         info = InfoItem(
             replica=self._replica_id,
-            hot_set_hit=wanted <= self._hot_names(),
+            hot_set_hit=self._hot_hit(req),
             tier=self._tier_of(req),
             channel=box is not None,
         )
@@ -273,6 +286,18 @@ class ModelReplica:
         return {base_name(a) for a in stats.hot_set} | {
             f"composition:{base_name(c)}" for c in stats.compositions
         }
+
+    def _hot_hit(self, req: GenerationRequest) -> bool:
+        """Whether the exact versions the router pinned are resident (another version of the
+        same name is a miss: it is never used for this request)."""
+        route = req.route
+        if route is None:
+            return True
+        stats = self._engine.stats()
+        composition = getattr(route, "composition", None)
+        return set(route.adapters()) <= set(stats.hot_set) and (
+            composition is None or composition in stats.compositions
+        )
 
     def _tier_of(self, req: GenerationRequest) -> str | None:
         """The worst tier of the request's adapters on arrival (None for the base model)."""

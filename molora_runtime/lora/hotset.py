@@ -36,6 +36,7 @@ class _Slot:
     refs: int = 0
     pinned: bool = False
     last_used: int = 0
+    generation: int = 0  # bumped on every write, so a holder can tell its weights are the same
 
 
 @dataclass
@@ -114,6 +115,7 @@ class HotSet:
         self.host = HostTier(self._fetch, config.host_bytes, workers=config.fetch_workers)
         self.stages = StageTimes()  # fetch / parse / copy latencies
         self._clock = 0
+        self._generation = 0
         self.counters = HotSetCounters()
         for name in config.pinned:
             self.pin(name)
@@ -395,7 +397,14 @@ class HotSet:
                 f"adapter {name!r} {exc} (hot_set.allow_base_mismatch=true serves it anyway)"
             ) from None
 
+    def generation_of(self, name: str) -> int:
+        """The write generation of the slot holding `name` (0: not resident)."""
+        slot = self._by_name.get(name)
+        return self._slots[slot].generation if slot is not None else 0
+
     def _load(self, slot: int, name: str) -> None:
+        if self._slots[slot].refs > 0:  # a running sequence reads these weights
+            raise RuntimeError(f"hot-set slot {slot} is held by a running request")
         start = time.perf_counter()
         weights = self._read(name)
         copy_start = time.perf_counter()
@@ -405,7 +414,8 @@ class HotSet:
                 for layer, (a, b) in weights.modules.get(module, {}).items():
                     buf.write(slot, layer, a, b)
         self.stages.observe("copy", time.perf_counter() - copy_start)
-        self._slots[slot] = _Slot(name=name, last_used=self._clock)
+        self._generation += 1
+        self._slots[slot] = _Slot(name=name, last_used=self._clock, generation=self._generation)
         self._by_name[name] = slot
         self.counters.loads += 1
         self.counters.load_seconds.append(time.perf_counter() - start)

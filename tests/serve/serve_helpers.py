@@ -52,13 +52,20 @@ def shipped_replica_options(**overrides: Any) -> dict[str, Any]:
     return options
 
 
-def deploy(url: str, args: dict[str, Any], replica_options: dict[str, Any]) -> None:
+def deploy(
+    url: str,
+    args: dict[str, Any],
+    replica_options: dict[str, Any],
+    router_options: dict[str, Any] | None = None,
+) -> None:
     from ray import serve
 
     from deployments.app import build
     from deployments.config import ServeConfig
 
-    app = build(ServeConfig.from_args(args), replica_options=replica_options)
+    app = build(
+        ServeConfig.from_args(args), replica_options=replica_options, router_options=router_options
+    )
     serve.run(app, name=APP, route_prefix="/", blocking=False)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -73,16 +80,24 @@ def deploy(url: str, args: dict[str, Any], replica_options: dict[str, Any]) -> N
 
 @contextlib.contextmanager
 def deployed(
-    url: str, args: dict[str, Any], replicas: int = 1, max_ongoing: int = 16
+    url: str,
+    args: dict[str, Any],
+    replicas: int = 1,
+    max_ongoing: int = 16,
+    routers: int = 1,
+    env: dict[str, str] | None = None,
 ) -> Iterator[None]:
-    """The app served from `args` on `replicas` one-CPU model replicas, removed after."""
+    """The app served from `args` on `replicas` one-CPU model replicas and `routers` router
+    replicas (with `env` in their processes), removed after."""
+    runtime_env = {"runtime_env": {"env_vars": env}} if env else {}
     options = shipped_replica_options(
         num_replicas=replicas,
         autoscaling_config=None,
         max_ongoing_requests=max_ongoing,
-        ray_actor_options={"num_cpus": 1},
+        ray_actor_options={"num_cpus": 1, **runtime_env},
     )
-    deploy(url, args, options)
+    router = {"num_replicas": routers, "ray_actor_options": {"num_cpus": 0, **runtime_env}}
+    deploy(url, args, options, router)
     try:
         yield
     finally:

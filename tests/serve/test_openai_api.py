@@ -143,7 +143,9 @@ def test_attribution_per_token(client):
     )  # fmt: skip
     attribution = resp.model_extra["molora"]["attribution"]
     assert len(attribution) == 4
-    assert attribution[0]["adapters"] == {"math": 0.75, "code": 0.25}
+    # Attribution names the exact versions the router pinned the mix to.
+    assert attribution[0]["adapters"] == {"math@v1": 0.75, "code@v1": 0.25}
+    assert resp.model_extra["molora"]["versions"] == ["math@v1", "code@v1"]
     learned = client.chat.completions.create(
         model="tiny-base", messages=MESSAGES, max_tokens=4, temperature=0,
         extra_body={"ignore_eos": True, "molora": {"route": {"kind": "learned", "composition": "mathcode"}, "return_attribution": True}},

@@ -43,7 +43,9 @@ def test_base_adapter_version_composition_and_mix():
     assert learned.kind == "learned"
     assert set(learned.placement_adapters) == {"math", "code", "composition:mathcode"}
     mix = r.resolve("math:0.7+code:0.3")
-    assert mix.kind == "mix" and mix.route.weights == {"math": 0.7, "code": 0.3}
+    # Bare names are pinned to the latest live version at admission.
+    assert mix.kind == "mix" and mix.route.weights == {"math@v2": 0.7, "code@v1": 0.3}
+    assert learned.route.composition == "mathcode@v1"
 
 
 @pytest.mark.parametrize(
