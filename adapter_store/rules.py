@@ -45,6 +45,8 @@ TENSOR_KEY = re.compile(
     r"^(?:.*\.)?layers\.(?P<layer>\d+)\.(?:self_attn|mlp)\.(?P<module>\w+)\."
     r"lora_(?P<ab>[AB])(?:\.[\w-]+)?\.weight$"
 )
+# Slot contents (A and scale * B): far inside float16's 65504, so scale and cast stay finite.
+MAX_ABS_WEIGHT = 1.0e4
 MIN_GATE_TEMPERATURE = 0.01
 MAX_GATE_TEMPERATURE = 100.0
 COMPOSITION_CONFIG = "composition.json"

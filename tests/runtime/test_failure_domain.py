@@ -71,8 +71,7 @@ def _assert_clean(engine, results, alone) -> None:
         assert results[rid]["finish_reason"] == "length"
         assert results[rid]["error"] is None
     assert engine.block_manager.num_free == engine.block_manager.num_blocks
-    assert all(s.refs == 0 for s in engine.hot_set._slots)
-    assert all(s.refs == 0 for s in engine.hot_set._comp_slots)
+    assert not engine.hot_set.in_use()
     assert not engine.running and not engine.waiting
 
 
