@@ -50,7 +50,7 @@ class LoRAContext:
 
     slot_ids: torch.Tensor  # [T, W] int64, <= 0 = none
     weights: torch.Tensor  # [T, W] float32
-    backend: Backend | None  # the engine's LoRA backend (None: only for start-up timing)
+    backend: Backend | None = None  # the engine's LoRA backend (None: no layer reads this context)
     comp_idx: torch.Tensor | None = None  # [T] int64 composition slot, -1 = static route
     gates: GateTable | None = None
     top_k: torch.Tensor | None = None  # [T] int64, learned tokens' top-k
