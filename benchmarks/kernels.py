@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 # (HBM bytes/s, dense 16-bit tensor FLOP/s) from the vendors' datasheets (SXM parts).
 PEAKS = {"H200": (4.8e12, 989e12), "H100": (3.35e12, 989e12), "A100": (2.0e12, 312e12)}
-REFERENCES = ("segmented", "masked", "onehot", "gather")
+REFERENCES = ("segmented", "gather")
 GATHER_MAX_BYTES = 1 << 30  # gather+bmm materialises [T, k, r, d] weight copies
 
 

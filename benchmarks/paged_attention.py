@@ -2,7 +2,7 @@
 
 SmolLM2-135M's attention shape (9 query / 3 KV heads, head dim 64), blocks of 16, batches of
 1/8/32 at uniform and mixed context lengths up to 1.5k. Paths timed on the same K/V:
-- `paged`: `kernels.paged_attention.paged_decode_attention` (CPU: gather + two bmm; CUDA:
+- `paged`: `molora_runtime.model.paged_decode.paged_decode_tables` (CPU: gather + two bmm; CUDA:
   the Triton kernel);
 - `contig_sdpa`: today's gathered-rows decode (`rows[:, :, :len]` + masked SDPA, GQA);
 - `contig_span`: today's CPU span decode (row views, no gather, two bmm) — the engine's
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.report import write_json
-from kernels.paged_attention import paged_decode_attention
+from molora_runtime.model.paged_decode import paged_decode_tables
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
@@ -92,7 +92,7 @@ def _contig_span(p: dict[str, Any], scale: float) -> torch.Tensor:
 
 
 def _paged(p: dict[str, Any], scale: float) -> torch.Tensor:
-    return paged_decode_attention(p["q"], p["k_cache"], p["v_cache"], p["tables"], p["lens"], scale)
+    return paged_decode_tables(p["q"], p["k_cache"], p["v_cache"], p["tables"], p["lens"], scale)
 
 
 PATHS: dict[str, Callable[[dict[str, Any], float], torch.Tensor]] = {

@@ -1,6 +1,6 @@
 """Shared Triton helpers: per-output operand selection and launch-size heuristics.
 
-Imported only from the Triton kernel modules, which `kernels.dispatch` loads lazily, so that
+Imported only from the Triton kernel modules, which the runtime's LoRA backend loads lazily, so that
 importing `kernels` never imports triton (tests set `TRITON_INTERPRET=1` before that happens).
 """
 

@@ -1,8 +1,8 @@
 """Triton entry points: choose decode (BGMV) or prefill (SGMV) kernels and group outputs.
 
-Loaded lazily by `kernels.dispatch` (never at `import kernels`). On CUDA tensors the kernels are
+Loaded lazily by the runtime's LoRA backend (never at `import kernels`). On CUDA tensors the kernels are
 compiled; on CPU tensors they only run when `TRITON_INTERPRET=1` was set before triton was
-imported (the tests do that). No backward: the dispatcher sends autograd calls elsewhere.
+imported (the tests do that). No backward: the backend sends autograd calls to the reference twin.
 """
 
 from __future__ import annotations

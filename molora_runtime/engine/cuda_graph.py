@@ -81,6 +81,8 @@ class CudaGraphRunner:
         ctx = LoRAContext(
             slot_ids=self.slot_ids[:bucket],
             weights=self.weights[:bucket],
+            backend=self.hot_set.backend,
+            stacked_slots=(1, self.hot_set.num_slots),  # static shapes: every slot
             comp_idx=self.comp_idx[:bucket],
             gates=self.hot_set.gates,
             top_k=self.top_k[:bucket],

@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from molora_runtime.lora.peft_adapter import AdapterWeights
+from molora_runtime.lora.pinned_lru import PinnedLRU
 
 Reader = Callable[[str], AdapterWeights]
 
@@ -46,12 +46,11 @@ class HostTier:
         self.budget_bytes = budget_bytes
         self.on_ready = on_ready  # called from a worker when a fetch ends (wakes the step loop)
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, AdapterWeights] = OrderedDict()
+        self._cache: PinnedLRU[str, AdapterWeights] = PinnedLRU()  # pins: hot_set.pinned
         self._bytes = 0
         self._loading: set[str] = set()
         self._pending: dict[str, Future[None]] = {}  # the background fetch of each loading name
         self._failed: dict[str, BaseException] = {}
-        self._pinned: set[str] = set()  # never evicted (hot_set.pinned)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="molora-fetch")
         self._done = threading.Event()
         self.counters = HostTierCounters()
@@ -66,13 +65,12 @@ class HostTier:
         """`get` for a caller that holds the lock."""
         weights = self._cache.get(name)
         if weights is not None:
-            self._cache.move_to_end(name)
             self.counters.hits += 1
         return weights
 
     def resident(self) -> list[str]:
         with self._lock:
-            return list(self._cache)
+            return self._cache.keys()
 
     def loading(self) -> list[str]:
         with self._lock:
@@ -85,7 +83,7 @@ class HostTier:
     def pin(self, name: str) -> None:
         """Keep `name` through eviction once it is (or when it becomes) resident."""
         with self._lock:
-            self._pinned.add(name)
+            self._cache.pin(name)
 
     # ----- fetching --------------------------------------------------------------------------
     def ready(self, name: str) -> bool:
@@ -186,10 +184,10 @@ class HostTier:
         never reach a slot."""
         if name in self._cache:
             return
-        self._cache[name] = weights
+        self._cache.put(name, weights)
         self._bytes += weights.nbytes()
         while self._bytes > self.budget_bytes:
-            victim = next((n for n in self._cache if n != name and n not in self._pinned), None)
+            victim = next(self._cache.victims(keep=[name]), None)
             if victim is None:  # only pinned ones (and the newcomer) left: over budget, kept
                 break
             self._bytes -= self._cache.pop(victim).nbytes()

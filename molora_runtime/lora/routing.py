@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.dispatch import stacked_is_cheaper
 from molora_runtime.errors import InvalidRequestError
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
@@ -95,14 +94,15 @@ def build_lora_context(
     ctx = LoRAContext(
         slot_ids=host_slots.to(device),
         weights=torch.cat(weight_rows).to(device),
+        backend=hot_set.backend,
         record_layers=record_layers,
     )
-    if device.type == "cpu":
+    if hot_set.backend.stacked:
         used = set(host_slots[host_slots > 0].tolist())
         for seg in segments:
             if isinstance(seg.route, LearnedRoute):
                 used.update(hot_set.expert_slots(seg.route.composition))
-        ctx.stacked_slots = stacked_range(used, hot_set.config.max_rank)
+        ctx.stacked_slots = stacked_range(used)
     if any_learned:
         ctx.comp_idx = torch.cat(comp_rows).to(device)
         ctx.top_k = torch.cat(topk_rows).to(device)
@@ -111,13 +111,12 @@ def build_lora_context(
     return ctx
 
 
-def stacked_range(used: set[int], rank: int) -> tuple[int, int] | None:
-    """The slot range the stacked CPU delta covers, when it is the cheaper layout."""
+def stacked_range(used: set[int]) -> tuple[int, int] | None:
+    """The slot range the stacked delta covers: every slot this step's tokens can use."""
     if not used:
         return None
     first, last = min(used), max(used)
-    count = last - first + 1
-    return (first, count) if stacked_is_cheaper(count, rank) else None
+    return first, last - first + 1
 
 
 def _vocab_slots(route: VocabRoute, token_ids: torch.Tensor, hot_set: HotSet) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Per-step LoRA routing metadata handed down the forward (never module-global state).
 
 It lives in `model/` because the model reads it; `lora/` builds it (lora imports model, never the
-reverse).
+reverse). It also names the engine's LoRA backend, so every LoRA-targeted layer makes one call,
+`ctx.add_lora(y, x, buffers, layer)`.
 
 `LoRAContext` carries, for the T tokens of a step, the static per-token table
 `(slot_ids[T, W], weights[T, W])` built from each request's route, plus — for tokens on a
@@ -13,17 +14,20 @@ learned tokens' rows; every LoRA-targeted linear of the layer then reads `slot_i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from kernels.device_plan import DevicePlan, build_device_plan
-from kernels.plan import SegmentPlan, build_segment_plan
-from kernels.stacked import slot_weight_matrix
+from kernels.stacked import SlotGate, slot_gate
 
-if TYPE_CHECKING:
-    from molora_runtime.model.group_buffers import GroupLoRABuffers
-    from molora_runtime.model.layers import LoRABuffers
+
+class Backend(Protocol):
+    """What a layer calls to add its routed delta (`molora_runtime.model.lora_backend`)."""
+
+    def add(
+        self, y: torch.Tensor, x: torch.Tensor, buffers: Any, layer: int, ctx: LoRAContext
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -46,12 +50,12 @@ class LoRAContext:
 
     slot_ids: torch.Tensor  # [T, W] int64, <= 0 = none
     weights: torch.Tensor  # [T, W] float32
+    backend: Backend | None = None  # the engine's LoRA backend (None: no layer reads this context)
     comp_idx: torch.Tensor | None = None  # [T] int64 composition slot, -1 = static route
     gates: GateTable | None = None
     top_k: torch.Tensor | None = None  # [T] int64, learned tokens' top-k
     temperature: torch.Tensor | None = None  # [T] float32, learned tokens' gate temperature
-    # Slots [first, first + count) hold every adapter this step can touch; set (CPU) when the
-    # stacked two-GEMM delta is cheaper than grouping tokens by slot.
+    # Slots [first, first + count) hold every adapter this step can touch (the stacked backend).
     stacked_slots: tuple[int, int] | None = None
     record_layers: bool = False  # keep each layer's table (attribution / gate statistics)
     return_gate_logits: bool = False  # keep raw gate logits (router training)
@@ -59,37 +63,32 @@ class LoRAContext:
     layer_tables: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     gate_logits: list[torch.Tensor] = field(default_factory=list)
     _static: tuple[torch.Tensor, torch.Tensor] | None = None
-    _plan: tuple[torch.Tensor, torch.Tensor, SegmentPlan] | None = None
-    # per table: (slot_ids, weights, {(rank, dtype): [T, count·rank] expanded weights})
-    _expanded: (
-        tuple[torch.Tensor, torch.Tensor, dict[tuple[int, torch.dtype], torch.Tensor]] | None
-    ) = None
+    # per table: (slot_ids, weights, {(rank, dtype): SlotGate})
+    _gates: tuple[torch.Tensor, torch.Tensor, dict[tuple[int, torch.dtype], SlotGate]] | None = None
     _device_plan: tuple[torch.Tensor, torch.Tensor, DevicePlan] | None = None
 
-    def stacked_weights(
-        self, buffers: LoRABuffers | GroupLoRABuffers
-    ) -> tuple[int, int, torch.Tensor] | None:
-        """(first slot, slot count, [T, count·r] weights) for the stacked delta, or None.
+    def add_lora(self, y: torch.Tensor, x: torch.Tensor, buffers: Any, layer: int) -> torch.Tensor:
+        """`y` plus the routed delta of `x` over `buffers` (in place where autograd allows)."""
+        assert self.backend is not None, "a serving or training context names its backend"
+        return self.backend.add(y, x, buffers, layer, self)
 
-        Built once per routing table, rank and dtype (once per step for static routes, once per layer
-        for learned ones) and shared by every projection that reads it; a fused group's rank is
-        its members' ranks together.
+    def slot_gate(self, rank: int, dtype: torch.dtype) -> SlotGate:
+        """The stacked delta's gate over `stacked_slots` for buffers of this rank and dtype.
+
+        Built once per routing table (once per step for static routes, once per layer for
+        learned ones) and shared by every projection that reads it; a fused group's rank is its
+        members' ranks together.
         """
-        if self.stacked_slots is None:
-            return None
+        assert self.stacked_slots is not None
         first, count = self.stacked_slots
-        rank = buffers.rank
-        cached = self._expanded
+        cached = self._gates
         if cached is None or cached[0] is not self.slot_ids or cached[1] is not self.weights:
-            cached = (self.slot_ids, self.weights, {})
-            self._expanded = cached
-        key = (rank, buffers.A.dtype)  # in the GEMMs' dtype: no conversion per projection
-        expanded = cached[2].get(key)
-        if expanded is None:
-            expanded = slot_weight_matrix(self.slot_ids, self.weights, first, count, rank)
-            expanded = expanded.to(buffers.A.dtype)
-            cached[2][key] = expanded
-        return first, count, expanded
+            cached = self._gates = (self.slot_ids, self.weights, {})
+        gate = cached[2].get((rank, dtype))
+        if gate is None:
+            gate = slot_gate(self.slot_ids, self.weights, first, count, rank, dtype)
+            cached[2][(rank, dtype)] = gate
+        return gate
 
     def kernel_meta(self) -> DevicePlan | None:
         """The current table as the Triton kernels read it (CUDA), built once per table."""
@@ -100,16 +99,6 @@ class LoRAContext:
             plan = build_device_plan(self.slot_ids, self.weights)
             cached = (self.slot_ids, self.weights, plan)
             self._device_plan = cached
-        return cached[2]
-
-    def segment_plan(self) -> SegmentPlan | None:
-        """The current table grouped by slot (CPU path), built once per table, not per linear."""
-        if self.slot_ids.is_cuda:
-            return None
-        cached = self._plan
-        if cached is None or cached[0] is not self.slot_ids or cached[1] is not self.weights:
-            cached = (self.slot_ids, self.weights, build_segment_plan(self.slot_ids, self.weights))
-            self._plan = cached
         return cached[2]
 
     @property

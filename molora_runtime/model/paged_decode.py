@@ -1,18 +1,16 @@
 """Decode attention over block tables: one query token per sequence, its context in KV blocks.
 
-Three paths, one math: CUDA uses the Triton kernel (`kernels.paged_attention`, tested against
-its reference twin there); a captured step off CUDA uses `paged_decode_torch` (static shapes:
-every padded block is read and masked, unlike the kernel package's CPU path, which reads up to
-the longest context and so syncs on it); the eager CPU step uses `gathered_decode` over the
-step's `DecodePlan` (only each sequence's real blocks, gathered once into the operand of two
-batched GEMMs per layer).
+One math, two paths, both held to `kernels.paged_attention.paged_decode_attention_reference`:
+CUDA runs the Triton kernel (`kernels.triton_paged_attention`); the CPU gathers each sequence's
+blocks once into the operand of two batched GEMMs per layer (`gathered_decode`), over the eager
+step's `DecodePlan` (only the real blocks) or, for a static-shape step, a plan made from the
+padded block tables (every padded block read and masked).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.paged_attention import paged_decode_attention
 from molora_runtime.model.attention_meta import CacheAttention, DecodePlan
 
 
@@ -53,7 +51,24 @@ def gathered_decode(
     return _attend(q, ks, vs, plan.mask, scale)
 
 
-def paged_decode_torch(
+def table_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, kv_heads: int,
+               block_size: int) -> DecodePlan:  # fmt: skip
+    """The `DecodePlan` of padded block tables [B, max_blocks] with device ops only (static
+    shapes: the whole table width is read, positions past `context_lens` masked; a row of
+    length 0 sees its first position, so its softmax stays defined for the caller to zero)."""
+    B, width = block_tables.shape
+    heads = torch.arange(kv_heads, device=block_tables.device)
+    index = (block_tables.long()[:, None, :] * kv_heads + heads[None, :, None]).reshape(-1)
+    length = width * block_size
+    visible = (
+        torch.arange(length, device=block_tables.device)[None, :] < context_lens.long()[:, None]
+    )
+    mask = torch.zeros(B, length, dtype=torch.float32, device=block_tables.device)
+    mask = mask.masked_fill(~visible, float("-inf")).view(B, 1, 1, length)
+    return DecodePlan(index=index, mask=mask, length=length)
+
+
+def paged_decode_tables(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -61,20 +76,18 @@ def paged_decode_torch(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """`paged_decode_attention`'s signature in plain tensor ops with static shapes (capturable):
-    q [B, H, D], caches [num_blocks, KVH, block_size, D], block_tables [B, max_blocks] int32,
-    context_lens [B] int32 -> [B, H, D]."""
-    nb, hkv, bs, hd = k_cache.shape
-    B, width = block_tables.shape
-    heads = torch.arange(hkv, device=q.device)
-    index = (block_tables.long()[:, None, :] * hkv + heads[None, :, None]).reshape(-1)
-    L = width * bs
-    ks = k_cache.reshape(nb * hkv, bs, hd).index_select(0, index).view(B * hkv, L, hd)
-    vs = v_cache.reshape(nb * hkv, bs, hd).index_select(0, index).view(B * hkv, L, hd)
-    visible = torch.arange(L, device=q.device)[None, :] < context_lens.long()[:, None]
-    mask = torch.zeros(B, L, dtype=torch.float32, device=q.device)
-    mask = mask.masked_fill(~visible, float("-inf")).view(B, 1, 1, L)
-    return _attend(q, ks, vs, mask, scale)
+    """Decode attention over padded block tables: q [B, H, D], caches [num_blocks, KVH,
+    block_size, D], block_tables [B, max_blocks] int32, context_lens [B] int32 -> [B, H, D]."""
+    if q.is_cuda:
+        from kernels.triton_paged_attention import paged_decode_attention_triton  # CUDA only
+
+        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
+    if q.shape[0] == 0:
+        return torch.zeros_like(q)
+    _, kv_heads, block_size, _ = k_cache.shape
+    plan = table_plan(block_tables, context_lens, kv_heads, block_size)
+    out = gathered_decode(q, k_cache, v_cache, plan, scale)
+    return out.masked_fill_((context_lens <= 0).to(q.device)[:, None, None], 0.0)
 
 
 def paged_decode(
@@ -84,11 +97,7 @@ def paged_decode(
     meta: CacheAttention,
     scale: float,
 ) -> torch.Tensor:
-    """Route one layer's decodes to the kernel, the static twin or the eager gather."""
-    if q.is_cuda:
-        return paged_decode_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale
-        )
-    if meta.decode_plan is not None and not meta.static:
+    """One layer's decodes: the eager CPU step over its plan, anything else over the tables."""
+    if not q.is_cuda and meta.decode_plan is not None and not meta.static:
         return gathered_decode(q, k_cache, v_cache, meta.decode_plan, scale)
-    return paged_decode_torch(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+    return paged_decode_tables(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)

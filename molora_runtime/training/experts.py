@@ -15,7 +15,8 @@ import torch
 from molora_runtime.lora.context import GateTable, LoRAContext
 from molora_runtime.lora.peft_adapter import AdapterWeights
 from molora_runtime.model.decoder import CausalLM
-from molora_runtime.model.layers import LoRABuffers
+from molora_runtime.model.lora_backend import LoRABackend, ReferenceBackend, TritonBackend
+from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
 
 
 def attach_experts(lm: CausalLM, experts: list[AdapterWeights]) -> None:
@@ -42,6 +43,14 @@ def attach_experts(lm: CausalLM, experts: list[AdapterWeights]) -> None:
         # and backward then never runs through layers below the lowest adapted one.
         adapted = (linear.name, linear.layer) in used
         linear.lora = buffers.get(linear.name) if adapted else None
+    for fused in lm.fused_groups():
+        members = [m.lora for m in fused.members]
+        fused.lora = GroupBuffers(members, fused.splits) if any(members) else None
+
+
+def training_backend(device: torch.device) -> LoRABackend:
+    """The Triton kernels on CUDA (the reference twin whenever autograd needs it), else the twin."""
+    return TritonBackend() if device.type == "cuda" else ReferenceBackend()
 
 
 @dataclass
@@ -89,6 +98,7 @@ def learned_context(
     return LoRAContext(
         slot_ids=torch.zeros(num_tokens, K, dtype=torch.long, device=device),
         weights=torch.zeros(num_tokens, K, dtype=torch.float32, device=device),
+        backend=training_backend(device),
         comp_idx=torch.zeros(num_tokens, dtype=torch.long, device=device),
         gates=gates.table(),
         top_k=torch.full((num_tokens,), top_k, dtype=torch.long, device=device),
@@ -103,4 +113,5 @@ def static_context(slots: torch.Tensor) -> LoRAContext:
     return LoRAContext(
         slot_ids=slots.long().unsqueeze(1),
         weights=(slots > 0).float().unsqueeze(1),
+        backend=training_backend(slots.device),
     )

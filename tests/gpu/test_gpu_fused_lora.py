@@ -17,7 +17,8 @@ TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (2e-2, 1e-2)}
 
 def _group(T: int, dtype: torch.dtype, seed: int, targeted: tuple[bool, ...]):
     """q/k/v-shaped group on CUDA in the kernel layout; members in `targeted` carry LoRA."""
-    from molora_runtime.model.layers import FusedLinear, LoRABuffers, LoRALinear
+    from molora_runtime.model.layers import FusedLinear, LoRALinear
+    from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     d, widths, S, r, L, layer = 1024, (1024, 256, 256), 9, 16, 2, 1
@@ -34,6 +35,7 @@ def _group(T: int, dtype: torch.dtype, seed: int, targeted: tuple[bool, ...]):
         members.append(m)
     fused = FusedLinear(members)
     fused.fuse()
+    fused.lora = GroupBuffers([m.lora for m in members], list(widths))
     x = torch.randn(T, d, device="cuda", generator=g).to(dtype)
     ids = torch.randint(-1, S, (T, 2), device="cuda", generator=g)
     w = torch.rand(T, 2, device="cuda", generator=g)
@@ -60,13 +62,14 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 @gpu
 def test_fused_group_matches_per_projection_twin() -> None:
     require_cuda()
+    from molora_runtime.model.lora_backend import TritonBackend
     from molora_runtime.model.lora_context import LoRAContext
 
     for T in (32, 300):  # BGMV decode and SGMV prefill
         for dtype in (torch.bfloat16, torch.float32):
             for targeted in ((True, True, True), (True, False, True)):
                 fused, x, ids, w = _group(T, dtype, seed=T, targeted=targeted)
-                ctx = LoRAContext(slot_ids=ids, weights=w)
+                ctx = LoRAContext(slot_ids=ids, weights=w, backend=TritonBackend())
                 with torch.inference_mode():
                     got = fused(x, ctx)
                 assert ctx.kernel_meta() is not None  # built once, on the device
@@ -78,23 +81,24 @@ def test_fused_group_matches_per_projection_twin() -> None:
 def test_fused_group_replays_in_cuda_graph() -> None:
     """The group's forward (plan built inside the capture) replays equal to eager."""
     require_cuda()
+    from molora_runtime.model.lora_backend import TritonBackend
     from molora_runtime.model.lora_context import LoRAContext
 
     for T in (16, 160):
         fused, x, ids, w = _group(T, torch.bfloat16, seed=5, targeted=(True, False, True))
         with torch.inference_mode():
             for _ in range(2):
-                fused(x, LoRAContext(slot_ids=ids, weights=w))
+                fused(x, LoRAContext(slot_ids=ids, weights=w, backend=TritonBackend()))
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                outs = fused(x, LoRAContext(slot_ids=ids, weights=w))
+                outs = fused(x, LoRAContext(slot_ids=ids, weights=w, backend=TritonBackend()))
             for seed in range(3):
                 _, x2, ids2, w2 = _group(T, torch.bfloat16, 50 + seed, (True, False, True))
                 x.copy_(x2)
                 ids.copy_(ids2)
                 w.copy_(w2)
                 graph.replay()
-                eager = fused(x, LoRAContext(slot_ids=ids, weights=w))
+                eager = fused(x, LoRAContext(slot_ids=ids, weights=w, backend=TritonBackend()))
                 for a, b in zip(outs, eager, strict=True):
                     assert torch.equal(a, b), f"graph replay differs from eager (T={T})"

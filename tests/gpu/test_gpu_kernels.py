@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 from gpu_support import gpu, require_cuda
 
-from kernels import routed_lora, routed_lora_multi
 from kernels.reference import routed_lora_dense, routed_lora_segmented
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -73,7 +72,9 @@ def test_fused_multi_output_matches_twins() -> None:
             for n, seed in ((256, 1), (256, 2), (3072, 3)):
                 _, a2, b2, _, _ = _case(1, 1, 9, 16, 1024, n, dtype, seed=seed)
                 pairs.append((a2, b2))
-            outs = routed_lora_multi(x, pairs, ids, w)
+            from kernels.triton_ops import routed_lora_multi_triton
+
+            outs = routed_lora_multi_triton(x, pairs, ids, w)
             for (a, b), got in zip(pairs, outs, strict=True):
                 _close(got, routed_lora_segmented(x, a, b, ids, w), f"multi T={T} {dtype}")
 
@@ -103,17 +104,22 @@ def test_kernels_replay_in_cuda_graph() -> None:
 
 
 @gpu
-def test_dispatch_on_cuda_and_gradients() -> None:
-    """CUDA inputs go to Triton; calls that need autograd take the differentiable twin."""
+def test_backend_on_cuda_and_gradients() -> None:
+    """The CUDA backend runs Triton; calls that need autograd take the differentiable twin."""
     require_cuda()
-    from kernels.dispatch import select_backend
+    from molora_runtime.model.lora_backend import TritonBackend, choose_backend
+    from molora_runtime.model.lora_context import LoRAContext
+    from molora_runtime.model.slot_buffers import LoRABuffers
 
     x, A, B, ids, w = _case(64, 2, 9, 16, 512, 512, torch.float32, seed=3)
-    assert select_backend(x, A.shape[0], (A, B, w), None) == "triton"
-    _close(routed_lora(x, A, B, ids, w), routed_lora_segmented(x, A, B, ids, w), "dispatch")
-    grads = []
-    for fn in (routed_lora, routed_lora_segmented):
-        wg = w.clone().requires_grad_()
-        fn(x, A, B, ids, wg).square().sum().backward()
-        grads.append(wg.grad)
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-4)
+    assert isinstance(choose_backend(torch.device("cuda")), TritonBackend)
+    buf = LoRABuffers(A[:, None], B[:, None])
+    ctx = LoRAContext(ids, w, backend=TritonBackend())
+    got = ctx.add_lora(torch.zeros(64, 512, device="cuda"), x, buf, 0)
+    _close(got, routed_lora_segmented(x, A, B, ids, w), "backend")
+    wg = w.clone().requires_grad_()
+    ctx = LoRAContext(ids, wg, backend=TritonBackend())
+    ctx.add_lora(torch.zeros(64, 512, device="cuda"), x, buf, 0).square().sum().backward()
+    wt = w.clone().requires_grad_()
+    routed_lora_segmented(x, A, B, ids, wt).square().sum().backward()
+    torch.testing.assert_close(wg.grad, wt.grad, rtol=1e-4, atol=1e-4)

@@ -8,6 +8,7 @@ targets at all, and learned top-k routes (the table comes from the gates, per la
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,9 +16,11 @@ from kernel_cases import assert_matches
 
 from kernels.device_plan import build_device_plan
 from kernels.reference import routed_lora_dense
-from molora_runtime.model.group_buffers import GroupLoRABuffers
-from molora_runtime.model.layers import FusedLinear, LoRABuffers, LoRALinear
+from kernels.stacked import routed_lora_stacked, slot_gate
+from molora_runtime.model.layers import FusedLinear, LoRALinear
+from molora_runtime.model.lora_backend import LoRABackend, ReferenceBackend, StackedBackend
 from molora_runtime.model.lora_context import GateTable, LoRAContext
+from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
 
 CPU = torch.device("cpu")
 
@@ -34,7 +37,9 @@ def _group(widths: list[int], d_in: int, layer: int, dtype: torch.dtype, g: torc
     return fused
 
 
-def _learned_ctx(slot_ids, weights, S: int, L: int, d: int, g: torch.Generator) -> LoRAContext:
+def _learned_ctx(
+    slot_ids, weights, S: int, L: int, d: int, g: torch.Generator, backend: LoRABackend
+) -> LoRAContext:
     T, W = slot_ids.shape
     C, K = 2, 3
     gates = GateTable(
@@ -46,6 +51,7 @@ def _learned_ctx(slot_ids, weights, S: int, L: int, d: int, g: torch.Generator) 
     return LoRAContext(
         slot_ids=slot_ids,
         weights=weights,
+        backend=backend,
         comp_idx=torch.randint(-1, C, (T,), generator=g),
         gates=gates,
         top_k=torch.randint(1, W + 1, (T,), generator=g),
@@ -88,15 +94,16 @@ def test_fused_group_delta_matches_per_projection_twin(
     weights = torch.rand(T, W, generator=g) * 2 - 0.5
     learned = data.draw(st.booleans())
 
-    def context() -> LoRAContext:
+    def context(backend: LoRABackend) -> LoRAContext:
         if learned:
-            ctx = _learned_ctx(slot_ids, weights, S, L, d_in, torch.Generator().manual_seed(seed))
+            gen = torch.Generator().manual_seed(seed)
+            ctx = _learned_ctx(slot_ids, weights, S, L, d_in, gen, backend)
         else:
-            ctx = LoRAContext(slot_ids=slot_ids, weights=weights)
+            ctx = LoRAContext(slot_ids=slot_ids, weights=weights, backend=backend)
         ctx.begin_layer(layer, x)
         return ctx
 
-    table = context()
+    table = context(ReferenceBackend())
     want = []
     for i in range(n):
         fused = _group(widths, d_in, layer, dtype, torch.Generator().manual_seed(seed))
@@ -106,9 +113,10 @@ def test_fused_group_delta_matches_per_projection_twin(
             base = base + routed_lora_dense(x, Ad, Bd, table.slot_ids, table.weights).float()
         want.append(base.to(dtype))
 
-    # 1. stacked group layout: one shrink + one expand into the fused output
+    # 1. stacked group layout (CPU): one shrink, then each member's expand into the fused
+    # output, with plain GEMMs and on packed copies of the slot range
     fused = _group(widths, d_in, layer, dtype, torch.Generator().manual_seed(seed))
-    group = GroupLoRABuffers(S, L, r, d_in, widths, targeted, dtype, CPU)
+    group = GroupBuffers.stacked_group(S, L, r, d_in, widths, targeted, dtype, CPU)
     for i, member in enumerate(group.members):
         fused.members[i].lora = member
         if member is None:
@@ -118,36 +126,37 @@ def test_fused_group_delta_matches_per_projection_twin(
             if hits[s][i]:
                 member.write(s, layer, A[i][s], B[i][s])
     fused.lora = group
-    ctx = context()
-    ctx.stacked_slots = (1, S - 1)
-    for got, w in zip(fused(x, ctx), want, strict=True):
-        assert_matches(got, w)
-    # 2. same buffers, no stacked range: per-member planned path
-    for got, w in zip(fused(x, context()), want, strict=True):
-        assert_matches(got, w)
-    # 3. kernel layout (CUDA / training): one multi-output routed LoRA
-    fused.lora = None
+    for backend in (StackedBackend(packed=False), StackedBackend(packed=True)):
+        ctx = context(backend)
+        ctx.stacked_slots = (1, S - 1)
+        for got, w in zip(fused(x, ctx), want, strict=True):
+            assert_matches(got, w)
+    # 2. kernel layout (CUDA / training): the reference twin per targeted member
+    members: list[LoRABuffers | None] = []
     for i, m in enumerate(fused.members):
+        buf = None
         if targeted[i]:
             buf = LoRABuffers.allocate(S, L, r, d_in, widths[i], dtype, CPU, stacked=False)
             for s in range(S):
                 buf.write(s, layer, A[i][s], B[i][s])
-            m.lora = buf
-        else:
-            m.lora = None
-    for got, w in zip(fused(x, context()), want, strict=True):
+        m.lora = buf
+        members.append(buf)
+    fused.lora = GroupBuffers(members, widths)
+    for got, w in zip(fused(x, context(ReferenceBackend())), want, strict=True):
         assert_matches(got, w)
 
 
 def test_group_slot_clear_leaves_other_members_and_slots() -> None:
     """Clearing one slot through a member view zeroes exactly that member's block of it."""
-    group = GroupLoRABuffers(3, 2, 2, 4, [5, 3, 3], [True, False, True], torch.float32, CPU)
+    group = GroupBuffers.stacked_group(
+        3, 2, 2, 4, [5, 3, 3], [True, False, True], torch.float32, CPU
+    )
     for m in group.members:
         if m is not None:
             for s in range(3):
                 m.write(s, 1, torch.ones(2, 4), torch.ones(m.B.shape[-1], 2))
     assert group.members[1] is None
-    assert [c for _, c in group.member_pairs(1, 0, 3)] == [0, 8]  # no block for the untargeted
+    assert [c for _, c in group.slot_views(1, 0, 3)[1]] == [0, 8]  # no block for the untargeted
     group.members[0].clear_slot(1)  # type: ignore[union-attr]
     assert not group.A[:, 1, :2].any() and group.A[1, 1, 2:].all()
     assert group.A[1, 2].all()
@@ -175,55 +184,53 @@ def test_triton_with_device_plan_matches_without() -> None:
 
 
 def test_group_block_pair_adds_what_the_per_member_expand_adds() -> None:
-    """The block-structured pair a group hands the packed (bf16 oneDNN) path is the same delta
-    as its own per-member expand, on any CPU (the packed path itself needs bf16 hardware)."""
-    from kernels.stacked import routed_lora_stacked, slot_weight_matrix
-
+    """The block-structured pair a group hands the packed backend is the same delta as its own
+    per-member expand."""
     g = torch.Generator().manual_seed(3)
-    group = GroupLoRABuffers(4, 2, 3, 10, [6, 2, 5], [True, False, True], torch.float32, CPU)
+    group = GroupBuffers.stacked_group(
+        4, 2, 3, 10, [6, 2, 5], [True, False, True], torch.float32, CPU
+    )
     for m in group.members:
         if m is not None:
             for s in range(1, 4):
-                m.write(
-                    s,
-                    1,
-                    torch.randn(3, 10, generator=g),
-                    torch.randn(m.B.shape[-1], 3, generator=g),
-                )
+                a, b = torch.randn(3, 10, generator=g), torch.randn(m.width, 3, generator=g)
+                m.write(s, 1, a, b)
     x = torch.randn(7, 10, generator=g)
     ids = torch.randint(0, 4, (7, 1), generator=g)
-    expanded = slot_weight_matrix(ids, torch.rand(7, 1, generator=g), 1, 3, group.rank)
-    A_flat, block = group.stacked_pair(1, 1, 3)
-    want = routed_lora_stacked(x, A_flat, block, expanded, torch.zeros(7, 13))
-    got = group.add_stacked_delta(x, torch.zeros(7, 13), 1, 1, 3, expanded)
+    w = torch.rand(7, 1, generator=g)
+    A_flat, block = group.block_pair(1, 1, 3)
+    want = routed_lora_stacked(
+        x, A_flat, block, slot_gate(ids, w, 1, 3, group.rank), torch.zeros(7, 13)
+    )
+    ctx = LoRAContext(ids, w, backend=StackedBackend(packed=False), stacked_slots=(1, 3))
+    got = ctx.add_lora(torch.zeros(7, 13), x, group, 1)
     assert_matches(got, want)
     assert got[:, 6:8].abs().sum() == 0 and got[:, :6].abs().sum() > 0
 
 
-def test_stacked_deltas_see_slots_written_after_their_views_were_cached() -> None:
-    """A member's and a group's stacked delta keep their slot-range views between steps; an
-    adapter loaded into a slot afterwards must still be what the next step multiplies."""
-    from kernels.stacked import slot_weight_matrix
-
+@pytest.mark.parametrize("packed", [False, True])
+def test_stacked_deltas_see_slots_written_after_their_views_were_cached(packed: bool) -> None:
+    """A member's and a group's stacked delta keep their slot-range views (and packed copies)
+    between steps; an adapter loaded into a slot afterwards must be what the next step uses."""
     g = torch.Generator().manual_seed(5)
-    group = GroupLoRABuffers(4, 2, 3, 10, [6, 2, 5], [True, False, True], torch.float32, CPU)
+    group = GroupBuffers.stacked_group(
+        4, 2, 3, 10, [6, 2, 5], [True, False, True], torch.float32, CPU
+    )
     single = LoRABuffers.allocate(4, 2, 3, 10, 7, torch.float32, CPU, stacked=True)
     x = torch.randn(5, 10, generator=g)
     ids = torch.tensor([[1], [2], [3], [2], [1]])
     w = torch.ones(5, 1)
+    backend = StackedBackend(packed=packed)
 
     def deltas() -> tuple[torch.Tensor, torch.Tensor]:
-        ew = slot_weight_matrix(ids, w, 1, 3, group.rank)
-        got_group = group.add_stacked_delta(x, torch.zeros(5, 13), 1, 1, 3, ew)
-        ew = slot_weight_matrix(ids, w, 1, 3, single.rank)
-        return got_group, single.add_stacked_delta(x, torch.zeros(5, 7), 1, 1, 3, ew)
+        ctx = LoRAContext(ids, w, backend=backend, stacked_slots=(1, 3))
+        got_group = ctx.add_lora(torch.zeros(5, 13), x, group, 1)
+        return got_group, ctx.add_lora(torch.zeros(5, 7), x, single, 1)
 
     assert all(d.abs().sum() == 0 for d in deltas())  # empty slots: views cached here
     for s in (1, 2, 3):
         for m in [*(m for m in group.members if m is not None), single]:
-            m.write(
-                s, 1, torch.randn(3, 10, generator=g), torch.randn(m.B.shape[-1], 3, generator=g)
-            )
+            m.write(s, 1, torch.randn(3, 10, generator=g), torch.randn(m.width, 3, generator=g))
     got_group, got_single = deltas()
     A, B = single.kernel_pair(1)
     assert_matches(got_single, routed_lora_dense(x, A, B, ids, w))

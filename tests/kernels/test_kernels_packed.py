@@ -1,5 +1,5 @@
-"""The packed CPU delta (`packed_linear.routed_lora_packed`) equals its twin, the stacked delta
-(`kernels.stacked`), over random shapes; packed copies follow every write to the slot buffers."""
+"""The packed stacked backend equals its twin, the plain stacked backend (`kernels.stacked`),
+over random shapes; packed copies follow every write to the slot buffers."""
 
 from __future__ import annotations
 
@@ -9,20 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_cases import TOLERANCES
 
-from kernels.stacked import routed_lora_stacked, slot_weight_matrix
-from molora_runtime.model.group_buffers import GroupLoRABuffers
-from molora_runtime.model.layers import LoRABuffers, stacked_delta
-from molora_runtime.model.packed_linear import (
-    pack_weight,
-    packed_ready,
-    routed_lora_packed,
-)
+from molora_runtime.model.lora_backend import StackedBackend, choose_backend
+from molora_runtime.model.lora_context import LoRAContext
+from molora_runtime.model.packed_linear import pack_weight
+from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
 
 BF16 = torch.bfloat16
+CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
     pack_weight(torch.zeros(8, 8, dtype=BF16)) is None,
     reason="no bf16 packing (panels or oneDNN) here",
 )
+PLAIN, PACKED = StackedBackend(packed=False), StackedBackend(packed=True)
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -34,7 +32,7 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 def _buffers(S: int, L: int, r: int, d_in: int, d_out: int, seed: int) -> LoRABuffers:
     g = torch.Generator().manual_seed(seed)
-    buf = LoRABuffers.allocate(S, L, r, d_in, d_out, BF16, torch.device("cpu"), stacked=True)
+    buf = LoRABuffers.allocate(S, L, r, d_in, d_out, BF16, CPU, stacked=True)
     for slot in range(1, S):
         for layer in range(L):
             a = (torch.randn(r, d_in, generator=g) / d_in**0.5).to(BF16)
@@ -43,10 +41,10 @@ def _buffers(S: int, L: int, r: int, d_in: int, d_out: int, seed: int) -> LoRABu
     return buf
 
 
-def _routing(T: int, S: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _ctx(T: int, S: int, seed: int, first: int, count: int) -> LoRAContext:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(-1, S, (T, 2), generator=g)
-    return ids, torch.rand(T, 2, generator=g)
+    return LoRAContext(ids, torch.rand(T, 2, generator=g), PLAIN, stacked_slots=(first, count))
 
 
 @settings(max_examples=40, deadline=None)
@@ -65,63 +63,48 @@ def test_packed_matches_stacked_over_a_slot_range(
     buf = _buffers(S, 2, r, d_in, d_out, seed)
     first = data.draw(st.integers(1, S - 1))
     count = data.draw(st.integers(1, S - first))
-    ids, weights = _routing(T, S, seed)
-    expanded = slot_weight_matrix(ids, weights, first, count, r)
+    ctx = _ctx(T, S, seed, first, count)
     x = torch.randn(T, d_in, generator=torch.Generator().manual_seed(seed + 1)).to(BF16)
-    base = torch.randn(T, d_out * 2, generator=torch.Generator().manual_seed(seed + 2)).to(BF16)
-    want, got = base.clone(), base.clone()
-    a_flat, bt_flat = buf.stacked_pair(1, first, count)
-    routed_lora_stacked(x, a_flat, bt_flat, expanded, out=want[:, :d_out])  # a strided view
-    packed = buf.packed_pairs.get(buf.A, buf.B, (1, first, count), lambda: (a_flat, bt_flat))
-    assert packed is not None
-    routed_lora_packed(x, packed[0], packed[1], expanded, out=got[:, :d_out])
-    assert torch.equal(got[:, d_out:], base[:, d_out:])  # only the view's columns change
+    base = torch.randn(T, d_out, generator=torch.Generator().manual_seed(seed + 2)).to(BF16)
+    with torch.inference_mode():
+        want = PLAIN.add(base.clone(), x, buf, 1, ctx)
+        got = PACKED.add(base.clone(), x, buf, 1, ctx)
     _close(got, want)
 
 
 def test_packed_copies_follow_writes_and_clears() -> None:
     S, r, d_in, d_out, T = 4, 8, 64, 96, 6
     buf = _buffers(S, 1, r, d_in, d_out, seed=3)
-    ids, weights = _routing(T, S, seed=4)
-    ids[:, 0] = 2  # every token uses slot 2
-    expanded = slot_weight_matrix(ids, weights, 1, S - 1, r)
+    ctx = _ctx(T, S, 4, 1, S - 1)
+    ctx.slot_ids[:, 0] = 2  # every token uses slot 2
     x = torch.randn(T, d_in).to(BF16)
 
-    def delta() -> torch.Tensor:
-        out = torch.zeros(T, d_out, dtype=BF16)
-        stacked_delta(buf, x, out, 0, (1, S - 1, expanded))
-        return out.float()
+    def delta(backend: StackedBackend) -> torch.Tensor:
+        return backend.add(torch.zeros(T, d_out, dtype=BF16), x, buf, 0, ctx).float()
 
-    def reference() -> torch.Tensor:
-        out = torch.zeros(T, d_out, dtype=BF16)
-        a_flat, bt_flat = buf.stacked_pair(0, 1, S - 1)
-        return routed_lora_stacked(x, a_flat, bt_flat, expanded, out=out).float()
-
-    with torch.no_grad():
-        first = delta()
-        _close(first, reference())
+    with torch.inference_mode():
+        first = delta(PACKED)
+        _close(first, delta(PLAIN))
         buf.write(2, 0, torch.ones(r, d_in, dtype=BF16), torch.ones(d_out, r, dtype=BF16))
-        after_write = delta()
+        after_write = delta(PACKED)
         assert not torch.allclose(after_write, first)
-        _close(after_write, reference())
+        _close(after_write, delta(PLAIN))
         for slot in range(1, S):
             buf.clear_slot(slot)
-        assert not delta().any()  # cleared slots: no delta, not a stale packed copy
+        assert not delta(PACKED).any()  # cleared slots: no delta, not a stale packed copy
 
 
 def test_group_members_writes_reach_the_groups_packed_copies() -> None:
     # A fused group's members write through views of the group's tensors; the group's packed
     # copies must see those writes (views share their base's version counter).
-    group = GroupLoRABuffers(3, 1, 4, 32, [16, 8], [True, True], BF16, torch.device("cpu"))
+    group = GroupBuffers.stacked_group(3, 1, 4, 32, [16, 8], [True, True], BF16, CPU)
     x = torch.randn(5, 32).to(BF16)
-    ids = torch.full((5, 1), 1)
-    expanded = slot_weight_matrix(ids, torch.ones(5, 1), 1, 2, group.rank)
+    ctx = LoRAContext(torch.full((5, 1), 1), torch.ones(5, 1), PACKED, stacked_slots=(1, 2))
 
     def delta() -> torch.Tensor:
-        out = torch.zeros(5, 24, dtype=BF16)
-        return stacked_delta(group, x, out, 0, (1, 2, expanded)).float()
+        return ctx.add_lora(torch.zeros(5, 24, dtype=BF16), x, group, 0).float()
 
-    with torch.no_grad():
+    with torch.inference_mode():
         assert not delta().any()
         member = group.members[1]
         assert member is not None
@@ -130,11 +113,8 @@ def test_group_members_writes_reach_the_groups_packed_copies() -> None:
         assert not got[:, :16].any() and got[:, 16:].abs().min() > 0
 
 
-def test_packed_path_is_for_bf16_serving_only() -> None:
-    x = torch.randn(4, 8)
-    assert not packed_ready(x)  # fp32: MKL's plain small GEMMs are as fast
-    assert packed_ready(x.to(BF16))
-    grad = x.to(BF16).requires_grad_()
-    with torch.enable_grad():
-        assert not packed_ready(grad)  # training keeps autograd-aware GEMMs
-    assert not packed_ready(x.to(BF16)[None])
+def test_cpu_backend_is_one_of_the_two_stacked_candidates() -> None:
+    group = GroupBuffers.stacked_group(5, 1, 8, 64, [64, 32, 32], [True] * 3, BF16, CPU)
+    chosen = choose_backend(CPU, group)
+    assert isinstance(chosen, StackedBackend) and chosen.name in ("stacked", "stacked-packed")
+    assert choose_backend(torch.device("meta")).name == "reference"

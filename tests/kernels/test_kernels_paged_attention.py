@@ -1,5 +1,5 @@
-"""Paged decode attention: the twin equals dense attention over the un-paged K/V; the batched
-CPU path and the Triton kernel (interpreted, few small cases: every program runs in Python)
+"""Paged decode attention: the twin equals dense attention over the un-paged K/V; the runtime's
+CPU path (`paged_decode_tables`) and the Triton kernel (interpreted, few small cases: every program runs in Python)
 equal the twin."""
 
 from __future__ import annotations
@@ -17,12 +17,22 @@ from paged_cases import (
     unpaged,
 )
 
-from kernels.paged_attention import (
-    paged_decode_attention,
-    paged_decode_attention_reference,
-    paged_decode_attention_torch,
-    select_paged_backend,
-)
+from kernels.paged_attention import paged_decode_attention_reference
+from molora_runtime.model.paged_decode import paged_decode_tables
+
+
+def _triton(*args):
+    """The Triton kernel, imported after conftest set TRITON_INTERPRET=1."""
+    from kernels.triton_paged_attention import paged_decode_attention_triton
+
+    return paged_decode_attention_triton(*args)
+
+
+PATHS = {
+    "cpu": paged_decode_tables,
+    "reference": paged_decode_attention_reference,
+    "triton": _triton,
+}
 
 
 @settings(max_examples=40, deadline=None)
@@ -34,10 +44,10 @@ def test_twin_matches_dense_attention(params: dict) -> None:
 
 @settings(max_examples=120, deadline=None)
 @given(params=paged_params())
-def test_torch_path_matches_twin(params: dict) -> None:
+def test_cpu_path_matches_twin(params: dict) -> None:
     c = make_paged_case(**params)
     want = paged_decode_attention_reference(*c.args())
-    got = paged_decode_attention(*c.args())
+    got = paged_decode_tables(*c.args())
     assert_paged_close(got, want)
     assert not got[c.context_lens == 0].any(), "padding rows must be exactly zero"
 
@@ -80,7 +90,7 @@ def test_triton_smollm_heads_exact_multiples(block_size: int) -> None:
     c = make_paged_case(3, [1, 2 * block_size, 3, 0, 70], kv_heads=3, group=3, head_dim=64,
                         block_size=block_size)  # fmt: skip
     want = paged_decode_attention_reference(*c.args())
-    assert_paged_close(paged_decode_attention(*c.args(), backend="triton"), want)
+    assert_paged_close(_triton(*c.args()), want)
     from kernels.triton_paged_attention import paged_decode_attention_triton
 
     assert_paged_close(paged_decode_attention_triton(*c.args(), splits=3), want)
@@ -94,8 +104,8 @@ def test_strided_query_and_int64_tables() -> None:
     q = qkv[:, :4]
     want = paged_decode_attention_reference(*c.args())
     bt, lens = c.block_tables.long(), c.context_lens.long()
-    for backend in ("torch", "triton"):
-        got = paged_decode_attention(q, c.k_cache, c.v_cache, bt, lens, c.scale, backend=backend)
+    for backend in ("cpu", "triton"):
+        got = PATHS[backend](q, c.k_cache, c.v_cache, bt, lens, c.scale)
         assert_paged_close(got, want)
 
 
@@ -109,8 +119,8 @@ def test_unpaged_helper_and_mixed_cache_dtype() -> None:
     args = (c.q, kb, vb, c.block_tables, c.context_lens, c.scale)
     want = paged_decode_attention_reference(*args)
     assert want.dtype == torch.float32
-    torch.testing.assert_close(paged_decode_attention_torch(*args), want, rtol=3e-2, atol=3e-2)
-    got = paged_decode_attention(*args, backend="triton")
+    torch.testing.assert_close(paged_decode_tables(*args), want, rtol=3e-2, atol=3e-2)
+    got = _triton(*args)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -118,24 +128,20 @@ def test_unpaged_helper_and_mixed_cache_dtype() -> None:
 def test_all_padding_and_empty_batch(dtype: str) -> None:
     c = make_paged_case(0, [0, 0], kv_heads=2, group=1, head_dim=8, block_size=4,
                         dtype=PAGED_DTYPES[dtype])  # fmt: skip
-    for backend in ("torch", "reference", "triton"):
-        out = paged_decode_attention(*c.args(), backend=backend)
+    for path in PATHS.values():
+        out = path(*c.args())
         assert out.shape == c.q.shape and not out.any()
     e = make_paged_case(0, [], kv_heads=1, group=1, head_dim=8, block_size=4)
-    assert paged_decode_attention(*e.args()).shape == (0, 1, 8)
+    assert paged_decode_tables(*e.args()).shape == (0, 1, 8)
 
 
-def test_bad_inputs_and_backend_choice() -> None:
+@pytest.mark.parametrize("path", ["reference", "triton"])
+def test_bad_inputs(path: str) -> None:
     c = make_paged_case(0, [3], kv_heads=2, group=2, head_dim=8, block_size=4)
     with pytest.raises(ValueError, match="multiple"):
-        paged_decode_attention(c.q[:, :3], c.k_cache, c.v_cache, c.block_tables,
-                               c.context_lens, c.scale)  # fmt: skip
+        PATHS[path](c.q[:, :3], c.k_cache, c.v_cache, c.block_tables, c.context_lens, c.scale)
     with pytest.raises(ValueError, match="head dim"):
-        paged_decode_attention(c.q[..., :4], c.k_cache, c.v_cache, c.block_tables,
-                               c.context_lens, c.scale)  # fmt: skip
-    with pytest.raises(ValueError, match="unknown"):
-        paged_decode_attention(*c.args(), backend="flash")
-    assert select_paged_backend(c.q, None) == "torch"
+        PATHS[path](c.q[..., :4], c.k_cache, c.v_cache, c.block_tables, c.context_lens, c.scale)
 
 
 @given(st.integers(1, 3))
@@ -144,7 +150,7 @@ def test_scale_is_applied(mult: int) -> None:
     c = make_paged_case(4, [6, 9], kv_heads=1, group=3, head_dim=8, block_size=8)
     args = list(c.args())
     args[-1] = c.scale * mult
-    got = paged_decode_attention(*args)
+    got = paged_decode_tables(*args)
     assert_paged_close(got, paged_decode_attention_reference(*args))
 
 
@@ -175,7 +181,7 @@ def test_write_then_attend_equals_dense() -> None:
         write_paged_kv(k_cache, keys[p : p + 1], slot)
         write_paged_kv(v_cache, vals[p : p + 1], slot)
     q = torch.randn(1, 4, d, generator=g)
-    got = paged_decode_attention(q, k_cache, v_cache, table, torch.tensor([n]), 0.3)
+    got = paged_decode_tables(q, k_cache, v_cache, table, torch.tensor([n]), 0.3)
     kk, vv = (
         keys.transpose(0, 1).repeat_interleave(2, 0),
         vals.transpose(0, 1).repeat_interleave(2, 0),

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_cases import assert_matches
 
-from kernels.stacked import routed_lora_stacked, routed_lora_stacked_group, slot_weight_matrix
+from kernels.stacked import routed_lora_stacked, routed_lora_stacked_group, slot_gate
 
 
 @settings(max_examples=40, deadline=None)
@@ -49,7 +49,7 @@ def test_group_expand_matches_block_structured_twin(
     first = 1 + int(torch.randint(0, 3, (1,), generator=g))
     slot_ids = torch.randint(-1, first + count + 2, (T, 2), generator=g)
     weights = torch.rand(T, 2, generator=g) * 2 - 0.5
-    expanded = slot_weight_matrix(slot_ids, weights, first, count, n * r).to(dtype)
+    expanded = slot_gate(slot_ids, weights, first, count, n * r, dtype)
     base = torch.randn(T, D, generator=g).to(dtype)
 
     want = routed_lora_stacked(x, A_flat, block.reshape(count * n * r, D), expanded, base.clone())
@@ -73,7 +73,7 @@ def test_group_expand_differentiates_like_its_twin() -> None:
     block[:, :r, :5] = member_Bt[0].view(count, r, -1)
     block[:, r:, 5:] = member_Bt[1].view(count, r, -1)
     slot_ids = torch.randint(0, count + 2, (6, 1), generator=g)
-    expanded = slot_weight_matrix(slot_ids, torch.rand(6, 1, generator=g), 1, count, n * r)
+    expanded = slot_gate(slot_ids, torch.rand(6, 1, generator=g), 1, count, n * r)
     x = torch.randn(6, d_in, generator=g)
     grads = []
     for group in (True, False):

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_cases import assert_matches, case_params, make_case
 
-from kernels import routed_lora, routed_lora_multi
 from kernels.reference import routed_lora_dense
 
 
@@ -87,10 +86,26 @@ def test_empty_batch_and_bad_input(triton_ops, mode: str) -> None:
         triton_ops.routed_lora_triton(big.x, big.A, big.B, big.slot_ids, big.weights, mode=mode)
 
 
-def test_dispatch_backend_triton_under_interpreter() -> None:
-    """`backend="triton"` reaches the kernels on CPU tensors when the interpreter is on."""
+def test_triton_backend_equals_the_reference_backend_under_interpreter() -> None:
+    """The engine's CUDA backend reaches the kernels on CPU tensors when the interpreter is on,
+    adding a fused group's deltas into its members' columns as the reference backend does."""
+    from molora_runtime.model.lora_backend import ReferenceBackend, TritonBackend
+    from molora_runtime.model.lora_context import LoRAContext
+    from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
+
     c = make_case(2, T=6, k=2, S=4, r=8, d_in=20, d_out=10)
-    want = routed_lora_dense(c.x, c.A, c.B, c.slot_ids, c.weights)
-    assert_matches(routed_lora(c.x, c.A, c.B, c.slot_ids, c.weights, backend="triton"), want)
-    (got,) = routed_lora_multi(c.x, [(c.A, c.B)], c.slot_ids, c.weights, backend="triton")
+    members: list[LoRABuffers | None] = []
+    for i in range(3):
+        buf = LoRABuffers.allocate(4, 1, 8, 20, 10, torch.float32, torch.device("cpu"), False)
+        for s in range(1, 4):
+            buf.write(s, 0, c.A[s] * (i + 1), c.B[s])
+        members.append(None if i == 1 else buf)
+    group = GroupBuffers(members, [10, 10, 10])
+    y = torch.randn(6, 30)
+    want = ReferenceBackend().add(
+        y.clone(), c.x, group, 0, LoRAContext(c.slot_ids, c.weights, None)
+    )
+    ctx = LoRAContext(c.slot_ids, c.weights, TritonBackend())
+    got = ctx.add_lora(y.clone(), c.x, group, 0)
     assert_matches(got, want)
+    assert torch.equal(got[:, 10:20], y[:, 10:20])  # the untargeted member's columns

@@ -73,15 +73,14 @@ async def test_closing_the_stream_frees_row_and_refs(tiny_async) -> None:
             got += len(out.new_token_ids)
             assert any(s.request_id == "x" for s in core.running)
             assert blocks.num_used == 1  # 4 prompt tokens + a few outputs: one block
-            assert any(s.refs > 0 for s in core.hot_set._slots)
+            assert core.hot_set.in_use()
             if got >= 3:
                 break
         await gen.aclose()
         await _wait_idle(eng)
         assert not core.running and not core.waiting
         assert blocks.num_used == 0 and blocks.num_free == blocks.num_blocks
-        assert all(s.refs == 0 for s in core.hot_set._slots)
-        assert all(s.refs == 0 for s in core.hot_set._comp_slots)
+        assert not core.hot_set.in_use()
         assert eng.stats().running == 0 and eng.stats().waiting == 0
     # the engine still serves afterwards
     outs = [o async for o in eng.generate(request("z", [5, 6], "a", 3))]

@@ -142,8 +142,7 @@ def _assert_undisturbed(engine, results, clean) -> None:
         assert results[rid]["tokens"] == clean[rid], rid
         assert results[rid]["reason"] == "length"
     assert engine.block_manager.num_free == engine.block_manager.num_blocks
-    assert all(s.refs == 0 for s in engine.hot_set._slots)
-    assert all(s.refs == 0 for s in engine.hot_set._comp_slots)
+    assert not engine.hot_set.in_use()
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -82,7 +82,7 @@ def test_join_and_leave_mid_decode(tiny_engine_factory, alone) -> None:
         assert got[f"r{i}"]["tokens"] == alone[i], f"request {i} route {ROUTES[i]}"
         assert got[f"r{i}"]["finish_reason"] == "length"
     assert engine.block_manager.num_free == engine.block_manager.num_blocks
-    assert all(s.refs == 0 for s in engine.hot_set._slots)
+    assert not engine.hot_set.in_use()
 
 
 def test_abort_mid_decode_does_not_disturb_others(tiny_engine_factory, alone) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from molora_runtime.engine.async_engine import AsyncEngine
 from molora_runtime.engine.isolation import sample_isolated
@@ -33,14 +32,18 @@ GOOD = GOOD_ROUTES
 
 @pytest.fixture(scope="module")
 def huge(tiny_adapters: dict[str, Path], tmp_path_factory) -> Path:
-    """Adapter `a` with every B scaled by 1e36: finite on disk, Inf/NaN in the forward."""
+    """A copy of adapter `a` under its own name; the test makes its slot's A Inf in place."""
     folder = tmp_path_factory.mktemp("huge") / "huge"
     shutil.copytree(tiny_adapters["a"], folder)
-    tensors = load_file(str(folder / WEIGHTS))
-    save_file(
-        {k: v * 1e36 if "lora_B" in k else v for k, v in tensors.items()}, str(folder / WEIGHTS)
-    )
     return folder
+
+
+def _poison(engine, name: str) -> None:
+    """Make the shrink of `name`'s slot Inf, as a corrupted slot would (writes are bounded, so
+    no adapter file can do this): its own rows' logits go non-finite, no other row reads it."""
+    slot = engine.hot_set.ensure([name])[name]
+    for buf in engine.hot_set.slots.buffers.values():
+        (buf.A[:, slot] if buf.stacked else buf.A[slot]).fill_(float("inf"))
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +74,7 @@ def _assert_clean(engine, results, alone) -> None:
         assert results[rid]["finish_reason"] == "length"
         assert results[rid]["error"] is None
     assert engine.block_manager.num_free == engine.block_manager.num_blocks
-    assert all(s.refs == 0 for s in engine.hot_set._slots)
-    assert all(s.refs == 0 for s in engine.hot_set._comp_slots)
+    assert not engine.hot_set.in_use()
     assert not engine.running and not engine.waiting
 
 
@@ -108,6 +110,7 @@ def _run(engine, bad: list[GenerationRequest], at_step: int = 3) -> dict[str, di
 
 def test_non_finite_logits_fail_only_their_sequence(factory, alone) -> None:
     engine = factory()
+    _poison(engine, "huge")
     bad = [request("bad", [1, 2, 3, 4], "huge", 10)]
     results = _run(engine, bad)
     assert results["bad"]["finish_reason"] == "error"
@@ -176,6 +179,7 @@ async def test_async_loop_survives_and_hides_other_errors(
 
         bad = request("bad-vocab", [4, 5, 6], _unchecked_vocab(2**63), 10)
         eng.engine.validate_request = lambda req: list(req.prompt_token_ids)  # let it through
+        _poison(eng.engine, "huge")  # the loop is idle: nothing else touches the hot-set yet
         reqs = [*_good_requests(), request("bad-nan", [1, 2, 3], "huge", 10), bad]
         streams = await asyncio.gather(*(consume(r) for r in reqs))
         by_id = {outs[-1].request_id: outs for outs in streams}

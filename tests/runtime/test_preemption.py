@@ -57,7 +57,7 @@ def test_preemption_under_a_tight_budget_keeps_greedy_tokens(tiny_engine_factory
     stats = tight.stats().kv
     assert stats.preemptions > 0
     assert max(peak) <= 12 and stats.blocks_used == 0
-    assert all(s.refs == 0 for s in tight.hot_set._slots)
+    assert not tight.hot_set.in_use()
 
 
 def test_max_num_seqs_is_independent_of_max_model_len(tiny_engine_factory, reqs) -> None:
