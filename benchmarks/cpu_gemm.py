@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.lscpu import lscpu
+from benchmarks.machine import machine_info
 from benchmarks.report import write_json
 from kernels import gemm_chooser
 from molora_runtime.model.packed_linear import (
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     result = {
-        "cpu": lscpu(),
+        "cpu": machine_info(),
         "threads": args.threads,
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
