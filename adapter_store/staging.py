@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
+import time
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from adapter_store.backends.base import Backend, ObjectExistsError
 from adapter_store.errors import IntegrityError, StoreError, VersionExistsError
 from adapter_store.layout import MANIFEST, AnyManifest, version_dir
-from adapter_store.manifest import FileEntry, dump_manifest
+from adapter_store.manifest import FileEntry, dump_manifest, utcnow
+from adapter_store.validate import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +77,29 @@ class StagedPublish:
             self.backend.delete(self.uploaded)
         except StoreError as exc:  # the store went away: say what is left behind
             log.error("could not remove partial upload %s: %s", self.uploaded, exc)
+
+
+def file_entries(files: list[Path]) -> tuple[list[FileEntry], dict[str, Path]]:
+    """Each file's manifest entry (name, sha256, size), and where to upload it from."""
+    entries = [FileEntry(path=p.name, sha256=sha256_file(p), size=p.stat().st_size) for p in files]
+    return entries, {p.name: p for p in files}
+
+
+def new_blob_dir() -> str:
+    """A fresh folder name per publish, so a losing concurrent publish never touches the winner's."""
+    return f"u-{int(time.time() * 1000):x}-{secrets.token_hex(6)}"
+
+
+def manifest_fields(
+    name: str,
+    version: str,
+    entries: list[FileEntry],
+    description: str | None,
+    tags: list[str] | None,
+    tenant: str | None,
+) -> dict[str, Any]:
+    """The manifest fields every kind shares, with a fresh blob folder and timestamp."""
+    return {
+        "name": name, "version": version, "files": entries, "blob_dir": new_blob_dir(),
+        "created": utcnow(), "description": description, "tags": tags or [], "tenant": tenant,
+    }  # fmt: skip

@@ -16,10 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -42,12 +40,16 @@ from adapter_store.manifest import (
     utcnow,
 )
 from adapter_store.names import Kind, check_name, check_tenant, check_version, parse_ref
-from adapter_store.staging import HashingWriter, StagedPublish
+from adapter_store.staging import (
+    HashingWriter,
+    StagedPublish,
+    file_entries,
+    manifest_fields,
+)
 from adapter_store.validate import (
     COMPOSITION_CONFIG,
     DEFAULT_MAX_BYTES,
     read_composition,
-    sha256_file,
     validate_adapter,
     validate_stored,
 )
@@ -248,32 +250,6 @@ class Registry:
             raise
         return staged
 
-    @staticmethod
-    def _entries(files: list[Path]) -> tuple[list[FileEntry], dict[str, Path]]:
-        entries = [
-            FileEntry(path=p.name, sha256=sha256_file(p), size=p.stat().st_size) for p in files
-        ]
-        return entries, {p.name: p for p in files}
-
-    @staticmethod
-    def _blob_dir() -> str:
-        return f"u-{int(time.time() * 1000):x}-{secrets.token_hex(6)}"
-
-    def _common(
-        self,
-        name: str,
-        version: str,
-        entries: list[FileEntry],
-        description: str | None,
-        tags: list[str] | None,
-        tenant: str | None,
-    ) -> dict[str, Any]:
-        """The manifest fields every kind shares, with a fresh blob folder and timestamp."""
-        return {
-            "name": name, "version": version, "files": entries, "blob_dir": self._blob_dir(),
-            "created": utcnow(), "description": description, "tags": tags or [], "tenant": tenant,
-        }  # fmt: skip
-
     def _check_free(self, kind: Kind, name: str, version: str, tenant: str | None) -> None:
         """The version is new and the name's owner (public or a tenant) is `tenant`."""
         self._check_new(kind, name, version)
@@ -300,8 +276,8 @@ class Registry:
                 "adapter_config.json names no base_model_name_or_path: pass --base-model"
             )
         self._check_free("adapter", name, version, tenant)
-        entries, sources = self._entries(info.files)
-        common = self._common(name, version, entries, description, tags, tenant)
+        entries, sources = file_entries(info.files)
+        common = manifest_fields(name, version, entries, description, tags, tenant)
         manifest = AdapterManifest(
             **common, base_model=base, base_model_fingerprint=info.base_model_fingerprint,
             base_model_identity=info.base_model_identity, rank=info.rank, alpha=info.alpha,
@@ -361,8 +337,8 @@ class Registry:
                 json.dumps(cfg.model_dump() | {"adapters": pinned}, indent=2) + "\n"
             )
             files = [stored_cfg if p.name == COMPOSITION_CONFIG else p for p in files]
-            entries, sources = self._entries(files)
-            common = self._common(name, version, entries, description, tags, tenant)
+            entries, sources = file_entries(files)
+            common = manifest_fields(name, version, entries, description, tags, tenant)
             manifest = CompositionManifest(
                 **common, base_model=cfg.base_model, adapters=pinned, top_k=cfg.top_k,
                 temperature=cfg.temperature, num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,

@@ -47,11 +47,12 @@ def _legacy_publish(registry: Any, folder: Path, name: str) -> None:
     """Publish without the rulebook's checks: what a store written before the rules (or by
     another tool) may hold. Checksums are real, so only the runtime can refuse it."""
     from adapter_store.manifest import AdapterManifest, utcnow
+    from adapter_store.staging import file_entries, new_blob_dir
 
     files = sorted(p for p in folder.iterdir() if p.is_file())
-    entries, sources = registry._entries(files)
+    entries, sources = file_entries(files)
     manifest = AdapterManifest(
-        name=name, version="v1", base_model="tiny", files=entries, blob_dir=registry._blob_dir(),
+        name=name, version="v1", base_model="tiny", files=entries, blob_dir=new_blob_dir(),
         created=utcnow(), rank=4, alpha=8.0, target_modules=["q_proj"], num_layers=2, dtype="F32",
     )  # fmt: skip
     registry._upload(manifest, sources, None).commit()
