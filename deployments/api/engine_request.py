@@ -15,6 +15,32 @@ from molora_runtime.engine.types import GenerationRequest, SamplingParams
 
 Body = CompletionRequest | ChatCompletionRequest
 
+# Echoed prompt logprob entries one request may ask for, prompt length counted in characters
+# (or token ids): each entry is a token's text and logprob plus its top alternatives, and every
+# choice carries all of them at once.
+MAX_ECHO_LOGPROB_ENTRIES = 2_000_000
+
+
+def check_echo_size(body: Body) -> None:
+    """A 400 for `echo` x `logprobs` x choices too large to send back."""
+    if not isinstance(body, CompletionRequest) or not body.echo or body.logprobs is None:
+        return
+    prompt = body.prompt
+    units = (
+        len(prompt)
+        if isinstance(prompt, str)
+        else sum(len(p) if isinstance(p, str) else 1 for p in prompt)
+    )
+    entries = choices_asked(body)[1] * (body.logprobs + 1) * units
+    if entries > MAX_ECHO_LOGPROB_ENTRIES:
+        raise ApiError(
+            400,
+            f"echo with logprobs={body.logprobs} over a {units}-character prompt for "
+            f"{choices_asked(body)[1]} choices asks ~{entries} prompt logprob entries, over "
+            f"{MAX_ECHO_LOGPROB_ENTRIES}: lower logprobs, n/best_of or the prompt",
+            "logprobs",
+        )
+
 
 def logprobs_asked(body: Body) -> int | None:
     """Top alternatives the engine reports; best_of > n needs the sampled token's logprob

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from deployments.access.auth import Principal
 from deployments.access.gate import Access, AccessError
 from deployments.access.gate import error_response as access_error_response
-from deployments.api.engine_request import Body, engine_request
+from deployments.api.engine_request import Body, check_echo_size, engine_request
 from deployments.api.http_errors import ApiError, error_response, validation_message
 from deployments.api.images import ImagePartError, request_images
 from deployments.api.json_guard import BodyError, parse_body
@@ -57,6 +57,7 @@ class RequestHandler:
         try:
             principal = await self.access.authenticate(request)
             body = await self.parse(request, chat)
+            check_echo_size(body)
             max_tokens = body.requested_max_tokens() or self.cfg.server.default_max_tokens
             # Every choice may run to max_tokens: the token quota is charged for all of them.
             end = self.access.admit(principal, max_tokens * choices_asked(body)[1])

@@ -32,10 +32,13 @@ from deployments.replica.heap import GcPauseMeter
 from deployments.replica.scheduling import compute_at_normal_policy
 from deployments.replica.stream_channel import Outboxes
 from deployments.replica.wire import (
+    ITEM_BYTES,
     DeltaItem,
+    ErrorItem,
     InfoItem,
     TokenAttributionItem,
     UsageItem,
+    approx_size,
     encode,
 )
 from molora_runtime.engine.types import (
@@ -73,6 +76,19 @@ def delta_item(out: GenerationOutput, index: int = 0, tokenizer: Any = None) -> 
         attribution=attribution,
         finish_reason=cast(Any, reason),
     )
+
+
+def bounded(item: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The item and its size, or a 400 for its own request when it is too large to send."""
+    size = approx_size(item)
+    if size <= ITEM_BYTES:
+        return item, size
+    error = ErrorItem(
+        status=400,
+        message=f"one response item would take ~{size} bytes, over the {ITEM_BYTES}-byte "
+        "limit: ask fewer logprobs, fewer choices or a shorter echoed prompt",
+    )
+    return encode(error), 0
 
 
 def use_assigned_cores() -> int:
@@ -199,10 +215,11 @@ class ModelReplica:
         ended = False  # the request's last item (usage or error) is out
         try:
             async with contextlib.aclosing(self._items(stream, info, len(reqs))) as items:
-                async for item in items:
+                async for raw in items:
+                    item, size = bounded(raw)
                     ended = item["type"] in ("usage", "error")
                     if routed:
-                        if not box.put(key, item):  # type: ignore[union-attr]
+                        if not box.put(key, item, size):  # type: ignore[union-attr]
                             return  # the channel is gone (its router too): abort
                     else:
                         yield item
