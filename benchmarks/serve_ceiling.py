@@ -180,7 +180,8 @@ def run_vllm(python: Path, tiny: Path, work: Path, cells: list[int]) -> dict[str
 
 def run_molora(tiny: Path, work: Path, cells: list[int]) -> dict[str, Any]:
     log = work / "molora.log"
-    proc = start_molora(molora_config(tiny, work / "molora.yaml"), log)
+    # A cluster of its own: `serve run` would otherwise join any Ray cluster on the box.
+    proc = start_molora(molora_config(tiny, work / "molora.yaml"), log, {"RAY_ADDRESS": "local"})
     try:
         out = serve_cells("molora", proc, MOLORA_PORT, cells)
     finally:
