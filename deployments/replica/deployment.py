@@ -29,13 +29,17 @@ from deployments.ops import metrics
 from deployments.placement.affinity import base_name
 from deployments.replica.choices import choice_requests, merged_choices
 from deployments.replica.heap import GcPauseMeter
+from deployments.replica.replica_metrics import ReplicaMetrics
 from deployments.replica.scheduling import compute_at_normal_policy
 from deployments.replica.stream_channel import Outboxes
 from deployments.replica.wire import (
+    ITEM_BYTES,
     DeltaItem,
+    ErrorItem,
     InfoItem,
     TokenAttributionItem,
     UsageItem,
+    approx_size,
     encode,
 )
 from molora_runtime.engine.types import (
@@ -47,8 +51,6 @@ from molora_runtime.errors import EngineStoppedError
 from molora_runtime.lora.tiers import ResidencyReport, residency_counts
 
 logger = logging.getLogger("ray.serve")
-
-METRICS_PERIOD_S = 1.0
 
 
 def delta_item(out: GenerationOutput, index: int = 0, tokenizer: Any = None) -> DeltaItem:
@@ -73,6 +75,19 @@ def delta_item(out: GenerationOutput, index: int = 0, tokenizer: Any = None) -> 
         attribution=attribution,
         finish_reason=cast(Any, reason),
     )
+
+
+def bounded(item: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The item and its size, or a 400 for its own request when it is too large to send."""
+    size = approx_size(item)
+    if size <= ITEM_BYTES:
+        return item, size
+    error = ErrorItem(
+        status=400,
+        message=f"one response item would take ~{size} bytes, over the {ITEM_BYTES}-byte "
+        "limit: ask fewer logprobs, fewer choices or a shorter echoed prompt",
+    )
+    return encode(error), 0
 
 
 def use_assigned_cores() -> int:
@@ -171,9 +186,8 @@ class ModelReplica:
             self._replica_id = "local"
         self._stopped: str | None = None
         self._outboxes = Outboxes()
-        self._last_counters: dict[str, int] = {}
-        self._experts: dict[str, list[str]] = {}
-        self._metrics_task = asyncio.get_running_loop().create_task(self._export_metrics())
+        self._metrics = ReplicaMetrics(self._engine, self._source)
+        self._metrics_task = asyncio.get_running_loop().create_task(self._metrics.run())
         self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
 
     # -- serving ----------------------------------------------------------------------------
@@ -212,10 +226,11 @@ class ModelReplica:
         ended = False  # the request's last item (usage or error) is out
         try:
             async with contextlib.aclosing(self._items(stream, info, len(reqs))) as items:
-                async for item in items:
+                async for raw in items:
+                    item, size = bounded(raw)
                     ended = item["type"] in ("usage", "error")
                     if routed:
-                        if not box.put(key, item):  # type: ignore[union-attr]
+                        if not box.put(key, item, size):  # type: ignore[union-attr]
                             return  # the channel is gone (its router too): abort
                     else:
                         yield item
@@ -350,78 +365,3 @@ class ModelReplica:
         self._gc_meter.stop()
         with contextlib.suppress(Exception):
             await self._engine.shutdown()
-
-    # -- metrics ----------------------------------------------------------------------------
-
-    async def _export_metrics(self) -> None:
-        while True:
-            try:
-                self._export_once()
-            except Exception:
-                logger.debug("metric export failed", exc_info=True)
-            await asyncio.sleep(METRICS_PERIOD_S)
-
-    def _delta(self, key: str, value: int) -> int:
-        delta = value - self._last_counters.get(key, 0)
-        self._last_counters[key] = value
-        return max(0, delta)
-
-    def _export_once(self) -> None:
-        from deployments.ops import metric_names as names
-
-        stats = self._engine.stats()
-        metrics.queue_length().set(stats.waiting)
-        metrics.running().set(stats.running)
-        metrics.hotset_slots_used().set(stats.num_slots - stats.free_slots)
-        for name, value in (
-            (names.HOTSET_HITS, stats.hot_set_hits),
-            (names.HOTSET_MISSES, stats.hot_set_misses),
-            (names.HOTSET_EVICTIONS, stats.hot_set_evictions),
-            (names.HOTSET_LOADS, stats.hot_set_loads),
-        ):
-            if delta := self._delta(name, value):
-                metrics.hotset_counter(name).inc(delta)
-        for seconds in self._engine.pop_load_latencies():
-            metrics.hotset_load_latency().observe(seconds)
-        self._export_tiers()
-        self._export_gates(self._engine.pop_gate_stats())
-
-    def _export_tiers(self) -> None:
-        """Per-tier counters and bytes, residency counts and stage latencies: labels are
-        tier / state / stage names only, however many adapters there are."""
-        hot_set = self._engine.engine.hot_set
-        report = hot_set.tier_report()
-        for tier, counts in report.tiers.items():
-            for field, metric in metrics.TIER_COUNTERS.items():
-                if delta := self._delta(f"{metric}:{tier}", getattr(counts, field)):
-                    metrics.tier_counter(metric).inc(delta, tags={"tier": tier})
-            metrics.tier_bytes().set(counts.bytes, tags={"tier": tier})
-        for state, count in residency_counts(hot_set.residency()).items():
-            metrics.tier_adapters().set(count, tags={"state": state})
-        for stage, seconds in hot_set.stages.drain():
-            metrics.load_stage_latency().observe(seconds, tags={"stage": stage})
-
-    def _expert_names(self, composition: str) -> list[str]:
-        """Gate order of a composition's experts (read once from its composition.json)."""
-        if composition not in self._experts:
-            from molora_runtime.lora.composition import read_composition_config
-
-            folder = self._source.composition_path(composition)
-            self._experts[composition] = list(read_composition_config(composition, folder).adapters)
-        return self._experts[composition]
-
-    def _export_gates(self, gate_stats: dict[str, list[list[int]]]) -> None:
-        for composition, layers in gate_stats.items():
-            names = self._expert_names(composition)
-            for layer, counts in enumerate(layers):
-                for k, count in enumerate(counts):
-                    if count:
-                        adapter = base_name(names[k]) if k < len(names) else str(k)
-                        metrics.gate_tokens().inc(
-                            count,
-                            tags={
-                                "composition": composition,
-                                "layer": str(layer),
-                                "adapter": adapter,
-                            },
-                        )

@@ -4,6 +4,9 @@ Without them each request streams its own items through Serve, so a decode step 
 sequences costs 32 Ray messages (each pickled, sent and woken on both sides) on a box where
 that CPU is taken from the engine. With a channel the replica drains what all of one router's
 requests produced since the last send into one message: one per step, not one per sequence.
+A message stays under `wire.MESSAGE_BYTES` (a larger step goes out as several), so one
+request's large items never make a message the transport refuses, which would end the channel
+and every stream on it.
 
 The per-request `generate` call stays what it was for everything but the items after the
 first output: placement, Serve's ongoing-request count (load, backpressure, autoscaling) and
@@ -31,6 +34,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from deployments.replica.wire import MESSAGE_BYTES, approx_size
+
 logger = logging.getLogger("ray.serve")
 
 IDLE_CLOSE_S = 5.0
@@ -47,29 +52,42 @@ Batch = list[list[Any]]  # [[request key, wire item], ...]
 class Outbox:
     """What one router's requests produced on this replica since the last send."""
 
-    def __init__(self) -> None:
+    def __init__(self, message_bytes: int = MESSAGE_BYTES) -> None:
         self._items: Batch = []
+        self._sizes: list[int] = []
         self._ready = asyncio.Event()
+        self._message_bytes = message_bytes
         self.active = 0  # requests streaming through this outbox now
         self.closed = False
 
-    def put(self, key: str, item: dict[str, Any]) -> bool:
-        """Queue an item; False once the channel is gone (the caller aborts its request)."""
+    def put(self, key: str, item: dict[str, Any], size: int | None = None) -> bool:
+        """Queue an item (`size`: its `approx_size`, when the caller has it); False once the
+        channel is gone (the caller aborts its request)."""
         if self.closed:
             return False
         self._items.append([key, item])
+        self._sizes.append(approx_size(item) if size is None else size)
         self._ready.set()
         return True
 
     async def drain(self, timeout_s: float) -> Batch | None:
-        """Everything queued (waiting for the first item up to `timeout_s`; None: none came)."""
+        """What is queued, up to one message's bytes (at least one item; the rest waits for the
+        next drain); waits for the first item up to `timeout_s` (None: none came)."""
         if not self._items:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ready.wait(), timeout_s)
-        self._ready.clear()
         if not self._items:
+            self._ready.clear()
             return None
-        items, self._items = self._items, []
+        take, total = 0, 0
+        for size in self._sizes:
+            if take and total + size > self._message_bytes:
+                break
+            take, total = take + 1, total + size
+        items, self._items = self._items[:take], self._items[take:]
+        self._sizes = self._sizes[take:]
+        if not self._items:
+            self._ready.clear()
         return items
 
     def close(self) -> None:

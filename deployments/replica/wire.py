@@ -9,6 +9,9 @@ The replica encodes with `encode` (a model, dumped once) and the ingress decodes
   logprobs, and the finish reason on that choice's last;
 - `usage`: token counts, once, before the stream ends (completion tokens of every choice);
 - `error`: the request failed; status and message are what the client sees.
+
+`approx_size` bounds what one message may carry: the channel splits its batches below the
+transport's limit, and an item too large to send fails its own request only.
 """
 
 from __future__ import annotations
@@ -91,6 +94,36 @@ ReplicaItem: TypeAlias = Annotated[
     InfoItem | DeltaItem | UsageItem | ErrorItem, Field(discriminator="type")
 ]
 _ITEM: TypeAdapter[InfoItem | DeltaItem | UsageItem | ErrorItem] = TypeAdapter(ReplicaItem)
+
+
+# Serve's inter-deployment gRPC refuses messages over 4 MiB; a channel message aims for
+# MESSAGE_BYTES and no single item may pass ITEM_BYTES (its request fails alone instead).
+MESSAGE_BYTES = 1 << 20
+ITEM_BYTES = 2 << 20
+
+
+def _logprob_bytes(entries: list[dict[str, object]] | None) -> int:
+    if not entries:
+        return 0
+    total = 0
+    for entry in entries:
+        top = entry.get("top") or []
+        total += 64 + len(str(entry.get("token", ""))) * 2
+        total += sum(56 + len(str(t.get("token", ""))) * 2 for t in top)  # type: ignore[union-attr]
+    return total
+
+
+def approx_size(raw: dict[str, object]) -> int:
+    """An upper estimate of a wire item's serialized size in bytes (no serialization)."""
+    size = 96 + 4 * len(str(raw.get("text") or raw.get("message") or ""))
+    if raw.get("type") != "delta":
+        return size
+    size += 12 * len(raw.get("token_ids") or [])  # type: ignore[arg-type]
+    size += _logprob_bytes(raw.get("logprobs"))  # type: ignore[arg-type]
+    size += _logprob_bytes(raw.get("prompt_logprobs"))  # type: ignore[arg-type]
+    for entry in raw.get("attribution") or []:  # type: ignore[union-attr]
+        size += 32 + sum(24 + len(name) for name in entry.get("adapters", {}))
+    return size
 
 
 def encode(item: InfoItem | DeltaItem | UsageItem | ErrorItem) -> dict[str, object]:

@@ -260,6 +260,8 @@ ATTACKS: dict[str, tuple[dict[str, Any] | bytes, int, str]] = {
     "surrogate-in-key": (b'{"model": "math", "messages": [], "\\udfff": 1}', 400, "Unicode"),
     "bad-utf8": (b'{"model": "math", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, "JSON"),
     "not-an-object": (b"[1, 2, 3]", 400, "object"),
+    # echo x logprobs x choices too large to send back: refused before it reaches a replica
+    "echo-logprobs-n": ({"model": "math", "prompt": "word " * 2000, "echo": True, "logprobs": 20, "n": 16, "max_tokens": 1}, 400, "prompt logprob entries"),
     # adapters that cannot be served: 4xx naming the adapter and the reason, never a 200
     "adapter-nan": (_chat(model="nanad"), 400, "'nanad'"),
     "adapter-nan-in-mix": (_chat(model="math:0.5+nanad:0.5"), 400, "NaN or Inf"),
@@ -318,6 +320,27 @@ def test_valid_edges_are_served(app_url) -> None:
         resp = httpx.post(f"{app_url}{CHAT}", json=body, timeout=120)
         assert resp.status_code == 200, (body, resp.text)
         assert resp.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+async def test_large_echo_logprobs_served_beside_bystanders(app_url, alone) -> None:
+    """8 choices (the engine's whole batch) each echoing a near-full context with 20
+    alternatives per token: megabytes of items in one step travel split, and neither the
+    request nor a bystander fails."""
+    body = {"model": "math", "prompt": "word " * 230, "echo": True, "logprobs": 20, "n": 8,
+            "max_tokens": 2, "temperature": 1, "seed": 1}  # fmt: skip
+
+    async def attack() -> None:
+        async with httpx.AsyncClient(base_url=app_url, timeout=300) as http:
+            resps = await asyncio.gather(
+                *(http.post("/v1/completions", json=body) for _ in range(2))
+            )
+        for resp in resps:
+            assert resp.status_code == 200, resp.text[:300]
+            choices = resp.json()["choices"]
+            assert len(choices) == 8
+            assert all(len(c["logprobs"]["top_logprobs"]) > 230 for c in choices)
+
+    await under_fire(app_url, alone, attack)
 
 
 def test_adapter_errors_counted_as_errors(ray_cluster, app_url) -> None:

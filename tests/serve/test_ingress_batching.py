@@ -9,14 +9,16 @@ from typing import Any
 
 import pytest
 
-from deployments.api.ingress import Router, _Shaper, _Tracker
+from deployments.api.handler import RequestHandler
 from deployments.api.protocol import ChatCompletionRequest
+from deployments.api.shaping import Shaper
+from deployments.api.tracking import Tracker
+from deployments.api.upstream import Upstream
 from deployments.catalog.model_names import Resolved
 from deployments.replica.stream_channel import CHANNEL_LOST, ChannelClient
 from deployments.replica.wire import DeltaItem, ErrorItem, InfoItem, UsageItem
 from molora_runtime.routes import BaseRoute
 
-RouterClass = Router.func_or_class  # the plain class under Serve's deployment wrapper
 KEY = "chatcmpl-test"
 
 
@@ -29,20 +31,20 @@ class _Stream:
 
 
 class _Router:
-    """The router's streaming methods on a bare object (no Serve replica, no HTTP app)."""
+    """The router's streaming path on a bare object (no Serve replica, no HTTP app)."""
 
-    _items = RouterClass._items
-    _channel_items = RouterClass._channel_items
-    _stream_items = RouterClass._stream_items
-    _forget = RouterClass._forget
-    _sse = RouterClass._sse
+    def __init__(self) -> None:
+        self.channels = ChannelClient(lambda replica: None)
+        self.channels.register(KEY)
+        self.upstream = Upstream(None, "channel", self.channels)  # type: ignore[arg-type]
+        self._items = self.upstream.items
+        handler = RequestHandler.__new__(RequestHandler)
+        handler.upstream = self.upstream
+        self._sse = handler.stream
 
 
 def _router() -> Any:
-    router = _Router()
-    router.channels = ChannelClient(lambda replica: None)
-    router.channels.register(KEY)
-    return router
+    return _Router()
 
 
 def _head() -> list[Any]:
@@ -68,7 +70,7 @@ def _body() -> ChatCompletionRequest:
 
 async def _batches(router: Any, stream: _Stream) -> list[list[Any]]:
     out = []
-    async for batch in router._items(stream, _head(), _Tracker(_resolved()), KEY):
+    async for batch in router._items(stream, _head(), Tracker(_resolved()), KEY):
         out.append(batch)
     return out
 
@@ -113,7 +115,7 @@ async def test_a_lost_channel_delivers_what_came_before_it_then_fails() -> None:
     queue.put_nowait(CHANNEL_LOST)
     got: list[list[Any]] = []
     with pytest.raises(RuntimeError, match="stream channel"):
-        async for batch in router._items(stream, _head(), _Tracker(_resolved()), KEY):
+        async for batch in router._items(stream, _head(), Tracker(_resolved()), KEY):
             got.append(batch)
     assert [i.text for i in got[1]] == ["B"]
     assert stream.cancelled
@@ -128,9 +130,9 @@ def _events(text: str) -> list[Any]:
 
 
 async def _sse_writes(router: Any) -> list[str]:
-    shaper = _Shaper(_body(), _resolved(), True, KEY)
+    shaper = Shaper(_body(), _resolved(), True, KEY)
     writes = []
-    async for write in router._sse(_Stream(), _head(), shaper, _Tracker(_resolved())):
+    async for write in router._sse(_Stream(), _head(), shaper, Tracker(_resolved())):
         writes.append(write)
     return writes
 
@@ -169,6 +171,6 @@ async def test_an_error_mid_batch_ends_the_stream_after_what_came_first() -> Non
 def test_the_lost_marker_survives_serves_copy_of_the_router_class() -> None:
     # Serve hands the router's methods their own copy of the module globals: the marker the
     # channel client puts in a queue must still equal the one the router compares against.
-    seen = RouterClass._channel_items.__globals__["CHANNEL_LOST"]
+    seen = Upstream.channel_items.__globals__["CHANNEL_LOST"]
     assert seen == CHANNEL_LOST
     assert CHANNEL_LOST != {"type": "delta"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from deployments.api.ingress import validation_message
+from deployments.api.http_errors import validation_message
 from deployments.api.protocol import ChatCompletionRequest, CompletionRequest, error_payload
 from deployments.catalog.model_names import (
     AdapterEntry,

@@ -4,6 +4,7 @@ and what a request sees when its channel ends under it."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -157,3 +158,33 @@ async def test_a_channel_that_never_says_hello_gives_up() -> None:
     await asyncio.sleep(0.01)
     assert len(streams) == 2
     await client.close()
+
+
+async def test_a_large_step_goes_out_as_several_messages_under_the_limit() -> None:
+    boxes = Outboxes()
+    stream = boxes.serve("router-big", idle_close_s=5)
+    assert await anext(stream) == []
+    box = boxes.open("router-big")
+    assert box is not None
+    for i in range(10):  # ten 300 KB items: one step of three requests' echoes
+        assert box.put(f"r{i % 3}", {"type": "delta", "text": "x", "i": i}, size=300_000)
+    batches = [await anext(stream) for _ in range(4)]
+    assert [len(b) for b in batches] == [3, 3, 3, 1]  # 1 MB per message at most
+    assert [item["i"] for b in batches for _, item in b] == list(range(10))  # order kept
+    box.put("r0", {"type": "delta", "text": "big"}, size=5_000_000)  # alone, past the target
+    assert await anext(stream) == [["r0", {"type": "delta", "text": "big"}]]
+    await stream.aclose()
+
+
+def test_an_item_too_large_to_send_fails_its_own_request() -> None:
+    from deployments.replica.deployment import bounded
+    from deployments.replica.wire import ITEM_BYTES, DeltaItem, LogprobItem, TopLogprobItem, encode
+
+    top = [TopLogprobItem(token_id=i, token=f"tok{i}", logprob=-1.0) for i in range(20)]
+    prompt = [LogprobItem(token_id=1, token="word", logprob=-0.5, top=top) for _ in range(3000)]
+    item = encode(DeltaItem(text="", token_ids=[1], prompt_logprobs=prompt))
+    out, _ = bounded(item)
+    assert out["type"] == "error" and out["status"] == 400 and "logprobs" in out["message"]
+    assert len(json.dumps(item)) > ITEM_BYTES  # the estimate was not too cautious here
+    small = encode(DeltaItem(text="hi", token_ids=[1, 2]))
+    assert bounded(small)[0] is small

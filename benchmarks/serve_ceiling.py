@@ -1,0 +1,286 @@
+"""The serving stack's ceiling: how many tokens/s the path from engine to client carries when
+the model costs almost nothing (as a fast accelerator makes it), MoLoRA vs vLLM.
+
+A tiny random Llama is built at run time (hidden 64, 2 layers, 2 heads / 1 KV head, head_dim
+32, fp32; the embedded SmolLM2's tokenizer, chat template and config otherwise) and served by
+vLLM's OpenAI server (threads bound to every core, `--max-num-seqs 64`) and by MoLoRA
+`serve run` on the shipped layout (`max_num_seqs 64`, Ray workers at nice 0). One streaming
+chat client (128 tokens, `ignore_eos`, greedy) drives each at c=32/64/128. Per cell: tok/s,
+TTFT p50/p99, ITL p50/p99 and CPU milliseconds per generated token summed over every process
+of the server (from /proc), plus the client's own CPU; and the offline engine (`LLM`, no Ray,
+no HTTP) on the same model at b=64. Rounds run vLLM, MoLoRA, offline, then the reverse (ABBA).
+
+    .venv/bin/python -m benchmarks.serve_ceiling [--quick] [--rounds 2] [--vllm-python PATH]
+
+`--quick`: c=64 only, one round. Writes `benchmarks/results/serve_ceiling.json`, prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from benchmarks.report import write_json
+from benchmarks.serve_vs_vllm import (
+    CpuMeter,
+    Sample,
+    machine,
+    molora_binding,
+    one,
+    pct,
+    priorities,
+    replica_layout,
+    start_molora,
+    stop,
+    vllm_binding,
+    wait_up,
+)
+from benchmarks.vllm_env import vllm_cpu_env
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "serve_ceiling.json"
+NEW_TOKENS = 128
+MAX_NUM_SEQS = 64
+MAX_MODEL_LEN = 1024
+VLLM_PORT = 18432
+MOLORA_PORT = 18500  # start_molora waits on this port
+OFFLINE_PROMPTS = 128
+TOKENIZER_FILES = ("generation_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def make_tiny(out: Path) -> Path:
+    """The tiny random Llama: SmolLM2's config shrunk, its tokenizer and chat template."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from molora_runtime.model.registry import resolve_model_path
+
+    src = Path(resolve_model_path("smollm2-135m-instruct"))
+    cfg = AutoConfig.from_pretrained(src)
+    cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers = 64, 128, 2
+    cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = 2, 1, 32
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    for f in src.iterdir():
+        if "token" in f.name or f.name in TOKENIZER_FILES:
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def molora_config(tiny: Path, path: Path) -> Path:
+    """serve_config.yaml's layout serving the tiny model as `base`, 64 sequences per replica."""
+    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    cfg["http_options"]["port"] = MOLORA_PORT
+    cfg["logging_config"]["enable_access_log"] = False
+    app = cfg["applications"][0]
+    args = app["args"]
+    args["engine"].update(model=str(tiny), dtype="float32", max_num_seqs=MAX_NUM_SEQS,
+                          max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=2048,
+                          max_queue_len=512)  # fmt: skip
+    args["expose"].update(routes={}, adapters=[], compositions=[])
+    args["served_model_name"] = "base"
+    for dep in app["deployments"]:
+        if dep["name"] == "ModelReplica":
+            dep.pop("autoscaling_config", None)
+            dep["max_ongoing_requests"] = MAX_NUM_SEQS + 1  # + the router's stream channel
+            dep["max_queued_requests"] = 512
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def start_vllm(python: Path, tiny: Path, log: Path) -> subprocess.Popen:
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny)]
+    cmd += ["--host", "127.0.0.1", "--port", str(VLLM_PORT), "--served-model-name", "base"]
+    cmd += ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)]
+    cmd += ["--max-num-seqs", str(MAX_NUM_SEQS)]
+    proc = subprocess.Popen(cmd, env=vllm_cpu_env(), stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, cwd=log.parent, start_new_session=True)  # fmt: skip
+    wait_up(f"http://127.0.0.1:{VLLM_PORT}/v1/models", proc)
+    return proc
+
+
+def body(i: int) -> dict[str, Any]:
+    return {
+        "model": "base",
+        "messages": [{"role": "user", "content": f"Say something {i}"}],
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def drive(port: int, conc: int, n: int) -> tuple[list[Sample], float]:
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
+    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+        sem = asyncio.Semaphore(conc)
+
+        async def task(i: int) -> Sample:
+            async with sem:
+                return await one(client, url, body(i))
+
+        start = time.perf_counter()
+        samples = await asyncio.gather(*(task(i) for i in range(n)))
+        return list(samples), time.perf_counter() - start
+
+
+def cell(proc: subprocess.Popen, port: int, conc: int) -> dict[str, Any]:
+    asyncio.run(drive(port, conc, conc // 4))  # warm-up
+    with CpuMeter(proc) as meter:
+        samples, seconds = asyncio.run(drive(port, conc, 2 * conc))
+    tokens = sum(s.tokens for s in samples)
+    server_s = sum(meter.server_s.values())
+    return {
+        "concurrency": conc,
+        "requests": 2 * conc,
+        "errors": [s.error for s in samples if s.error][:3],
+        "completion_tokens": tokens,
+        "seconds": round(seconds, 2),
+        "tok_per_s": round(tokens / seconds, 1),
+        "ttft_p50_ms": pct([s.ttft for s in samples if s.ttft is not None], 0.5),
+        "ttft_p99_ms": pct([s.ttft for s in samples if s.ttft is not None], 0.99),
+        "itl_p50_ms": pct([x for s in samples for x in s.itl], 0.5),
+        "itl_p99_ms": pct([x for s in samples for x in s.itl], 0.99),
+        "server_cpu_ms_per_token": round(1000 * server_s / tokens, 3) if tokens else None,
+        "client_cpu_ms_per_token": round(1000 * meter.client_s / tokens, 3) if tokens else None,
+        "server_cpu_s_by_process": meter.server_s,
+    }
+
+
+def serve_cells(name: str, proc: subprocess.Popen, port: int, cells: list[int]) -> dict:
+    rows = [cell(proc, port, c) for c in cells]
+    for r in rows:
+        print(f"  {name} c={r['concurrency']}: {r['tok_per_s']} tok/s, "
+              f"{r['server_cpu_ms_per_token']} CPU ms/token", flush=True)  # fmt: skip
+    return {"cells": rows, "nice": priorities(proc)}
+
+
+def run_vllm(python: Path, tiny: Path, work: Path, cells: list[int]) -> dict[str, Any]:
+    log = work / "vllm.log"
+    proc = start_vllm(python, tiny, log)
+    try:
+        out = serve_cells("vllm", proc, VLLM_PORT, cells)
+    finally:
+        stop(proc)
+    return {**out, "binding": vllm_binding(log)}
+
+
+def run_molora(tiny: Path, work: Path, cells: list[int]) -> dict[str, Any]:
+    log = work / "molora.log"
+    # A cluster of its own: `serve run` would otherwise join any Ray cluster on the box.
+    proc = start_molora(molora_config(tiny, work / "molora.yaml"), log, {"RAY_ADDRESS": "local"})
+    try:
+        out = serve_cells("molora", proc, MOLORA_PORT, cells)
+    finally:
+        stop(proc)
+    return {**out, "binding": molora_binding(log)}
+
+
+def run_offline(tiny: Path) -> dict[str, Any]:
+    """The engine alone on the replica's threads: 128 chat prompts at b=64, 128 tokens each."""
+    import torch
+
+    from molora_runtime import LLM, SamplingParams
+
+    layout = replica_layout()
+    torch.set_num_threads(max(1, round(float(layout.get("num_cpus", 1)))))
+    llm = LLM(model=str(tiny), dtype="float32", device="cpu", max_model_len=MAX_MODEL_LEN,
+              max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048)  # fmt: skip
+    sp = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    prompts = [[{"role": "user", "content": f"Say something {i}"}] for i in range(OFFLINE_PROMPTS)]
+    llm.generate(prompts[:8], sp)
+    cpu, start = time.process_time(), time.perf_counter()
+    outs = llm.generate(prompts, sp)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    tokens = sum(len(o.token_ids) for o in outs)
+    del llm
+    gc.collect()
+    row = {"batch": MAX_NUM_SEQS, "prompts": OFFLINE_PROMPTS, "threads": torch.get_num_threads(),
+           "completion_tokens": tokens, "seconds": round(seconds, 2),
+           "tok_per_s": round(tokens / seconds, 1), "cpu_ms_per_token": round(1000 * cpu / tokens, 3)}  # fmt: skip
+    print(f"  offline b={MAX_NUM_SEQS}: {row['tok_per_s']} tok/s", flush=True)
+    return row
+
+
+def round_order(round_no: int) -> list[str]:
+    order = ["vllm", "molora", "offline"]
+    return order if round_no % 2 == 0 else order[::-1]
+
+
+def summarize(rounds: list[dict[str, Any]], cells: list[int]) -> list[str]:
+    lines = ["| round | c | vLLM tok/s | MoLoRA tok/s | ratio | CPU ms/tok vLLM | MoLoRA | "
+             "MoLoRA TTFT p50/p99 | ITL p50/p99 | kept of offline |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for i, rnd in enumerate(rounds):
+        offline = rnd["offline"]["tok_per_s"]
+        for j, c in enumerate(cells):
+            v, m = rnd["vllm"]["cells"][j], rnd["molora"]["cells"][j]
+            lines.append(
+                f"| {i} | {c} | {v['tok_per_s']} | {m['tok_per_s']} | "
+                f"{m['tok_per_s'] / v['tok_per_s']:.2f} | {v['server_cpu_ms_per_token']} | "
+                f"{m['server_cpu_ms_per_token']} | {m['ttft_p50_ms']}/{m['ttft_p99_ms']} | "
+                f"{m['itl_p50_ms']}/{m['itl_p99_ms']} | {m['tok_per_s'] / offline:.2f} |"
+            )
+        lines.append(f"| {i} | offline b=64 | | {offline} | vs vLLM c=64: "
+                     f"{offline / rnd['vllm']['cells'][cells.index(64)]['tok_per_s']:.2f} | | | | | |")  # fmt: skip
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="c=64 only, one round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--work", default=None, help="keep the tiny model and logs here")
+    args = parser.parse_args()
+    cells = [64] if args.quick else [32, 64, 128]
+    rounds_n = 1 if args.quick else args.rounds
+    work = Path(args.work or tempfile.mkdtemp(prefix="serve-ceiling-"))
+    tiny = work / "tiny"
+    if not (tiny / "config.json").exists():
+        tiny.mkdir(parents=True, exist_ok=True)
+        make_tiny(tiny)
+    rounds = []
+    for r in range(rounds_n):
+        rnd: dict[str, Any] = {"order": round_order(r)}
+        for side in rnd["order"]:
+            print(f"round {r}: {side}", flush=True)
+            if side == "vllm":
+                rnd[side] = run_vllm(Path(args.vllm_python), tiny, work, cells)
+            elif side == "molora":
+                rnd[side] = run_molora(tiny, work, cells)
+            else:
+                rnd[side] = run_offline(tiny)
+        rounds.append(rnd)
+    table = summarize(rounds, cells)
+    print("\n".join(table))
+    write_json(RESULTS, {
+        "machine": machine(),
+        "workload": {"model": "tiny random Llama (hidden 64, 2 layers, 2/1 heads, head_dim 32, "
+                     "SmolLM2 tokenizer), fp32", "new_tokens": NEW_TOKENS, "ignore_eos": True,
+                     "temperature": 0.0, "cells": cells, "requests_per_cell": "2 x c",
+                     "max_num_seqs": MAX_NUM_SEQS},
+        "molora_layout": replica_layout(),
+        "vllm_env": {k: v for k, v in vllm_cpu_env().items() if k.startswith(("VLLM_", "OMP_"))},
+        "quick": args.quick,
+        "note": "timings from a shared 2-core box; other work ran beside it (noisy)",
+        "rounds": rounds,
+        "table": table,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

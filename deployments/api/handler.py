@@ -1,0 +1,197 @@
+"""One request handler for the generation endpoints: auth -> admit -> parse -> resolve ->
+start -> stream or collect.
+
+It holds no tokenizer and no tensors; prompt-length checks happen in the replica and come back
+as 400s. Quota leases end with the request (`Tracker.done`), whatever way it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from deployments.access.auth import Principal
+from deployments.access.gate import Access, AccessError
+from deployments.access.gate import error_response as access_error_response
+from deployments.access.tenancy import metric_label
+from deployments.api.engine_request import Body, check_echo_size, engine_request
+from deployments.api.http_errors import ApiError, error_response, validation_message
+from deployments.api.images import ImagePartError, request_images
+from deployments.api.json_guard import BodyError, parse_body
+from deployments.api.protocol import ChatCompletionRequest, CompletionRequest, error_payload
+from deployments.api.shaping import Item, Shaper, choices_asked, sse
+from deployments.api.tracking import Tracker
+from deployments.api.upstream import Upstream
+from deployments.catalog.model_names import (
+    BadModelName,
+    CatalogCache,
+    ModelNotFound,
+    Resolved,
+    Resolver,
+)
+from deployments.config import ServeConfig
+from deployments.replica.wire import ErrorItem
+
+logger = logging.getLogger("ray.serve")
+
+
+class RequestHandler:
+    """Serves `/v1/completions` and `/v1/chat/completions` end to end."""
+
+    def __init__(
+        self, cfg: ServeConfig, access: Access, catalog: CatalogCache, upstream: Upstream
+    ) -> None:
+        self.cfg, self.access, self.catalog, self.upstream = cfg, access, catalog, upstream
+        self._last_forced = 0.0
+
+    async def handle(self, request: Request, chat: bool) -> Any:
+        retry_after = self.access.load.retry_after()
+        end = None
+        try:
+            principal = await self.access.authenticate(request)
+            body = await self.parse(request, chat)
+            check_echo_size(body)
+            max_tokens = body.requested_max_tokens() or self.cfg.server.default_max_tokens
+            # Every choice may run to max_tokens: the token quota is charged for all of them.
+            prompt_bound = len(await request.body())  # bytes >= prompt tokens: charged on abort
+            end = self.access.admit(principal, max_tokens * choices_asked(body)[1], prompt_bound)
+            resolved = await self.resolve(body, principal)
+            images = await self.images(body)
+            gen_req = engine_request(
+                body, resolved, chat, self.cfg.server.default_max_tokens, images
+            )
+        except AccessError as exc:
+            return access_error_response(exc)
+        except ApiError as exc:
+            if end is not None:
+                end(0, False)
+            return error_response(exc.status, exc.message, exc.param, retry_after)
+        tracker = Tracker(resolved)
+        tracker.label = metric_label(tracker.label, resolved, await self.catalog.get())
+        tracker.on_done.append(lambda used, ok: end(used, ok, tracker.prompt_tokens > 0))
+        try:
+            stream, first = await self.upstream.start(gen_req, resolved, choices_asked(body)[1])
+        except ApiError as exc:
+            tracker.done(str(exc.status))
+            return error_response(exc.status, exc.message, exc.param, retry_after)
+        shaper = Shaper(body, resolved, chat, gen_req.request_id, gen_req.image_output)
+        if body.stream:
+            return StreamingResponse(
+                self.stream(stream, first, shaper, tracker),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Request-Id": gen_req.request_id},
+            )
+        return await self.collect(stream, first, shaper, tracker)
+
+    async def parse(self, request: Request, chat: bool) -> Body:
+        raw = await request.body()
+        if len(raw) > self.cfg.server.max_request_bytes:
+            raise ApiError(413, f"request body exceeds {self.cfg.server.max_request_bytes} bytes")
+        try:
+            data = parse_body(raw, self.cfg.server.max_json_depth)
+        except BodyError as exc:
+            raise ApiError(400, str(exc)) from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        model_cls = ChatCompletionRequest if chat else CompletionRequest
+        try:
+            return model_cls.model_validate(data)
+        except ValidationError as exc:
+            message, param = validation_message(exc)
+            raise ApiError(400, message, param) from None
+
+    async def resolve(self, body: Body, principal: Principal) -> Resolved:
+        explicit = body.molora.route
+        for attempt in range(2):
+            catalog = await self.catalog.get(force=attempt > 0)
+            resolver = Resolver(self.cfg, self.access.visible(principal, catalog))
+            try:
+                return resolver.resolve(body.model, explicit)
+            except BadModelName as exc:
+                raise ApiError(400, str(exc), "model") from None
+            except ModelNotFound as exc:
+                # A name published seconds ago may not be in the cached catalog yet.
+                now = time.monotonic()
+                if attempt == 0 and now - self._last_forced > 1.0:
+                    self._last_forced = now
+                    continue
+                param = "molora.route" if explicit is not None else "model"
+                raise ApiError(404, str(exc), param) from None
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    async def images(body: Body) -> list[list[int]] | None:
+        """The chat request's image parts as 8x8 grey levels (decoded off the event loop)."""
+        if not isinstance(body, ChatCompletionRequest) or not body.has_images():
+            return None
+        try:
+            return await asyncio.to_thread(request_images, body)
+        except ImagePartError as exc:
+            raise ApiError(400, str(exc), exc.param) from None
+
+    async def collect(
+        self, stream: Any, head: list[Item], shaper: Shaper, tracker: Tracker
+    ) -> JSONResponse:
+        items: list[Item] = []
+        source = self.upstream.items(stream, head, tracker, shaper.id)
+        try:
+            async with contextlib.aclosing(source) as batches:
+                async for batch in batches:
+                    for item in batch:
+                        if isinstance(item, ErrorItem):
+                            tracker.done(str(item.status))
+                            return error_response(item.status, item.message, item.param)
+                        items.append(item)
+        except asyncio.CancelledError:
+            tracker.done("cancelled")
+            raise
+        except Exception as exc:
+            tracker.done("503")
+            return error_response(
+                503, f"the model replica failed mid-request: {type(exc).__name__}"
+            )
+        tracker.done("ok")
+        return JSONResponse(shaper.full(items))
+
+    async def stream(
+        self, stream: Any, head: list[Item], shaper: Shaper, tracker: Tracker
+    ) -> AsyncIterator[str]:
+        status = "ok"
+        source = self.upstream.items(stream, head, tracker, shaper.id)
+        try:
+            failed = False
+            async with contextlib.aclosing(source) as batches:
+                async for batch in batches:
+                    out: list[str] = []
+                    for item in batch:
+                        if isinstance(item, ErrorItem):
+                            status, failed = str(item.status), True
+                            out.append(sse(error_payload(item.status, item.message, item.param)))
+                            break
+                        out.extend(sse(chunk) for chunk in shaper.chunks(item))
+                    if out:
+                        yield "".join(out)
+                    if failed:
+                        break
+            if not failed and shaper.include_usage:
+                yield sse(shaper.usage_chunk())
+        except asyncio.CancelledError:
+            status = "cancelled"
+            raise
+        except Exception as exc:
+            status = "503"
+            logger.warning("stream failed mid-way: %r", exc)
+            yield sse(
+                error_payload(503, f"the model replica failed mid-stream: {type(exc).__name__}")
+            )
+        finally:
+            tracker.done(status)
+        yield sse("[DONE]")

@@ -1,0 +1,105 @@
+"""A model replica's Prometheus metrics: engine load, hot-set and tier counters, gate usage.
+
+Counters are exported as deltas of the engine's running totals once per `METRICS_PERIOD_S`;
+labels are tier, state, stage, composition and adapter names only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from deployments.ops import metrics
+from deployments.placement.affinity import base_name
+from molora_runtime.lora.tiers import residency_counts
+
+logger = logging.getLogger("ray.serve")
+
+METRICS_PERIOD_S = 1.0
+
+
+class ReplicaMetrics:
+    """Exports one replica's engine statistics."""
+
+    def __init__(self, engine: Any, source: Any) -> None:
+        self._engine = engine
+        self._source = source
+        self._last_counters: dict[str, int] = {}
+        self._experts: dict[str, list[str]] = {}
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Export every `METRICS_PERIOD_S` until cancelled; a failed export is skipped."""
+        while True:
+            try:
+                self.export_once()
+            except Exception:
+                logger.debug("metric export failed", exc_info=True)
+            await asyncio.sleep(METRICS_PERIOD_S)
+
+    def _delta(self, key: str, value: int) -> int:
+        delta = value - self._last_counters.get(key, 0)
+        self._last_counters[key] = value
+        return max(0, delta)
+
+    def export_once(self) -> None:
+        from deployments.ops import metric_names as names
+
+        stats = self._engine.stats()
+        metrics.queue_length().set(stats.waiting)
+        metrics.running().set(stats.running)
+        metrics.hotset_slots_used().set(stats.num_slots - stats.free_slots)
+        for name, value in (
+            (names.HOTSET_HITS, stats.hot_set_hits),
+            (names.HOTSET_MISSES, stats.hot_set_misses),
+            (names.HOTSET_EVICTIONS, stats.hot_set_evictions),
+            (names.HOTSET_LOADS, stats.hot_set_loads),
+        ):
+            if delta := self._delta(name, value):
+                metrics.hotset_counter(name).inc(delta)
+        for seconds in self._engine.pop_load_latencies():
+            metrics.hotset_load_latency().observe(seconds)
+        self._export_tiers()
+        self._export_gates(self._engine.pop_gate_stats())
+
+    def _export_tiers(self) -> None:
+        """Per-tier counters and bytes, residency counts and stage latencies: labels are
+        tier / state / stage names only, however many adapters there are."""
+        hot_set = self._engine.engine.hot_set
+        report = hot_set.tier_report()
+        for tier, counts in report.tiers.items():
+            for field, metric in metrics.TIER_COUNTERS.items():
+                if delta := self._delta(f"{metric}:{tier}", getattr(counts, field)):
+                    metrics.tier_counter(metric).inc(delta, tags={"tier": tier})
+            metrics.tier_bytes().set(counts.bytes, tags={"tier": tier})
+        for state, count in residency_counts(hot_set.residency()).items():
+            metrics.tier_adapters().set(count, tags={"state": state})
+        for stage, seconds in hot_set.stages.drain():
+            metrics.load_stage_latency().observe(seconds, tags={"stage": stage})
+
+    def _expert_names(self, composition: str) -> list[str]:
+        """Gate order of a composition's experts (read once from its composition.json)."""
+        if composition not in self._experts:
+            from molora_runtime.lora.composition import read_composition_config
+
+            folder = self._source.composition_path(composition)
+            self._experts[composition] = list(read_composition_config(composition, folder).adapters)
+        return self._experts[composition]
+
+    def _export_gates(self, gate_stats: dict[str, list[list[int]]]) -> None:
+        for composition, layers in gate_stats.items():
+            names = self._expert_names(composition)
+            for layer, counts in enumerate(layers):
+                for k, count in enumerate(counts):
+                    if count:
+                        adapter = base_name(names[k]) if k < len(names) else str(k)
+                        metrics.gate_tokens().inc(
+                            count,
+                            tags={
+                                "composition": composition,
+                                "layer": str(layer),
+                                "adapter": adapter,
+                            },
+                        )
