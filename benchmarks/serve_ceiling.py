@@ -30,11 +30,11 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks.machine import machine_info
 from benchmarks.report import write_json
 from benchmarks.serve_vs_vllm import (
     CpuMeter,
     Sample,
-    machine,
     molora_binding,
     one,
     pct,
@@ -61,9 +61,8 @@ TOKENIZER_FILES = ("generation_config.json", "special_tokens_map.json", "chat_te
 def make_tiny(out: Path) -> Path:
     """The tiny random Llama: SmolLM2's config shrunk, its tokenizer and chat template."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from molora_runtime.model.registry import resolve_model_path
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     src = Path(resolve_model_path("smollm2-135m-instruct"))
     cfg = AutoConfig.from_pretrained(src)
@@ -268,7 +267,7 @@ def main() -> None:
     table = summarize(rounds, cells)
     print("\n".join(table))
     write_json(RESULTS, {
-        "machine": machine(),
+        "machine": machine_info(),
         "workload": {"model": "tiny random Llama (hidden 64, 2 layers, 2/1 heads, head_dim 32, "
                      "SmolLM2 tokenizer), fp32", "new_tokens": NEW_TOKENS, "ignore_eos": True,
                      "temperature": 0.0, "cells": cells, "requests_per_cell": "2 x c",
