@@ -24,7 +24,7 @@ class SeqStatus(Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: lists of them compare by identity
 class Sequence:
     request: GenerationRequest
     prompt_ids: list[int]
