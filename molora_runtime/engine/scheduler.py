@@ -153,7 +153,8 @@ class Scheduler:
         pool is dry), then prefill chunks within the token budget."""
         batch = StepBatch(self.blocks.block_size)
         for seq in [s for s in self.running if not s.in_prefill]:
-            if seq in self.running and self._reserve_decode(seq):
+            # (an earlier decode's block may have preempted it: then it is waiting again)
+            if seq.status is SeqStatus.RUNNING and self._reserve_decode(seq):
                 batch.add(seq, seq.num_computed, 1, produces_logits=True)
         budget = self.token_budget - batch.num_decode
         for seq in self.running:
@@ -196,9 +197,11 @@ class Scheduler:
     def commit(self, seq: Sequence, n: int) -> None:
         """`n` more tokens of `seq` are in the cache: index its newly full blocks."""
         seq.num_computed += n
-        self.blocks.register(
-            seq.block_table, seq.identity, seq.tokens(0, seq.num_computed), seq.block_hashes
-        )
+        full = seq.num_computed // self.blocks.block_size
+        if self.blocks.prefix_caching and full > len(seq.block_hashes):
+            self.blocks.register(
+                seq.block_table, seq.identity, seq.tokens(0, seq.num_computed), seq.block_hashes
+            )
 
     def finish(self, seq: Sequence) -> None:
         if seq in self.running:
