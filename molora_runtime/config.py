@@ -6,7 +6,7 @@ These objects are the single source of truth: `serve_config.yaml` (through
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -114,6 +114,12 @@ class EngineConfig(StrictModel):
     routes: RouteLimits = Field(
         default_factory=RouteLimits, description="bounds on request routes (mix weights)"
     )
+    tenant_weights: dict[Annotated[str, Field(min_length=1, max_length=256)], float] = Field(
+        default_factory=dict,
+        max_length=10_000,
+        description="fair-share weight per tenant (others weigh 1): each active tenant gets "
+        "weight / sum of active weights of max_num_seqs and of the KV blocks",
+    )
     seed: int = 0
 
     @model_validator(mode="after")
@@ -124,6 +130,9 @@ class EngineConfig(StrictModel):
             )
         if self.kv_cache_bytes is not None and self.kv_cache_fraction is not None:
             raise ValueError("give kv_cache_bytes or kv_cache_fraction, not both")
+        bad = [t for t, w in self.tenant_weights.items() if not 1e-3 <= w <= 1e3]
+        if bad:  # also refuses NaN and Inf
+            raise ValueError(f"tenant_weights must lie in [0.001, 1000]; check {bad[:5]}")
         if self.kv_block_size & (self.kv_block_size - 1):
             raise ValueError(f"kv_block_size must be a power of two, got {self.kv_block_size}")
         return self

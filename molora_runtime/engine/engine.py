@@ -26,7 +26,7 @@ from molora_runtime.engine.kv_budget import kv_num_blocks
 from molora_runtime.engine.model_runner import ModelRunner
 from molora_runtime.engine.output_processor import OutputProcessor
 from molora_runtime.engine.request_check import RequestChecker
-from molora_runtime.engine.route_key import RouteIdentities, chain_block_hash
+from molora_runtime.engine.route_key import RouteIdentities, cache_identity, chain_block_hash
 from molora_runtime.engine.scheduler import Scheduler
 from molora_runtime.engine.sequence import Sequence
 from molora_runtime.engine.step_batch import StepBatch
@@ -82,7 +82,7 @@ class LLMEngine:
             config,
             self.block_manager,
             AdapterBinder(self.hot_set),
-            identify=lambda seq: self.identities.identity(seq.route),
+            identify=self._cache_identity,
             copy_blocks=self.kv.copy_blocks,
         )
         self.grammars = GrammarCompiler(self.tokenizer, arch.vocab_size, sorted(self.eos_ids))
@@ -140,6 +140,11 @@ class LLMEngine:
     @graph_runner.setter
     def graph_runner(self, runner: Any) -> None:
         self.runner.graph_runner = runner
+
+    def _cache_identity(self, seq: Sequence) -> bytes:
+        """The prefix-cache key of `seq`: route identity salted with tenant and cache_salt."""
+        req = seq.request
+        return cache_identity(self.identities.identity(seq.route), req.tenant, req.cache_salt)
 
     # ----- requests -------------------------------------------------------------------------
     def encode_prompt(self, req: GenerationRequest) -> list[int]:

@@ -13,7 +13,7 @@ from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.routing import RouteSegment, build_lora_context
 from molora_runtime.model.attention_meta import KVCache, step_attention
 from molora_runtime.model.decoder import CausalLM
-from molora_runtime.routes import LearnedRoute
+from molora_runtime.routes import BaseRoute, LearnedRoute
 
 
 class ModelRunner:
@@ -41,14 +41,16 @@ class ModelRunner:
         """Logits of the batch's sampled rows (then its prompt-logprob rows) and the context."""
         dev = self.device
         ids = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)
-        segments = [
-            RouteSegment(seq.route, ids[start : start + n]) for seq, start, n in batch.segments
-        ]
-        record = any(
-            seq.request.return_attribution or isinstance(seq.route, LearnedRoute)
-            for seq, _, _ in batch.segments
-        )
-        ctx = build_lora_context(segments, self.hot_set, self.width, dev, record_layers=record)
+        ctx = None
+        if not all(isinstance(seq.route, BaseRoute) for seq, _, _ in batch.segments):
+            segments = [
+                RouteSegment(seq.route, ids[start : start + n]) for seq, start, n in batch.segments
+            ]
+            record = any(
+                seq.request.return_attribution or isinstance(seq.route, LearnedRoute)
+                for seq, _, _ in batch.segments
+            )
+            ctx = build_lora_context(segments, self.hot_set, self.width, dev, record_layers=record)
         graphs = self.graph_runner
         if (
             graphs is not None

@@ -16,7 +16,7 @@ import torch
 
 from molora_runtime.engine.detokenizer import IncrementalDetokenizer
 from molora_runtime.engine.isolation import culprit_error, sample_isolated
-from molora_runtime.engine.logits_processing import RowInput, sample_rows, token_logprob
+from molora_runtime.engine.logits_processing import RowInput, sample_rows, take_rows, token_logprob
 from molora_runtime.engine.route_stats import GateStats, attribution, attributions, slot_names
 from molora_runtime.engine.scheduler import Scheduler
 from molora_runtime.engine.sequence import SeqStatus, Sequence
@@ -75,7 +75,7 @@ class OutputProcessor:
         logprobs: dict[int, Any] = {}
 
         def sample(lg: torch.Tensor, rows: list[int]) -> list[int]:
-            tokens, lps = sample_rows(lg[rows], [self._row_input(seqs[r]) for r in rows])
+            tokens, lps = sample_rows(take_rows(lg, rows), [self._row_input(seqs[r]) for r in rows])
             logprobs.update(zip(rows, lps, strict=True))
             return tokens
 

@@ -4,7 +4,8 @@ Two prompts may share KV blocks only if every weight that touched those tokens w
 base model, each adapter's exact files (name@version *and* the sha256 of its weights and config, so
 two versions under one name never collide), the mix weights, the vocab table, and for learned
 routes the composition (its files: gates and config), its experts, top-k and temperature. The
-base route's identity is the base model alone, so every base request shares its blocks.
+base route's identity is the base model alone, so every base request shares its blocks. A request's tenant and `cache_salt`
+salt the identity (`cache_identity`), so one tenant's prompts never hit another's blocks.
 
 `RouteIdentities.identity` and `chain_block_hash` are the key; file digests are cached by
 (path, size, mtime) so admitting a request hashes nothing it hashed before.
@@ -27,6 +28,20 @@ from molora_runtime.routes import (
     SingleRoute,
     VocabRoute,
 )
+
+
+def cache_identity(route_identity: bytes, tenant: str | None, cache_salt: str | None) -> bytes:
+    """A request's prefix-cache key: its route identity, salted with its tenant and `cache_salt`
+    (each length-prefixed, so no two different pairs collide); with neither, the route identity
+    alone."""
+    if tenant is None and cache_salt is None:
+        return route_identity
+    h = hashlib.sha256(route_identity)
+    for part in (tenant, cache_salt):
+        data = b"" if part is None else part.encode()
+        h.update(b"\0" if part is None else b"\1")
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.digest()
 
 
 def chain_block_hash(parent: bytes | None, identity: bytes, token_ids: Sequence[int]) -> bytes:

@@ -10,13 +10,43 @@ from molora_runtime.engine.types import SamplingParams
 SAMPLING_EPS = 1e-5
 
 
+def _argmax_chunk(vocab: int) -> int:
+    """The largest power-of-two block (32..256 tokens) that tiles the vocabulary; 0 if none."""
+    for size in (256, 128, 64, 32):
+        if vocab % size == 0:
+            return size
+    return 0
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise argmax of `logits` [n, V] -> [n], the first index of each row's maximum exactly
+    as `torch.argmax` picks it.
+
+    On CPU `argmax` over a wide row is a scalar loop, while `amax` is vectorised: each row's
+    maximum is found block by block with `amax`, and `argmax` runs only inside the first block
+    holding it (the same first index). Rows with a NaN take `torch.argmax` as they are.
+    """
+    n, vocab = logits.shape
+    chunk = _argmax_chunk(vocab)
+    if logits.device.type != "cpu" or not chunk or not logits.is_contiguous() or n == 0:
+        return logits.argmax(dim=-1)
+    blocks = logits.view(n, vocab // chunk, chunk)
+    block_max = blocks.amax(dim=-1)
+    row_max = block_max.amax(dim=-1, keepdim=True)
+    if bool(row_max.isnan().any()):
+        return logits.argmax(dim=-1)
+    first = (block_max == row_max).to(torch.uint8).argmax(dim=-1)
+    inner = blocks[torch.arange(n), first].argmax(dim=-1)
+    return first * chunk + inner
+
+
 def sample_tokens(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> list[int]:
     """Pick one token per row of `logits` [n, V] (float32)."""
-    greedy = logits.argmax(dim=-1).tolist()
+    greedy = greedy_tokens(logits).tolist()
     out: list[int] = []
     for i, p in enumerate(params):
         if p.temperature < SAMPLING_EPS:

@@ -5,7 +5,8 @@ background loads never stall the batch) and the block manager has blocks for its
 (cached prefix blocks count as there). A running decode that needs a block when none is free
 preempts the most recently started sequence: its blocks are freed and it waits at the head of the
 queue to prefill its prompt and outputs again (recompute), so no running request is ever failed
-for lack of KV.
+for lack of KV. Between tenants, admission follows `FairShare`: weighted order, and a tenant under
+its share of slots or blocks takes them back from one over its share.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from molora_runtime.config import EngineConfig
 from molora_runtime.engine.adapter_binding import AdapterBinder
 from molora_runtime.engine.block_manager import BlockManager
+from molora_runtime.engine.fair_share import FairShare
 from molora_runtime.engine.sequence import SeqStatus, Sequence
 from molora_runtime.engine.step_batch import StepBatch
 
@@ -40,6 +42,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.reserve = max(1, blocks.num_blocks // 100)  # admission watermark (vLLM's 1%)
+        self.fair = FairShare(config.tenant_weights, config.max_num_seqs, blocks.num_blocks)
+        self.fair_preemptions = 0  # sequences preempted to give a tenant its share
         self.preemptions = 0
         self.forked_prefills = 0  # sibling choices (n > 1) that reused a prefill
 
@@ -50,10 +54,14 @@ class Scheduler:
         pass it; one that does not fit in the free blocks stops admission)."""
         held: list[Sequence] = []
         self._leaders_first()
+        if self.waiting:
+            self.waiting = self.fair.order(self.waiting, self.running)
         # With nothing decoding, loading an adapter inside the step stalls no one: load it now.
         idle = not self.running
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        while self.waiting:
             seq = self.waiting[0]
+            if len(self.running) >= self.max_num_seqs and not self._take_back(seq, 0):
+                break
             try:
                 if not seq.identity:
                     # The identity hashes the adapters' files: only once the background
@@ -68,7 +76,7 @@ class Scheduler:
                 # Keep a few blocks for running decodes to grow into (fewer preemptions); with
                 # nothing running, any request that fits the budget must be able to start.
                 reserve = self.reserve if self.running else 0
-                if not self.blocks.can_allocate(seq.identity, lookup, seq.prefill_len, reserve):
+                if not self._fits(seq, lookup, reserve):
                     break
                 self.waiting.popleft()
                 if not self.binder.bind(seq, wait_for_loads=not idle):
@@ -88,6 +96,27 @@ class Scheduler:
             self.running.append(seq)
         for seq in reversed(held):
             self.waiting.appendleft(seq)
+
+    def _fits(self, seq: Sequence, lookup: list[int], reserve: int) -> bool:
+        """Whether `seq`'s prefill fits in the free blocks, after taking back blocks from
+        tenants over their share if `seq`'s tenant is under its own."""
+        need = self.blocks.blocks_for(seq.prefill_len)
+        while not self.blocks.can_allocate(seq.identity, lookup, seq.prefill_len, reserve):
+            if not self._take_back(seq, need):
+                return False
+        return True
+
+    def _take_back(self, seq: Sequence, need_blocks: int) -> bool:
+        """Preempt one sequence of a tenant over its share so `seq` (under its own) can start;
+        the victim waits right behind `seq`. False when fairness gives `seq` nothing."""
+        victim = self.fair.victim(seq, need_blocks, self.waiting, self.running)
+        if victim is None:
+            return False
+        self.preempt(victim)
+        self.waiting.popleft()  # `preempt` queued the victim first: it goes behind `seq`
+        self.waiting.insert(1 if self.waiting and self.waiting[0] is seq else 0, victim)
+        self.fair_preemptions += 1
+        return True
 
     @staticmethod
     def _hold(held: list[Sequence], seq: Sequence) -> bool:
@@ -124,7 +153,8 @@ class Scheduler:
         pool is dry), then prefill chunks within the token budget."""
         batch = StepBatch(self.blocks.block_size)
         for seq in [s for s in self.running if not s.in_prefill]:
-            if seq in self.running and self._reserve_decode(seq):
+            # (an earlier decode's block may have preempted it: then it is waiting again)
+            if seq.status is SeqStatus.RUNNING and self._reserve_decode(seq):
                 batch.add(seq, seq.num_computed, 1, produces_logits=True)
         budget = self.token_budget - batch.num_decode
         for seq in self.running:
@@ -167,9 +197,11 @@ class Scheduler:
     def commit(self, seq: Sequence, n: int) -> None:
         """`n` more tokens of `seq` are in the cache: index its newly full blocks."""
         seq.num_computed += n
-        self.blocks.register(
-            seq.block_table, seq.identity, seq.tokens(0, seq.num_computed), seq.block_hashes
-        )
+        full = seq.num_computed // self.blocks.block_size
+        if self.blocks.prefix_caching and full > len(seq.block_hashes):
+            self.blocks.register(
+                seq.block_table, seq.identity, seq.tokens(0, seq.num_computed), seq.block_hashes
+            )
 
     def finish(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -193,6 +225,7 @@ class Scheduler:
                 and lead.in_prefill
                 and lead.prompt_ids == seq.prompt_ids
                 and lead.route == seq.route
+                and lead.identity == seq.identity
             ):
                 return lead
         return None
@@ -213,6 +246,7 @@ class Scheduler:
                     sib.request.prefill_from == lead.request_id
                     and sib.prompt_ids == lead.prompt_ids
                     and sib.route == lead.route
+                    and sib.identity == lead.identity
                 ):
                     nb = self.blocks.blocks_for(lead.num_computed)
                     self.copy_blocks(lead.block_table[:nb], sib.block_table[:nb])

@@ -24,7 +24,7 @@ class SeqStatus(Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: lists of them compare by identity
 class Sequence:
     request: GenerationRequest
     prompt_ids: list[int]
@@ -91,4 +91,10 @@ class Sequence:
         return self.prompt_ids[index] if index < n else self.output_ids[index - n]
 
     def tokens(self, start: int, end: int) -> list[int]:
-        return (self.prompt_ids + self.output_ids)[start:end]
+        """Tokens [start, end) of prompt + outputs, without copying the whole history."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.prompt_ids[start:] + self.output_ids[: end - n]

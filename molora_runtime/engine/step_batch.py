@@ -41,9 +41,14 @@ class StepBatch:
     def add(self, seq: Sequence, pos: int, n: int, produces_logits: bool) -> None:
         start = len(self.token_ids)
         bs, table = self.block_size, seq.block_table
-        self.token_ids.extend(seq.tokens(pos, pos + n))
-        self.positions.extend(range(pos, pos + n))
-        self.slots.extend((table[p // bs], p % bs) for p in range(pos, pos + n))
+        if n == 1:  # a decode: no ranges to build
+            self.token_ids.append(seq.token_at(pos))
+            self.positions.append(pos)
+            self.slots.append((table[pos // bs], pos % bs))
+        else:
+            self.token_ids.extend(seq.tokens(pos, pos + n))
+            self.positions.extend(range(pos, pos + n))
+            self.slots.extend((table[p // bs], p % bs) for p in range(pos, pos + n))
         self.segments.append((seq, start, n))
         if seq.in_prefill:
             self.prefills.append((start, n, pos, table))

@@ -117,6 +117,18 @@ class GenerationRequest(BaseModel):
     image_output: bool = Field(
         False, description="generated image codes are images: kept out of the text"
     )
+    tenant: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="who sent it: part of every KV block's cache key and of the fair share",
+    )
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="vLLM's per-request prefix-cache salt: blocks are shared only with the same salt",
+    )
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerationRequest:
