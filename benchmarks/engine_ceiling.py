@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from molora_runtime.model.registry import resolve_model_path
 
 from benchmarks.machine import machine_info
 from benchmarks.report import write_json
 from molora_runtime import LLM, SamplingParams
-from molora_runtime.model.registry import resolve_model_path
 
 BATCHES = (32, 64)
 PROMPTS = 128

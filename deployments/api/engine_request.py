@@ -58,6 +58,7 @@ def engine_request(
     chat: bool,
     default_max_tokens: int,
     images: list[list[int]] | None = None,
+    tenant: str | None = None,
 ) -> GenerationRequest:
     """The engine request; a value the engine refuses becomes a 400 naming its field."""
     try:
@@ -102,6 +103,8 @@ def engine_request(
             sampling=sampling,
             response_format=body.engine_format(),
             return_attribution=body.molora.return_attribution,
+            tenant=tenant,
+            cache_salt=body.cache_salt,
             **prompt,
         )
     except ValidationError as exc:

@@ -66,7 +66,7 @@ class RequestHandler:
             resolved = await self.resolve(body, principal)
             images = await self.images(body)
             gen_req = engine_request(
-                body, resolved, chat, self.cfg.server.default_max_tokens, images
+                body, resolved, chat, self.cfg.server.default_max_tokens, images, principal.tenant
             )
         except AccessError as exc:
             return access_error_response(exc)
@@ -83,6 +83,9 @@ class RequestHandler:
             tracker.done(str(exc.status))
             return error_response(exc.status, exc.message, exc.param, retry_after)
         shaper = Shaper(body, resolved, chat, gen_req.request_id, gen_req.image_output)
+        # Which replica served and whether its hot-set already held the adapter tell of other
+        # tenants' traffic: with API keys on, admins only.
+        shaper.show_replica = principal.admin or not self.cfg.server.auth.enabled
         if body.stream:
             return StreamingResponse(
                 self.stream(stream, first, shaper, tracker),

@@ -96,6 +96,13 @@ class _SamplingFields(_Payload):
         default_factory=list, max_length=MAX_STOP_TOKEN_IDS, description="ids in the vocabulary"
     )
     ignore_eos: bool = False
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="vLLM's prefix-cache salt: cached prompt blocks are shared only between "
+        "requests of one tenant with the same salt",
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=MAX_N, description="choices to generate (seeds seed, seed+1, ...)")

@@ -72,6 +72,7 @@ class Shaper:
         self.n, self.best_of = choices_asked(body)
         self.offsets: dict[int, int] = {}  # completions' text_offset per choice (streaming)
         self.echo = bool(getattr(body, "echo", False))
+        self.show_replica = True
 
     def _echo(self, deltas: list[DeltaItem]) -> tuple[str, list[LogprobItem]]:
         """Echo's prompt text and its logprob items (from the choice's first delta)."""
@@ -98,7 +99,7 @@ class Shaper:
     def _info(
         self, with_replica: bool, attribution: list[TokenAttributionItem] | None
     ) -> MoloraInfo:
-        info = self.info if with_replica else None
+        info = self.info if with_replica and self.show_replica else None
         return MoloraInfo(
             route_kind=self.resolved.kind,
             versions=self.resolved.versions or None,

@@ -263,7 +263,7 @@ ATTACKS: dict[str, tuple[dict[str, Any] | bytes, int, str]] = {
     # echo x logprobs x choices too large to send back: refused before it reaches a replica
     "echo-logprobs-n": ({"model": "math", "prompt": "word " * 2000, "echo": True, "logprobs": 20, "n": 16, "max_tokens": 1}, 400, "prompt logprob entries"),
     # adapters that cannot be served: 4xx naming the adapter and the reason, never a 200
-    "adapter-nan": (_chat(model="nanad"), 400, "'nanad'"),
+    "adapter-nan": (_chat(model="nanad"), 400, "'nanad@v1'"),
     "adapter-nan-in-mix": (_chat(model="math:0.5+nanad:0.5"), 400, "NaN or Inf"),
     "adapter-shapes": (_chat(model="shapes"), 400, "(4, 65)"),
     "adapter-foreign-base": (_chat(model="foreign"), 400, "Qwen/Qwen3-8B"),

@@ -254,3 +254,24 @@ async def test_oversized_body_refused_from_its_headers(tenants) -> None:
     finally:
         writer.close()
     assert int(line.split()[1]) == 413
+
+
+def test_replica_and_cache_fields_are_for_admins_and_salts_are_checked(tenants) -> None:
+    """Which replica served, and whether its hot-set already held the adapter, tell of other
+    tenants' traffic: only admin keys see them. `cache_salt` is vLLM's, validated."""
+    url = tenants["url"]
+    body = {"model": "math", "prompt": "1 2 3", "max_tokens": 2, "temperature": 0}
+    body["cache_salt"] = "acme-secret"
+    seen = {}
+    for who in ("acme", "acme_admin"):
+        r = httpx.post(f"{url}/v1/completions", json=body, headers=_headers(tenants, who))
+        assert r.status_code == 200, r.text
+        seen[who] = r.json()["molora"]
+    assert {"replica", "hot_set_hit", "tier"}.isdisjoint(seen["acme"])
+    assert seen["acme_admin"]["replica"] and "hot_set_hit" in seen["acme_admin"]
+    for bad in ("", 7, "x" * 1025):
+        r = httpx.post(
+            f"{url}/v1/completions", json={**body, "cache_salt": bad},
+            headers=_headers(tenants, "acme"),
+        )  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text
