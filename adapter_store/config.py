@@ -11,7 +11,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapter_store.backends.base import Backend
 from adapter_store.backends.local import LocalBackend
-from adapter_store.backends.s3 import S3Backend
 from adapter_store.errors import InvalidInputError
 
 DEFAULT_LOCAL_STORE = Path("deployments/default_store")
@@ -93,6 +92,8 @@ def open_backend(url: str, endpoint_url: str | None = None, *, create: bool = Fa
             raise InvalidInputError(
                 f"store URL {url!r} lacks a bucket: expected s3://bucket/prefix"
             )
+
+        from adapter_store.backends.s3 import S3Backend  # boto3 only for S3 stores
 
         return S3Backend(parsed.netloc, parsed.path.strip("/"), endpoint_url=endpoint_url)
     if "://" in url:

@@ -30,7 +30,7 @@ def _setup(tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
         from molora_runtime.model.tiny import make_native_tiny_model, make_random_adapter
     except ImportError as exc:  # pydantic/safetensors missing on a bare box
         skip(f"runtime dependencies missing: {exc}")
-    model = make_native_tiny_model(tmp / "model", hidden_size=128, num_layers=3)
+    model = make_native_tiny_model(tmp / "tiny", hidden_size=128, num_layers=3)
     adapters = {
         n: make_random_adapter(tmp / n, model, rank=8 + 4 * i, seed=i)
         for i, n in enumerate(["a", "b", "c"])
