@@ -45,6 +45,7 @@ from adapter_store.staging import (
     StagedPublish,
     file_entries,
     manifest_fields,
+    new_blob_dir,
 )
 from adapter_store.validate import (
     COMPOSITION_CONFIG,
@@ -377,7 +378,7 @@ class Registry:
                 read_composition(folder, self.max_bytes)
             else:
                 validate_adapter(folder, None, self.max_bytes)
-            copied = m.model_copy(update={"blob_dir": self._blob_dir()})
+            copied = m.model_copy(update={"blob_dir": new_blob_dir()})
             sources = {e.path: folder / e.path for e in m.files}
             return self._upload(copied, sources, progress).commit(), True
 

@@ -23,8 +23,8 @@ def test_every_shape_gets_a_table_a_winner_and_the_cpu_is_recorded(
     out = tmp_path / "cpu_gemm.json"
     assert cpu_gemm.main(["--reps", "1", "--threads", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["cpu"]["model"] and isinstance(result["cpu"]["flags"], list)
-    assert set(result["cpu"]["key_flags"]) <= set(result["cpu"]["flags"])
+    assert result["cpu"]["cpu"] and isinstance(result["cpu"]["flags"], list)
+    assert set(result["cpu"]["isa"]) <= set(result["cpu"]["flags"])
     for dtype_name in ("float32", "bfloat16"):
         kinds = runnable_kinds(torch.zeros(8, 8, dtype=getattr(torch, dtype_name)))
         shapes = result["dtypes"][dtype_name]["shapes"]

@@ -203,7 +203,7 @@ def test_replica_stats_show_tiers_and_residency_to_admins(secured_lora):
     chat = httpx.post(
         f"{url}/v1/chat/completions",
         json={"model": "math", "messages": MESSAGES, "max_tokens": 2},
-        headers={"Authorization": f"Bearer {keys['user']}"},
+        headers={"Authorization": f"Bearer {keys['admin']}"},
         timeout=60,
     )
     assert chat.status_code == 200

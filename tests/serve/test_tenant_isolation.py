@@ -207,7 +207,7 @@ def test_admin_stats_show_only_the_callers_tenant(tenants) -> None:
     stats = httpx.get(f"{url}/v1/admin/stats", headers=_headers(tenants, "acme_admin"), timeout=60)
     assert stats.status_code == 200
     body = stats.json()
-    assert PRIVATE_ACME in body["residency"]
+    assert f"{PRIVATE_ACME}@v1" in body["residency"]  # requests name the version served
     assert PRIVATE_EVIL not in json.dumps(body)
     assert sum(body["counts"].values()) == len(body["residency"])
 
