@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
+from collections import Counter
+from typing import Any
 
 import httpx
 import pytest
@@ -33,8 +36,15 @@ async def chat(http: httpx.AsyncClient, model: str, max_tokens: int = 4) -> dict
     return resp.json()
 
 
-async def stream(http: httpx.AsyncClient, model: str, max_tokens: int, started: asyncio.Event):
-    """One streamed chat: (status, events, saw [DONE]); `started` set at the first event."""
+async def stream(
+    http: httpx.AsyncClient,
+    model: str,
+    max_tokens: int,
+    started: asyncio.Event,
+    first: list[dict[str, Any]] | None = None,
+):
+    """One streamed chat: (status, events, saw [DONE]); `started` set at the first event, which
+    is also appended to `first` when given."""
     body = {"model": model, "messages": MESSAGES, "max_tokens": max_tokens, "ignore_eos": True}
     body["stream"] = True
     lines: list[str] = []
@@ -43,7 +53,9 @@ async def stream(http: httpx.AsyncClient, model: str, max_tokens: int, started: 
             return resp.status_code, [{"error": (await resp.aread()).decode()}], False
         async for line in resp.aiter_lines():
             lines.append(line)
-            if line.startswith("data: "):
+            if line.startswith("data: ") and not started.is_set():
+                if first is not None:
+                    first.append(json.loads(line[6:]))
                 started.set()
     return 200, stream_events(lines), "data: [DONE]" in lines
 
@@ -115,13 +127,18 @@ async def test_node_loss_mid_stream_ends_streams_with_errors_and_capacity_return
     nodes = replica_nodes(multinode)
     async with httpx.AsyncClient(base_url=multinode.url, timeout=120) as http:
         events = [asyncio.Event() for _ in range(16)]
+        firsts: list[dict[str, Any]] = []
         tasks = [
-            asyncio.create_task(stream(http, NAMES[i % len(NAMES)], 440, events[i]))
+            asyncio.create_task(stream(http, NAMES[i % len(NAMES)], 440, events[i], firsts))
             for i in range(16)
         ]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)
+        # Placement decides where the streams run: the node holding the most of them is lost.
+        on = Counter(nodes[f["molora"]["replica"]] for f in firsts)
+        lost = on.most_common(1)[0][0]
+        kept = next(n for n in ("node_a", "node_b") if n != lost)
         killed_at = time.monotonic()
-        await asyncio.to_thread(multinode.kill_worker, "node_b")
+        await asyncio.to_thread(multinode.kill_worker, lost)
         outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 120)
         ended_s = time.monotonic() - killed_at
         affected = 0
@@ -130,7 +147,7 @@ async def test_node_loss_mid_stream_ends_streams_with_errors_and_capacity_return
             replica = evs[0]["molora"]["replica"]
             if "error" in evs[-1]:
                 affected += 1
-                assert nodes[replica] == "node_b"
+                assert nodes[replica] == lost
                 assert evs[-1]["error"]["code"] == 503, evs[-1]
             else:
                 assert evs[-1]["choices"][0]["finish_reason"] == "length", evs[-1]
@@ -140,8 +157,8 @@ async def test_node_loss_mid_stream_ends_streams_with_errors_and_capacity_return
         assert ended_s < 60, ended_s
         # New requests succeed on the survivors at once.
         served = [await chat(http, name) for name in NAMES]
-        assert {nodes.get(s["molora"]["replica"]) for s in served} == {"node_a"}
-    multinode.add_worker("node_b")  # Ray starts nodes from the main thread only
+        assert {nodes.get(s["molora"]["replica"]) for s in served} == {kept}
+    multinode.add_worker(lost)  # Ray starts nodes from the main thread only
     await asyncio.to_thread(wait_replicas, multinode, {"node_a": 1, "node_b": 1})
     async with httpx.AsyncClient(base_url=multinode.url, timeout=120) as http:
         served = [await chat(http, name) for name in NAMES * 2]
