@@ -82,10 +82,12 @@ class RequestHandler:
         except ApiError as exc:
             tracker.done(str(exc.status))
             return error_response(exc.status, exc.message, exc.param, retry_after)
-        shaper = Shaper(body, resolved, chat, gen_req.request_id, gen_req.image_output)
         # Which replica served and whether its hot-set already held the adapter tell of other
         # tenants' traffic: with API keys on, admins only.
-        shaper.show_replica = principal.admin or not self.cfg.server.auth.enabled
+        shaper = Shaper(
+            body, resolved, chat, gen_req.request_id, gen_req.image_output,
+            show_replica=principal.admin or not self.cfg.server.auth.enabled,
+        )  # fmt: skip
         if body.stream:
             return StreamingResponse(
                 self.stream(stream, first, shaper, tracker),

@@ -59,9 +59,16 @@ class Shaper:
     """Turns replica items into OpenAI responses and chunks (choices by their `index`)."""
 
     def __init__(
-        self, body: Any, resolved: Resolved, chat: bool, request_id: str, images: bool = False
+        self,
+        body: Any,
+        resolved: Resolved,
+        chat: bool,
+        request_id: str,
+        images: bool = False,
+        show_replica: bool = True,
     ) -> None:
         self.body, self.resolved, self.chat, self.id = body, resolved, chat, request_id
+        self.show_replica = show_replica  # which replica served, hot-set hit, tier
         self.images = ImageOutput() if images and chat else None
         self.model = body.model
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -72,7 +79,6 @@ class Shaper:
         self.n, self.best_of = choices_asked(body)
         self.offsets: dict[int, int] = {}  # completions' text_offset per choice (streaming)
         self.echo = bool(getattr(body, "echo", False))
-        self.show_replica = True
 
     def _echo(self, deltas: list[DeltaItem]) -> tuple[str, list[LogprobItem]]:
         """Echo's prompt text and its logprob items (from the choice's first delta)."""
