@@ -33,6 +33,9 @@ from adapter_store.validate import (
 )
 from adapter_store.version_reader import VersionReader
 
+# The composition.json fields a composition's manifest repeats (its adapters are pinned first).
+COMPOSITION_FIELDS = {"base_model", "top_k", "temperature", "num_layers", "hidden_size"}
+
 
 def _check_ref(name: str, version: str, tenant: str | None) -> None:
     """Refuse a malformed name, version or tenant before anything is read or uploaded."""
@@ -91,7 +94,7 @@ class Registry(VersionReader):
         files: list[Path],
         ident: tuple[str, str, str | None, list[str] | None, str | None],
         progress: Progress | None,
-        **fields: Any,
+        fields: dict[str, Any],
     ) -> StagedPublish:
         """Hash `files`, build the manifest from `ident` (name, version, description, tags,
         tenant) and the kind's `fields`, and upload the files."""
@@ -125,12 +128,9 @@ class Registry(VersionReader):
                 "adapter_config.json names no base_model_name_or_path: pass --base-model"
             )
         self._check_free("adapter", name, version, tenant)
-        return self._stage(
-            AdapterManifest, info.files, (name, version, description, tags, tenant), progress,
-            base_model=base, base_model_fingerprint=info.base_model_fingerprint,
-            base_model_identity=info.base_model_identity, rank=info.rank, alpha=info.alpha,
-            target_modules=info.target_modules, num_layers=info.num_layers, dtype=info.dtype,
-        )  # fmt: skip
+        fields = info.model_dump(exclude={"files", "base_model"}) | {"base_model": base}
+        ident = (name, version, description, tags, tenant)
+        return self._stage(AdapterManifest, info.files, ident, progress, fields)
 
     def publish_adapter(
         self, folder: str | Path, name: str, version: str, **kwargs: Any
@@ -184,11 +184,9 @@ class Registry(VersionReader):
                 json.dumps(cfg.model_dump() | {"adapters": pinned}, indent=2) + "\n"
             )
             files = [stored_cfg if p.name == COMPOSITION_CONFIG else p for p in files]
-            return self._stage(
-                CompositionManifest, files, (name, version, description, tags, tenant), progress,
-                base_model=cfg.base_model, adapters=pinned, top_k=cfg.top_k,
-                temperature=cfg.temperature, num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
-            )  # fmt: skip
+            fields = cfg.model_dump(include=COMPOSITION_FIELDS) | {"adapters": pinned}
+            ident = (name, version, description, tags, tenant)
+            return self._stage(CompositionManifest, files, ident, progress, fields)
 
     def publish_composition(
         self, folder: str | Path, name: str, version: str, **kwargs: Any
