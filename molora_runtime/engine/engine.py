@@ -21,6 +21,7 @@ from molora_runtime.config import EngineConfig
 from molora_runtime.engine.adapter_binding import AdapterBinder
 from molora_runtime.engine.block_manager import BlockManager
 from molora_runtime.engine.device import load_tokenizer, pick_device, pick_dtype
+from molora_runtime.model.chat_templates import use_chat_template
 from molora_runtime.engine.isolation import run_isolated
 from molora_runtime.engine.kv_budget import kv_num_blocks
 from molora_runtime.engine.model_runner import ModelRunner
@@ -59,6 +60,7 @@ class LLMEngine:
         self.arch = arch = self.model.arch
         self.model_id = config.model
         self.tokenizer = load_tokenizer(self.model_path)
+        use_chat_template(self.tokenizer, config.chat_template, config.model)
         self.eos_ids = set(arch.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids.add(int(self.tokenizer.eos_token_id))
