@@ -311,7 +311,6 @@ class ChatMessage(_Payload):
             return 0
         return sum(isinstance(p, ImageContentPart) for p in self.content)
 
-
     def engine_message(self) -> dict[str, Any]:
         """The message as the chat template gets it (developer is system)."""
         out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}

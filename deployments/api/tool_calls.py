@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.api.response_models import FunctionCallOut, ToolCallDelta, ToolCallOut
+
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 # A call's opening up to its arguments: what a stream must see before it names the function.
@@ -182,3 +184,44 @@ class ToolCallStream:
             self._done = True
         self._trim = True
         return ""
+
+
+class ToolCallShaping:
+    """The Shaper's hook for a chat request with tools: per choice, content and tool calls out of
+    the generated text, and finish_reason "tool_calls" when the model chose to call (a named
+    function keeps "stop", as OpenAI answers a forced call)."""
+
+    def __init__(self, mode: str, parallel: bool) -> None:
+        self.named = mode == "named"
+        self.max_calls = 1 if self.named or not parallel else None
+        self.streams: dict[int, ToolCallStream] = {}
+
+    @classmethod
+    def for_body(cls, body: Any, chat: bool) -> ToolCallShaping | None:
+        """The hook for `body`, or None when no call can come (no tools, tool_choice none)."""
+        mode = body.tool_mode() if chat else "none"
+        return None if mode == "none" else cls(mode, body.parallel_tool_calls)
+
+    def _finish(self, finish: str | None, called: bool) -> str | None:
+        return "tool_calls" if called and finish == "stop" and not self.named else finish
+
+    def message(
+        self, text: str, finish: str | None
+    ) -> tuple[str | None, list[ToolCallOut] | None, str | None]:
+        """(content, tool_calls, finish_reason) of a whole choice."""
+        content, calls = parse_tool_calls(text, self.max_calls)
+        if not calls:
+            return text, None, finish
+        out = [ToolCallOut(id=c["id"], function=FunctionCallOut(**c["function"])) for c in calls]
+        return content or None, out, self._finish(finish, True)
+
+    def delta(
+        self, index: int, text: str, finish: str | None
+    ) -> tuple[str | None, list[ToolCallDelta] | None, str | None]:
+        """(content, tool-call deltas, finish_reason) of one streamed increment of choice `index`."""
+        stream = self.streams.setdefault(index, ToolCallStream(self.max_calls))
+        content, deltas = stream.feed(text, last=finish is not None)
+        calls = [ToolCallDelta.model_validate(d) for d in deltas] or None
+        if calls and not content:
+            content = None
+        return content, calls, self._finish(finish, stream.calls > 0)

@@ -21,7 +21,6 @@ from molora_runtime.config import EngineConfig
 from molora_runtime.engine.adapter_binding import AdapterBinder
 from molora_runtime.engine.block_manager import BlockManager
 from molora_runtime.engine.device import load_tokenizer, pick_device, pick_dtype
-from molora_runtime.model.chat_templates import use_chat_template
 from molora_runtime.engine.isolation import run_isolated
 from molora_runtime.engine.kv_budget import kv_num_blocks
 from molora_runtime.engine.model_runner import ModelRunner
@@ -37,6 +36,7 @@ from molora_runtime.errors import EngineOverloadedError, SequenceStepError
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.source import AdapterSource
 from molora_runtime.model.attention_meta import KVCache
+from molora_runtime.model.chat_templates import use_chat_template
 from molora_runtime.model.loader import load_model
 from molora_runtime.model.model_paths import resolve_model_path
 
