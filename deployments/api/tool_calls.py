@@ -155,6 +155,8 @@ class ToolCallStream:
             head = _HEAD.match(call.text)
             if head is None or head.end() == len(call.text):  # more whitespace may follow
                 return
+            if call.text[head.end()] != "{":  # arguments that are no object: no call
+                return
             call.id, call.args_from = new_call_id(), head.end()
             self._out.append(_call(self.calls, call.id, head.group(1), ""))
             self.calls += 1
