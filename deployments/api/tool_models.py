@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_TOOLS = 128  # OpenAI's bound
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's function names
@@ -29,6 +29,13 @@ class FunctionDefinition(_Payload):
         None, description="JSON Schema of the arguments (an object); absent = no arguments"
     )
     strict: bool | None = Field(None, description="accepted; forced calls always follow it")
+
+    @field_validator("parameters")
+    @classmethod
+    def _an_object(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "object") != "object":
+            raise ValueError("parameters must be a JSON Schema of type 'object' (the arguments)")
+        return value
 
 
 class ToolDefinition(_Payload):

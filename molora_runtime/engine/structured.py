@@ -1,5 +1,8 @@
 """Structured output: a JSON grammar (xgrammar) as a per-sequence token mask before sampling.
 
+The same path forces tool calls (`tool_choice` "required" or a named function): their grammar is
+a structural tag built in `tool_grammar`.
+
 Each sequence with a `response_format` owns a `GrammarState` (an xgrammar matcher over the
 compiled grammar, which is shared and cached by schema): before each sampling step it yields the
 boolean mask of the tokens the grammar allows next (EOS only once the JSON is complete), and every

@@ -185,6 +185,17 @@ def test_tool_history_reaches_the_template_in_its_shape() -> None:
         ),
         ({"tools": TOOLS * 2}, "names must be unique"),
         (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "string"}},
+                    }
+                ]
+            },
+            "of type 'object'",
+        ),
+        (
             {"tools": [{"type": "function", "function": {"name": "has space"}}]},
             "tools.0.function.name",
         ),
