@@ -220,7 +220,7 @@ def test_litellm_tools(app_url, monkeypatch) -> None:
         ({"functions": [{"name": "f"}]}, "deprecated functions API is not supported"),
         ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
         (
-            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "frob"}}}],
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}],
              "tool_choice": "required"},
             "invalid tool parameters schema",
         ),
