@@ -41,9 +41,22 @@ OPENAI_UNSUPPORTED: dict[str, str] = {
     "web_search_options": "web search is not supported",
     "prompt_cache_key": "prompt cache keys are not supported; see cache_salt",
     "safety_identifier": "safety identifiers are not supported; see user",
+    "stream_options.include_obfuscation": "stream obfuscation is not supported",
     "messages.refusal": "assistant refusals in history are not supported",
     "messages.audio": "audio in history is not supported",
     "messages.function_call": "the deprecated functions API is not supported; send tool_calls",
+}
+
+# Values of those parameters that ask for nothing (what a client sends as its default): accepted.
+OPENAI_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "store": (None, False),
+    "metadata": (None, {}),
+    "service_tier": (None, "auto", "default"),
+    "modalities": (None, ["text"]),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "audio": (None,),
+    "prediction": (None,),
 }
 
 
@@ -104,6 +117,20 @@ class StreamOptions(_Payload):
 
 
 class _SamplingFields(_Payload):
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_neutral(cls, data: Any) -> Any:
+        """OpenAI parameters we do not implement, sent at the value that asks for nothing."""
+        if isinstance(data, dict) and any(
+            k in OPENAI_NEUTRAL and data[k] in OPENAI_NEUTRAL[k] for k in data
+        ):
+            return {
+                k: v
+                for k, v in data.items()
+                if k not in OPENAI_NEUTRAL or v not in OPENAI_NEUTRAL[k]
+            }
+        return data
+
     model: str = Field(min_length=1, max_length=4096)
     max_tokens: int | None = Field(None, ge=1, le=MAX_INT32)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT32)

@@ -219,3 +219,10 @@ def test_tool_history_reaches_the_template_in_its_shape() -> None:
 def test_bad_tool_requests_say_why(body, says) -> None:
     got = _check({"messages": [USER], **body})
     assert isinstance(got, str) and says in got, got
+
+
+def test_openai_parameters_at_their_neutral_value_are_accepted() -> None:
+    neutral = {"store": False, "metadata": None, "service_tier": "auto", "modalities": ["text"]}
+    assert isinstance(_check({"messages": [USER], **neutral}), ChatCompletionRequest)
+    assert "stored completions are not supported" in _check({"messages": [USER], "store": True})
+    assert "service tiers are not supported" in _check({"messages": [USER], "service_tier": "flex"})
