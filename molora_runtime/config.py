@@ -80,6 +80,13 @@ class EngineConfig(StrictModel):
         DEFAULT_MODEL,
         description="a prepared model alias (see `molora models prepare`) or an HF folder path",
     )
+    chat_template: str | None = Field(
+        None,
+        max_length=256 * 1024,
+        description="the chat template (vLLM's --chat-template): a shipped name ('hermes'), a "
+        "Jinja file or the Jinja text; default: the model's own (the embedded default model: "
+        "'hermes', its ChatML with a tool format)",
+    )
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_num_seqs: int = Field(8, ge=1, le=1024, description="sequences decoded together")

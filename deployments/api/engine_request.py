@@ -91,6 +91,10 @@ def engine_request(
                 "messages": body.engine_messages(),
                 "images": images,
                 "image_output": wants_images(body, resolved.route),
+                "tools": body.template_tools(),
+                # The model chooses whether to call, or reads earlier calls: the template must
+                # render tools (forced calls come from a grammar and need no template support).
+                "needs_tool_format": body.tool_mode() == "auto" or body.has_tool_history(),
             }
         elif isinstance(body.prompt, str):
             prompt = {"prompt": body.prompt}

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.access.gate import AccessError
 from deployments.access.gate import error_response as access_error_response
+from deployments.api.request_models import OPENAI_UNSUPPORTED
 from deployments.api.response_models import error_payload
 
 
@@ -86,6 +87,9 @@ def validation_message(exc: ValidationError) -> tuple[str, str | None]:
     )
     loc = _param_path(err["loc"])
     param = ".".join(loc) or None
-    msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"]
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        named = ".".join(p for p in loc if not p.isdigit())
+        msg = OPENAI_UNSUPPORTED.get(named, "unknown parameter")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from deployments.api.tool_models import ToolCallsIn, ToolFields
 from molora_runtime.engine.types import MAX_INT32, MAX_SEED
 from molora_runtime.multimodal.prompt import IMAGE_SLOT
 from molora_runtime.routes import RouteSpec
@@ -23,6 +24,40 @@ MAX_N = 16  # choices per request (n, best_of)
 MAX_LOGIT_BIAS = 1024  # entries of logit_bias
 MAX_TOP_LOGPROBS = 20
 MAX_IMAGES = 16  # image parts per request
+
+# Parameters OpenAI defines that this server does not implement (dotted paths, list indexes left
+# out): a 400 says so and why, rather than reading like the caller's typo.
+OPENAI_UNSUPPORTED: dict[str, str] = {
+    "functions": "the deprecated functions API is not supported; send tools",
+    "function_call": "the deprecated functions API is not supported; send tool_choice",
+    "audio": "audio output is not supported",
+    "modalities": "output modalities other than text are not supported",
+    "prediction": "predicted outputs are not supported",
+    "store": "stored completions are not supported",
+    "metadata": "stored completions (and their metadata) are not supported",
+    "service_tier": "service tiers are not supported",
+    "reasoning_effort": "reasoning effort is not supported",
+    "verbosity": "verbosity is not supported",
+    "web_search_options": "web search is not supported",
+    "prompt_cache_key": "prompt cache keys are not supported; see cache_salt",
+    "safety_identifier": "safety identifiers are not supported; see user",
+    "stream_options.include_obfuscation": "stream obfuscation is not supported",
+    "messages.refusal": "assistant refusals in history are not supported",
+    "messages.audio": "audio in history is not supported",
+    "messages.function_call": "the deprecated functions API is not supported; send tool_calls",
+}
+
+# Values of those parameters that ask for nothing (what a client sends as its default): accepted.
+OPENAI_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "store": (None, False),
+    "metadata": (None, {}),
+    "service_tier": (None, "auto", "default"),
+    "modalities": (None, ["text"]),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "audio": (None,),
+    "prediction": (None,),
+}
 
 
 class _Payload(BaseModel):
@@ -82,6 +117,20 @@ class StreamOptions(_Payload):
 
 
 class _SamplingFields(_Payload):
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_neutral(cls, data: Any) -> Any:
+        """OpenAI parameters we do not implement, sent at the value that asks for nothing."""
+        if isinstance(data, dict) and any(
+            k in OPENAI_NEUTRAL and data[k] in OPENAI_NEUTRAL[k] for k in data
+        ):
+            return {
+                k: v
+                for k, v in data.items()
+                if k not in OPENAI_NEUTRAL or v not in OPENAI_NEUTRAL[k]
+            }
+        return data
+
     model: str = Field(min_length=1, max_length=4096)
     max_tokens: int | None = Field(None, ge=1, le=MAX_INT32)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT32)
@@ -238,9 +287,25 @@ MessagePart = Annotated[ContentPart | ImageContentPart, Field(discriminator="typ
 
 
 class ChatMessage(_Payload):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[MessagePart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[MessagePart] | None = Field(
+        None, description="null only for an assistant message that makes tool calls"
+    )
     name: str | None = Field(None, description="not supported: refused rather than dropped")
+    tool_calls: ToolCallsIn | None = Field(None, description="an assistant message's calls")
+    tool_call_id: str | None = Field(
+        None, min_length=1, max_length=256, description="the call a tool message answers"
+    )
+
+    @model_validator(mode="after")
+    def _tool_shape(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if (self.tool_call_id is None) != (self.role != "tool"):
+            raise ValueError("tool messages, and only they, carry a tool_call_id")
+        if self.content is None and self.tool_calls is None:
+            raise ValueError("content is required (null only with tool_calls)")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -253,6 +318,8 @@ class ChatMessage(_Payload):
 
     def text(self) -> str:
         """The message's text; each image part becomes an IMAGE_SLOT the engine fills."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(
@@ -260,17 +327,29 @@ class ChatMessage(_Payload):
         )
 
     def texts(self) -> list[str]:
+        if self.content is None:
+            return []
         if isinstance(self.content, str):
             return [self.content]
         return [p.text for p in self.content if isinstance(p, ContentPart)]
 
     def image_count(self) -> int:
-        if isinstance(self.content, str):
+        if not isinstance(self.content, list):
             return 0
         return sum(isinstance(p, ImageContentPart) for p in self.content)
 
+    def engine_message(self) -> dict[str, Any]:
+        """The message as the chat template gets it (developer is system)."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
+        out["content"] = self.text()
+        if self.tool_calls is not None:
+            out["tool_calls"] = [call.for_template() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
-class ChatCompletionRequest(_SamplingFields):
+
+class ChatCompletionRequest(_SamplingFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -283,6 +362,11 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError(f"at most {MAX_IMAGES} image parts per request")
         if self.has_images() and any(IMAGE_SLOT in t for m in self.messages for t in m.texts()):
             raise ValueError("U+FFFC marks image parts: a request with images cannot use it")
+        if self.response_format is not None and self.tool_mode() in ("required", "named"):
+            raise ValueError(
+                "response_format cannot be combined with tool_choice 'required' or a named "
+                "function: both decide the whole output"
+            )
         return self
 
     def has_images(self) -> bool:
@@ -291,6 +375,12 @@ class ChatCompletionRequest(_SamplingFields):
     def top_logprobs_wanted(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def engine_messages(self) -> list[dict[str, str]]:
-        role = {"developer": "system"}
-        return [{"role": role.get(m.role, m.role), "content": m.text()} for m in self.messages]
+    def engine_messages(self) -> list[dict[str, Any]]:
+        return [m.engine_message() for m in self.messages]
+
+    def has_tool_history(self) -> bool:
+        return any(m.tool_calls or m.role == "tool" for m in self.messages)
+
+    def engine_format(self) -> dict[str, Any] | None:
+        """A forced tool call's grammar, else the response format's."""
+        return self.tool_call_format() or super().engine_format()

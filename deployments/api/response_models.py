@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 
 class Usage(BaseModel):
@@ -64,12 +64,31 @@ class ImageOut(BaseModel):
     image_url: ImageURLOut
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str = Field(description="JSON text of the arguments")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     images: list[ImageOut] | None = Field(
         None, description="generated images, in order (with `molora.images`, else absent)"
     )
+    tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _null_content(self, handler: Any) -> dict[str, Any]:
+        """`content` stays in the JSON as null beside tool calls, as OpenAI writes it."""
+        out = handler(self)
+        out.setdefault("content", self.content)
+        return out
 
 
 class ChatChoice(BaseModel):
@@ -84,10 +103,25 @@ class ChatCompletionResponse(_Envelope):
     choices: list[ChatChoice]
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str
+
+
+class ToolCallDelta(BaseModel):
+    """A call's first delta carries id, type and name; later ones more arguments text."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     images: list[ImageOut] | None = Field(None, description="images closed in this chunk")
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

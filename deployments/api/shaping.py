@@ -25,6 +25,7 @@ from deployments.api.response_models import (
     TokenAttributionOut,
     Usage,
 )
+from deployments.api.tool_calls import ToolCallShaping
 from deployments.catalog.model_names import Resolved
 from deployments.replica.wire import (
     DeltaItem,
@@ -79,6 +80,7 @@ class Shaper:
         self.n, self.best_of = choices_asked(body)
         self.offsets: dict[int, int] = {}  # completions' text_offset per choice (streaming)
         self.echo = bool(getattr(body, "echo", False))
+        self.tools = ToolCallShaping.for_body(body, chat)  # tool calls read out of the text
 
     def _echo(self, deltas: list[DeltaItem]) -> tuple[str, list[LogprobItem]]:
         """Echo's prompt text and its logprob items (from the choice's first delta)."""
@@ -150,6 +152,9 @@ class Shaper:
             logprobs = self._logprobs(deltas, 0, prompt)
             if self.chat:
                 message = AssistantMessage(content=text)
+                if self.tools is not None:
+                    content, calls, finish = self.tools.message(text, finish)
+                    message = AssistantMessage(content=content, tool_calls=calls)
                 if self.images is not None:
                     message.images = ImageOutput.all([t for d in deltas for t in d.token_ids])
                 chat_choices.append(
@@ -185,9 +190,12 @@ class Shaper:
         if not isinstance(item, DeltaItem):
             return []
         text, finish, index = item.text, item.finish_reason, item.index
+        calls = None
+        if self.tools is not None:
+            text, calls, finish = self.tools.delta(index, text, finish)
         first = index not in self.sent_role
         images = self.images.feed(index, item.token_ids, finish is not None) if self.images else []
-        if not text and finish is None and not first and not item.logprobs and not images:
+        if not (text or calls or first or item.logprobs or images) and finish is None:
             return []
         info = None
         if (first and not self.sent_role) or item.attribution:
@@ -205,7 +213,7 @@ class Shaper:
                 len(lp.token) for lp in [*prompt, *(item.logprobs or [])]
             )
         if self.chat:
-            delta = DeltaMessage(content=text, images=images or None)
+            delta = DeltaMessage(content=text, images=images or None, tool_calls=calls)
             if first:
                 delta.role = "assistant"
             chunk: Any = ChatCompletionChunk(

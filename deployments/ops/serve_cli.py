@@ -23,6 +23,11 @@ from adapter_store.errors import InvalidInputError, NotFoundError
 from adapter_store.validate import load_base_config, sha256_file
 from adapter_store.versions import open_registry
 from deployments.config import REPO_ROOT, ConfigError, ServeConfig
+from molora_runtime.model.chat_templates import (
+    SHIPPED_TEMPLATES,
+    ChatTemplateError,
+    read_chat_template,
+)
 from molora_runtime.model.model_paths import GGUF_MODELS, resolve_model_path
 
 TEMPLATE = REPO_ROOT / "serve_config.yaml"
@@ -85,6 +90,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-loras", type=int, help="hot-set slots per replica (hot_set.num_slots)")
     p.add_argument("--max-lora-rank", type=int, help="largest adapter rank (hot_set.max_rank)")
     p.add_argument("--served-model-name", help="the base model's name in the API")
+    p.add_argument(
+        "--chat-template",
+        help="chat template: a shipped name (hermes), a Jinja file, or the Jinja text; "
+        "default: the model's own",
+    )
+    p.add_argument(
+        "--enable-auto-tool-choice", action="store_true", help="accepted for vLLM; always on"
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=["hermes"],
+        help="accepted for vLLM: the <tool_call> JSON form (Hermes, Qwen3) is the one read",
+    )
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--max-num-seqs", type=int)
@@ -135,6 +153,8 @@ def build_document(args: argparse.Namespace) -> dict[str, Any]:
         engine["hot_set"]["max_rank"] = args.max_lora_rank
     if args.served_model_name:
         cfg["served_model_name"] = args.served_model_name
+    if args.chat_template:
+        engine["chat_template"] = chat_template_arg(args.chat_template)
     own_model = args.model != DEFAULT_MODEL_ALIAS
     if args.store or own_model or args.lora_modules:
         cfg["store"] = {"url": args.store or str(default_store_dir())}
@@ -161,6 +181,18 @@ def build_document(args: argparse.Namespace) -> dict[str, Any]:
     # The replica takes one call per sequence plus the router's stream channel.
     replica["max_ongoing_requests"] = served.engine.max_num_seqs + 1
     return doc
+
+
+def chat_template_arg(value: str) -> str:
+    """The `--chat-template` value as the replicas will read it (a file by its absolute path)."""
+    path = Path(value).expanduser()
+    if value not in SHIPPED_TEMPLATES and path.is_file():
+        value = str(path.resolve())
+    try:
+        read_chat_template(value)
+    except (ChatTemplateError, OSError) as exc:
+        raise ConfigError(f"--chat-template: {exc}") from None
+    return value
 
 
 def publish_modules(doc: dict[str, Any], modules: dict[str, str]) -> list[str]:

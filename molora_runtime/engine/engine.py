@@ -36,6 +36,7 @@ from molora_runtime.errors import EngineOverloadedError, SequenceStepError
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.source import AdapterSource
 from molora_runtime.model.attention_meta import KVCache
+from molora_runtime.model.chat_templates import use_chat_template
 from molora_runtime.model.loader import load_model
 from molora_runtime.model.model_paths import resolve_model_path
 
@@ -59,6 +60,7 @@ class LLMEngine:
         self.arch = arch = self.model.arch
         self.model_id = config.model
         self.tokenizer = load_tokenizer(self.model_path)
+        use_chat_template(self.tokenizer, config.chat_template, config.model)
         self.eos_ids = set(arch.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids.add(int(self.tokenizer.eos_token_id))

@@ -10,8 +10,16 @@ from molora_runtime.errors import AdapterLoadError, InvalidRequestError
 from molora_runtime.lora.composition import CompositionError, read_composition_config
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.routing import check_route_width
+from molora_runtime.model.chat_templates import renders_tools
 from molora_runtime.multimodal.prompt import encode_with_images
 from molora_runtime.routes import LearnedRoute, RouteLimits, check_route_limits
+
+NO_TOOL_FORMAT = (
+    "this model's chat template has no tool format: it shows the model neither the tools nor "
+    "earlier tool calls, so tool_choice 'auto' and tool-call history cannot work; serve it with a "
+    "tool-calling template (engine.chat_template, `molora serve --chat-template hermes`), or "
+    "force a call with tool_choice 'required' or a named function"
+)
 
 
 class RequestChecker:
@@ -37,6 +45,7 @@ class RequestChecker:
         self.hot_set = hot_set
         self.width = width
         self.grammars = grammars
+        self._tool_format: bool | None = None  # whether the chat template renders tools
 
     def encode_prompt(self, req: GenerationRequest) -> list[int]:
         if req.prompt_token_ids is not None:
@@ -50,9 +59,11 @@ class RequestChecker:
         if self.tokenizer is None:
             raise InvalidRequestError("this model has no tokenizer: send prompt_token_ids")
         if req.messages is not None:
+            if req.needs_tool_format and not self._renders_tools():
+                raise InvalidRequestError(NO_TOOL_FORMAT)
             try:
                 text = self.tokenizer.apply_chat_template(
-                    req.messages, add_generation_prompt=True, tokenize=False
+                    req.messages, tools=req.tools, add_generation_prompt=True, tokenize=False
                 )
             except Exception as exc:  # template errors are the caller's messages' fault
                 raise InvalidRequestError(f"cannot apply the chat template: {exc}") from exc
@@ -68,6 +79,11 @@ class RequestChecker:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         except Exception as exc:  # e.g. a lone surrogate: the text is not valid Unicode
             raise InvalidRequestError(f"cannot tokenize the prompt: {type(exc).__name__}") from exc
+
+    def _renders_tools(self) -> bool:
+        if self._tool_format is None:
+            self._tool_format = renders_tools(self.tokenizer)
+        return self._tool_format
 
     def _check_lengths(self, n: int, req: GenerationRequest) -> None:
         limit, p = self.max_model_len, req.sampling

@@ -1,5 +1,8 @@
 """Structured output: a JSON grammar (xgrammar) as a per-sequence token mask before sampling.
 
+The same path forces tool calls (`tool_choice` "required" or a named function): their grammar is
+a structural tag built in `tool_grammar`.
+
 Each sequence with a `response_format` owns a `GrammarState` (an xgrammar matcher over the
 compiled grammar, which is shared and cached by schema): before each sampling step it yields the
 boolean mask of the tokens the grammar allows next (EOS only once the JSON is complete), and every
@@ -18,6 +21,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from molora_runtime.engine.tool_grammar import ToolCallFormat, structural_tag
 from molora_runtime.errors import InvalidRequestError
 
 MAX_CACHED_GRAMMARS = 64
@@ -26,15 +30,16 @@ MAX_SCHEMA_CHARS = 64 * 1024
 
 
 class ResponseFormat(BaseModel):
-    """What the engine needs: JSON (any object) or JSON matching `json_schema`."""
+    """What the engine needs: JSON (any object), JSON matching `json_schema`, or tool calls."""
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["json_object", "json_schema"]
+    type: Literal["json_object", "json_schema", "tool_calls"]
     json_schema: dict[str, Any] | None = Field(None, description="the JSON Schema (json_schema)")
+    tool_calls: ToolCallFormat | None = Field(None, description="the functions (tool_calls)")
 
     def key(self) -> str:
-        return json.dumps([self.type, self.json_schema], sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
 
 
 class GrammarState:
@@ -102,22 +107,31 @@ class GrammarCompiler:
             compiler = self._get_compiler()
         # Compiled outside the lock: a cached grammar never waits behind another's compile.
         try:
-            schema = fmt.json_schema if fmt.type == "json_schema" else {"type": "object"}
-            if schema is None:
-                raise InvalidRequestError("response_format json_schema needs a schema")
-            # json_object means an object (OpenAI), not any JSON value.
-            compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+            compiled = self._compile(compiler, fmt)
         except InvalidRequestError:
             raise
         except Exception as exc:  # xgrammar's RuntimeError names what it cannot use
             reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
             reason = reason.split(": ", 1)[-1] if "json_schema_converter" in reason else reason
-            raise InvalidRequestError(f"invalid response_format schema: {reason}") from None
+            what = "tool parameters" if fmt.type == "tool_calls" else "response_format"
+            raise InvalidRequestError(f"invalid {what} schema: {reason}") from None
         with self._lock:
             self._cache[key] = compiled
             if len(self._cache) > MAX_CACHED_GRAMMARS:
                 self._cache.popitem(last=False)
         return compiled
+
+    @staticmethod
+    def _compile(compiler: Any, fmt: ResponseFormat) -> Any:
+        if fmt.type == "tool_calls":
+            if fmt.tool_calls is None:
+                raise InvalidRequestError("a tool_calls format needs its functions")
+            return compiler.compile_structural_tag(structural_tag(fmt.tool_calls))
+        schema = fmt.json_schema if fmt.type == "json_schema" else {"type": "object"}
+        if schema is None:
+            raise InvalidRequestError("response_format json_schema needs a schema")
+        # json_object means an object (OpenAI), not any JSON value.
+        return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
 
     def new_state(self, fmt: ResponseFormat) -> GrammarState:
         return GrammarState(self.compile(fmt), self.vocab_size)

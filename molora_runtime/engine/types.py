@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -94,8 +94,18 @@ class GenerationRequest(BaseModel):
     request_id: str
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
-    messages: list[dict[str, str]] | None = Field(
-        None, description="chat messages, rendered with the model's chat template"
+    messages: list[dict[str, Any]] | None = Field(
+        None,
+        description="chat messages (OpenAI's shape, tool calls and results included), rendered "
+        "with the model's chat template",
+    )
+    tools: list[dict[str, Any]] | None = Field(
+        None, max_length=128, description="tool definitions the chat template shows the model"
+    )
+    needs_tool_format: bool = Field(
+        False,
+        description="the model may choose to call a tool, or earlier calls are in the messages: "
+        "the chat template must render tools (a 400 otherwise)",
     )
     route: RouteSpec = Field(default_factory=BaseRoute)
     sampling: SamplingParams = Field(default_factory=SamplingParams)

@@ -67,6 +67,8 @@ def test_the_embedded_default_keeps_the_bundled_store(capsys) -> None:
         (["--lora-modules", '{"name": 1}'], "must be"),
         (["--lora-modules", "a=x", "a=y"], "names 'a' twice"),
         (["--max-num-seqs", "0"], "max_num_seqs"),
+        (["--chat-template", "no-such-template"], "--chat-template: chat_template"),
+        (["--tool-call-parser", "mistral"], "invalid choice"),
     ],
 )
 def test_bad_flags_say_why(argv, says, capsys) -> None:
@@ -75,6 +77,19 @@ def test_bad_flags_say_why(argv, says, capsys) -> None:
     assert exit_.value.code != 0
     err = capsys.readouterr().err + str(exit_.value.code)
     assert says in err
+
+
+def test_chat_template_flag(capsys, tmp_path, monkeypatch) -> None:
+    """A shipped name passes as is; a file is carried by its absolute path (the replicas run
+    elsewhere); vLLM's tool flags are accepted."""
+    (tmp_path / "mine.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    monkeypatch.chdir(tmp_path)
+    for value, want in (("hermes", "hermes"), ("mine.jinja", str(tmp_path / "mine.jinja"))):
+        argv = ["smollm2-135m-instruct", "--chat-template", value, "--enable-auto-tool-choice"]
+        argv += ["--tool-call-parser", "hermes", "--print-config"]
+        assert cli.main(argv=["serve", *argv]) == 0
+        args = yaml.safe_load(capsys.readouterr().out)["applications"][0]["args"]
+        assert ServeConfig.from_args(args).engine.chat_template == want
 
 
 def test_unknown_model_is_refused(tmp_path) -> None:
