@@ -148,12 +148,27 @@ class HotSet:
         if not self.slots.pooled:
             reusable = self.free_slots() + sum(1 for _ in self._lru.victims(keep=names))
             return len(missing) <= reusable
+        self._check_fits_ever(names)
         room = {p: 0 for p in self.slots.pools}
         slots = [s for s, n in enumerate(self._names) if s and n is None]
         slots += [self._lru.peek(n) for n in self._lru.victims(keep=names)]
         for slot in slots:
             room[self.slots.pool_of(slot)[0]] += 1
         return fits_at_once(self.slots.pools, [self._rank_hint(n) for n in missing], room)
+
+    def _check_fits_ever(self, names: Iterable[str]) -> None:
+        """Refuse adapters that could not sit in the pools together even in an empty hot-set
+        (judged once every rank is known)."""
+        ranks = [self._ranks.get(n) for n in names]
+        if not self.slots.pooled or None in ranks:
+            return
+        known = [r for r in ranks if r is not None]
+        if not fits_at_once(self.slots.pools, known, {p: p.slots for p in self.slots.pools}):
+            pools = ", ".join(f"{p.slots} of rank {p.rank}" for p in self.slots.pools)
+            raise HotSetFullError(
+                f"the route needs adapters of ranks {sorted(known)} at once but the hot-set's "
+                f"rank pools hold {pools} slots (hot_set.rank_pools)"
+            )
 
     def _rank_hint(self, name: str) -> int:
         """The adapter's rank if its weights were seen (here or parsed in host memory), else
@@ -190,6 +205,7 @@ class HotSet:
                 missing.append((name, self.loader.read(name), start))
         # Largest ranks first, so a small adapter never takes the one big slot a big one needs.
         missing.sort(key=lambda m: -self._note_rank(m[0], m[1]))
+        self._check_fits_ever(names)
         for name, weights, start in missing:
             slot = self._victim(keep, self._ranks[name])
             self._load(slot, name, weights, start)

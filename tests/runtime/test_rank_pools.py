@@ -173,3 +173,22 @@ def test_adapter_above_every_pool_is_refused(tiny_engine_factory, adapters) -> N
     )
     assert "rank 32" in (got["x"]["error"] or "") and "max_rank=8" in got["x"]["error"]
     assert got["y"]["finish_reason"] == "length" and not engine.hot_set.in_use()
+
+
+def test_a_route_that_never_fits_the_pools_fails_alone(tiny_engine_factory, adapters) -> None:
+    """c (rank 12) and big (rank 32) both need the one rank-32 slot: that request fails with
+    the reason, the others run, nothing stays held."""
+    pools = [{"rank": 4, "slots": 2}, {"rank": 32, "slots": 1}]
+    engine = tiny_engine_factory(adapters=adapters, hot_set={"rank_pools": pools})
+    reqs = [
+        request("x", [1, 2, 3], MixRoute(weights={"c": 0.5, "big": 0.5}), 4),
+        request("y", [4, 5], "a", 4),
+        request("z", [6, 7], "big", 4),
+    ]
+    got = run_to_completion(engine, reqs)
+    assert "ranks [12, 32]" in (got["x"]["error"] or ""), got["x"]
+    assert "1 of rank 32" in got["x"]["error"]
+    assert got["y"]["finish_reason"] == got["z"]["finish_reason"] == "length"
+    assert not engine.hot_set.in_use()
+    with pytest.raises(HotSetFullError, match="rank pools"):  # now judged before any load
+        engine.hot_set.can_hold(["c", "big"])
