@@ -300,10 +300,16 @@ class HotSet:
         slot = self._lru.peek(name)
         return self._generations[slot] if slot is not None else 0
 
-    def _load(self, slot: int, name: str, weights: AdapterWeights, start: float) -> None:
+    def _load(
+        self, slot: int, name: str, weights: AdapterWeights | None = None, start: float = 0.0
+    ) -> None:
+        """Write `name` (its `weights` once read, from `start`) into `slot`."""
         held = self._names[slot]
         if held is not None and self._lru.held(held):  # a running sequence reads these weights
             raise RuntimeError(f"hot-set slot {slot} is held by a running request")
+        if weights is None:
+            start = time.perf_counter()
+            weights = self.loader.read(name)
         copy_start = time.perf_counter()
         self.slots.write(slot, weights)
         self.stages.observe("copy", time.perf_counter() - copy_start)
