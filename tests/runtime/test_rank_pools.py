@@ -22,6 +22,7 @@ from tests.runtime.rt_util import (
     run_to_completion,
 )
 from tests.runtime.test_peft_equality import BASE, peft_tokens
+from tests.runtime.test_static_decode import ROUTES, CountingRunner
 
 # a: r=4, b: r=6, c: r=8 with one module at r=12 (rank_pattern), big: r=32.
 POOLS = [{"rank": 4, "slots": 2}, {"rank": 8, "slots": 1}, {"rank": 32, "slots": 2}]
@@ -192,3 +193,20 @@ def test_a_route_that_never_fits_the_pools_fails_alone(tiny_engine_factory, adap
     assert not engine.hot_set.in_use()
     with pytest.raises(HotSetFullError, match="rank pools"):  # now judged before any load
         engine.hot_set.can_hold(["c", "big"])
+
+
+def test_static_decode_over_pools_equals_eager(tiny_engine_factory) -> None:
+    """The static-shape decode step (the CUDA graph's, run eagerly here: every slot of every
+    pool, padded rows) over rank pools gives the eager pooled path's tokens."""
+    hot = {
+        "rank_pools": [{"rank": 4, "slots": 1}, {"rank": 8, "slots": 1}, {"rank": 16, "slots": 2}]
+    }
+    prompts = random_prompts(len(ROUTES), 256, [5, 9, 14, 3], seed=18)
+    reqs = [request(f"s{i}", p, r, 8) for i, (p, r) in enumerate(zip(prompts, ROUTES, strict=True))]
+    eager = run_to_completion(tiny_engine_factory(max_num_seqs=8, hot_set=hot), reqs)
+    engine = tiny_engine_factory(max_num_seqs=8, hot_set=hot)
+    engine.graph_runner = runner = CountingRunner(engine)
+    static = run_to_completion(engine, reqs)
+    assert runner.sizes and {3, 5, 6, 7} & set(runner.sizes)
+    for i in range(len(reqs)):
+        assert static[f"s{i}"]["tokens"] == eager[f"s{i}"]["tokens"], ROUTES[i]
