@@ -3,6 +3,8 @@ to the model's layers; the one place adapter weights are written into a slot."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from molora_runtime.config import HotSetConfig
@@ -12,6 +14,8 @@ from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.decoder import CausalLM
 from molora_runtime.model.rank_pools import PooledBuffers, SlotPool, layout_pools
 from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers, SlotValueError
+
+log = logging.getLogger(__name__)
 
 
 class PoolBuffers:
@@ -102,6 +106,11 @@ class SlotBufferSet:
         for fused in model.fused_groups():
             fused.lora = self._attach([p.groups.get(fused.names) for p in self.parts])
         self.total_slots = config.num_slots + 1  # incl. the zero slot
+        log.info(
+            "LoRA slots: %s, %.1f MB",
+            ", ".join(f"{p.slots} x rank {p.rank}" for p in self.pools),
+            self.capacity_nbytes() / 1e6,
+        )
 
     def _attach(self, per_pool: list) -> object:
         if per_pool[0] is None:
