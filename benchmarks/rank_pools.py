@@ -6,7 +6,8 @@ Both engines are built in one process over the same model and adapters: the padd
 workload runs in ABBA rounds (padded, pooled, pooled, padded, ...), so a neighbour's load on a
 shared box slows both alike; tok/s is generated tokens over the wall time of the whole batch
 (prefill and decode), greedy, `ignore_eos`. Whether both layouts generate the same tokens is
-recorded too.
+recorded too. Each layout runs with its own start-up backend choice (`auto`, what it serves
+with) and, so the layout alone differs, with the same plain and packed stacked backends.
 
     python -m benchmarks.rank_pools [--model smollm2-135m-instruct] [--rounds 2] [--threads 1]
 
@@ -32,7 +33,9 @@ from molora_runtime.engine.engine import LLMEngine
 from molora_runtime.engine.llm import as_route
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.lora.source import DirectorySource
+from molora_runtime.model.lora_backend import StackedBackend
 from molora_runtime.model.model_paths import resolve_model_path
+from molora_runtime.model.rank_pools import PooledBackend
 from molora_runtime.model.tiny import make_native_tiny_model, make_random_adapter
 
 RESULTS = Path(__file__).parent / "results" / "rank_pools.json"
@@ -89,6 +92,43 @@ def run(engine: LLMEngine, reqs: list[tuple[list[int], str]], tag: str, new: int
     return {"seconds": seconds, "tokens": [tokens[f"{tag}-{i}"] for i in range(len(reqs))]}
 
 
+def backend_for(mode: str, chosen: Any, pooled: bool) -> Any:
+    """The engine's own start-up choice (`auto`), or the same stacked backend for both."""
+    if mode == "auto":
+        return chosen
+    inner = StackedBackend(packed=mode == "stacked-packed")
+    return PooledBackend(inner) if pooled else inner
+
+
+def measure(
+    engines: dict[str, LLMEngine], reqs: list[tuple[list[int], str]], label: str,
+    args: argparse.Namespace, identical: dict[str, str],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """ABBA rounds of one workload over both engines: one row per layout."""
+    times: dict[str, list[float]] = {n: [] for n in engines}
+    outs: dict[str, list[list[int]]] = {}
+    for name, engine in engines.items():  # untimed: a packed backend packs its slot range
+        run(engine, reqs, f"{label}-warm-{name}", 2)
+    order = [n for _ in range(args.rounds) for n in ("padded", "pooled", "pooled", "padded")]
+    for k, name in enumerate(order):
+        r = run(engines[name], reqs, f"{label}-{k}", args.new_tokens)
+        times[name].append(r["seconds"])
+        outs.setdefault(name, r["tokens"])
+    same = sum(a == b for a, b in zip(outs["padded"], outs["pooled"], strict=True))
+    identical[label] = f"{same}/{len(reqs)}"
+    n_tokens = len(reqs) * args.new_tokens
+    rows = []
+    for name, engine in engines.items():
+        med = statistics.median(times[name])
+        rows.append({
+            "workload": label, "layout": name, "requests": len(reqs),
+            "tok_per_s_median": round(n_tokens / med, 1),
+            "tok_per_s_each_run": [round(n_tokens / t, 1) for t in times[name]],
+            "backend": engine.hot_set.backend.name,
+        })  # fmt: skip
+    return rows
+
+
 def memory(engine: LLMEngine) -> dict[str, Any]:
     slots = engine.hot_set.slots
     per_pool = {f"r={p.rank}": slots.slot_nbytes(p.first) for p in slots.pools}
@@ -108,6 +148,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument(
+        "--backends", nargs="+", default=["auto", "stacked", "stacked-packed"],
+        choices=["auto", "stacked", "stacked-packed"],
+        help="auto: each engine's start-up choice; else the same CPU backend for both",
+    )  # fmt: skip
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -132,32 +177,18 @@ def main() -> None:
         work = workloads(vocab, args.prompt_len)
         for name, engine in engines.items():  # warm-up: every adapter loaded, start-up done
             run(engine, next(iter(work.values())), f"warm-{name}", 4)
+        chosen = {name: engine.hot_set.backend for name, engine in engines.items()}
         rows, identical = [], {}
-        for wname, reqs in work.items():
-            times: dict[str, list[float]] = {n: [] for n in engines}
-            outs: dict[str, list[list[int]]] = {}
-            order = [
-                n for _ in range(args.rounds) for n in ("padded", "pooled", "pooled", "padded")
-            ]
-            for k, name in enumerate(order):
-                r = run(engines[name], reqs, f"{wname}-{k}", args.new_tokens)
-                times[name].append(r["seconds"])
-                outs.setdefault(name, r["tokens"])
-            same = sum(a == b for a, b in zip(outs["padded"], outs["pooled"], strict=True))
-            identical[wname] = f"{same}/{len(reqs)}"
-            n_tokens = len(reqs) * args.new_tokens
-            for name in engines:
-                med = statistics.median(times[name])
-                rows.append({
-                    "workload": wname, "layout": name, "requests": len(reqs),
-                    "tok_per_s_median": round(n_tokens / med, 1),
-                    "tok_per_s_each_run": [round(n_tokens / t, 1) for t in times[name]],
-                    "backend": engines[name].hot_set.backend.name,
-                })  # fmt: skip
+        for mode in args.backends:
+            for name, engine in engines.items():
+                engine.hot_set.backend = backend_for(mode, chosen[name], name == "pooled")
+            for wname, reqs in work.items():
+                label = f"{wname}, backend {mode}"
+                rows += measure(engines, reqs, label, args, identical)
         mem = {name: memory(engine) for name, engine in engines.items()}
-    print(f"{'workload':32} {'layout':8} {'tok/s (median)':>15}  runs")
+    print(f"{'workload':58} {'layout':8} {'tok/s (median)':>15}  runs")
     for r in rows:
-        print(f"{r['workload']:32} {r['layout']:8} {r['tok_per_s_median']:>15}  "
+        print(f"{r['workload']:58} {r['layout']:8} {r['tok_per_s_median']:>15}  "
               f"{r['tok_per_s_each_run']}")  # fmt: skip
     print(f"\n{'layout':8} {'slot bytes by pool':40} {'hot-set bytes':>14} {'10 adapters':>12}")
     for name, m in mem.items():
