@@ -25,6 +25,13 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
 
 
+class RankPool(StrictModel):
+    """Slots of one rank bucket: adapters of rank <= `rank` sit here, zero-padded to `rank`."""
+
+    rank: int = Field(ge=1, le=256, description="padded rank of this pool's slots")
+    slots: int = Field(ge=1, le=1024, description="slots in this pool")
+
+
 class HotSetConfig(StrictModel):
     """Static adapter slots kept on the device; sized once so the decode step can be captured."""
 
@@ -32,6 +39,13 @@ class HotSetConfig(StrictModel):
         8, ge=1, le=1024, description="adapter slots (slot 0, 'no adapter', is extra)"
     )
     max_rank: int = Field(16, ge=1, le=256, description="ranks are zero-padded up to this")
+    rank_pools: list[RankPool] = Field(
+        default_factory=list,
+        max_length=16,
+        description="rank-bucketed slots, e.g. [{rank: 8, slots: 8}, {rank: 64, slots: 2}]: "
+        "an adapter takes a slot of the smallest pool that fits it; empty: num_slots slots "
+        "padded to max_rank. When set, num_slots is their sum and max_rank their largest rank",
+    )
     target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGET_MODULES))
     max_adapters_per_token: int = Field(
         4, ge=1, le=16, description="width of the per-token (slot, weight) table: mix size / top-k"
@@ -59,6 +73,33 @@ class HotSetConfig(StrictModel):
     @classmethod
     def _host_size(cls, value: object) -> int:
         return parse_bytes(value)
+
+    @model_validator(mode="after")
+    def _pools_fit(self) -> HotSetConfig:
+        if not self.rank_pools:
+            return self
+        ranks = [p.rank for p in self.rank_pools]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"hot_set.rank_pools repeats a rank: {ranks}")
+        slots, top = sum(p.slots for p in self.rank_pools), max(ranks)
+        explicit = self.model_fields_set
+        if "num_slots" in explicit and self.num_slots != slots:
+            raise ValueError(
+                f"hot_set.num_slots={self.num_slots} but rank_pools hold {slots} slots "
+                "(leave num_slots out: it is their sum)"
+            )
+        if "max_rank" in explicit and self.max_rank != top:
+            raise ValueError(
+                f"hot_set.max_rank={self.max_rank} but the largest rank pool is {top} "
+                "(leave max_rank out: it is their largest rank)"
+            )
+        if slots > 1024:
+            raise ValueError(f"hot_set.rank_pools hold {slots} slots, over 1024")
+        # Sorted by rank; derived fields set without re-running this validator.
+        self.__dict__["rank_pools"] = sorted(self.rank_pools, key=lambda p: p.rank)
+        self.__dict__["num_slots"] = slots
+        self.__dict__["max_rank"] = top
+        return self
 
     @field_validator("target_modules")
     @classmethod

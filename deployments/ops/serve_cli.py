@@ -89,6 +89,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--enable-lora", action="store_true", help="accepted for vLLM; always on")
     p.add_argument("--max-loras", type=int, help="hot-set slots per replica (hot_set.num_slots)")
     p.add_argument("--max-lora-rank", type=int, help="largest adapter rank (hot_set.max_rank)")
+    p.add_argument(
+        "--lora-rank-pools",
+        type=rank_pools,
+        metavar="RANK:SLOTS,...",
+        help="rank-bucketed slots, e.g. 8:8,64:2 (hot_set.rank_pools; replaces --max-loras "
+        "and --max-lora-rank, which then must agree)",
+    )
     p.add_argument("--served-model-name", help="the base model's name in the API")
     p.add_argument(
         "--chat-template",
@@ -124,6 +131,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def rank_pools(value: str) -> list[dict[str, int]]:
+    """`8:8,64:2` as hot_set.rank_pools entries (ranges are checked by the config)."""
+    pools = []
+    for part in value.split(","):
+        rank, sep, slots = part.strip().partition(":")
+        if not sep or not rank.isdigit() or not slots.isdigit():
+            raise argparse.ArgumentTypeError(f"expected RANK:SLOTS[,RANK:SLOTS...], got {value!r}")
+        pools.append({"rank": int(rank), "slots": int(slots)})
+    return pools
+
+
 def default_store_dir() -> Path:
     """Where adapters published by `molora serve` live: the user's data directory, never the
     checkout."""
@@ -147,6 +165,10 @@ def build_document(args: argparse.Namespace) -> dict[str, Any]:
     ):
         if getattr(args, flag) is not None:
             engine[key] = getattr(args, flag)
+    if args.lora_rank_pools:  # num_slots and max_rank follow from the pools
+        engine["hot_set"]["rank_pools"] = args.lora_rank_pools
+        engine["hot_set"].pop("num_slots", None)
+        engine["hot_set"].pop("max_rank", None)
     if args.max_loras is not None:
         engine["hot_set"]["num_slots"] = args.max_loras
     if args.max_lora_rank is not None:

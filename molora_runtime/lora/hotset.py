@@ -21,7 +21,9 @@ from molora_runtime.errors import HotSetFullError
 from molora_runtime.lora.gate_table import CompositionInfo, GateSlots
 from molora_runtime.lora.host_tier import HostTier
 from molora_runtime.lora.loader import AdapterLoader
+from molora_runtime.lora.peft_adapter import AdapterWeights
 from molora_runtime.lora.pinned_lru import PinnedLRU
+from molora_runtime.lora.rank_placement import adapter_rank, fits_at_once, fitting
 from molora_runtime.lora.slot_set import SlotBufferSet
 from molora_runtime.lora.source import AdapterSource
 from molora_runtime.lora.tiers import Residency, StageTimes, TierCounts, TierReport, residency_view
@@ -29,6 +31,7 @@ from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.decoder import CausalLM
 from molora_runtime.model.lora_backend import LoRABackend, choose_backend
 from molora_runtime.model.lora_context import GateTable
+from molora_runtime.model.rank_pools import PooledBackend
 
 TIER_ORDER: list[Residency] = ["slot", "host", "loading", "disk", "store"]
 
@@ -58,7 +61,10 @@ class HotSet:
         self.config = config
         self.device, self.dtype = device, dtype
         self.slots = SlotBufferSet(model, config, device.type == "cpu", dtype, device)
-        self.backend: LoRABackend = choose_backend(device, self.slots.probe())
+        backend = choose_backend(device, self.slots.probe())
+        self.backend: LoRABackend | PooledBackend = (
+            PooledBackend(backend) if self.slots.pooled else backend
+        )
         self.loader = AdapterLoader(
             self.arch, config, source, [n for n in (served_names or []) if n]
         )
@@ -71,6 +77,7 @@ class HotSet:
         # Bumped on every slot write, so a holder can tell its weights are still the same.
         self._generations = [0] * (config.num_slots + 1)
         self._generation = 0
+        self._ranks: dict[str, int] = {}  # adapter -> rank, once its weights were read
         self.counters = HotSetCounters()
         for name in config.pinned:
             self.pin(name)
@@ -138,8 +145,39 @@ class HotSet:
         """Whether `names` could all be resident at once without evicting anything in use."""
         names = set(names)
         missing = [n for n in names if n not in self._lru]
-        reusable = self.free_slots() + sum(1 for _ in self._lru.victims(keep=names))
-        return len(missing) <= reusable
+        if not self.slots.pooled:
+            reusable = self.free_slots() + sum(1 for _ in self._lru.victims(keep=names))
+            return len(missing) <= reusable
+        self._check_fits_ever(names)
+        room = {p: 0 for p in self.slots.pools}
+        slots = [s for s, n in enumerate(self._names) if s and n is None]
+        slots += [self._lru.peek(n) for n in self._lru.victims(keep=names)]
+        for slot in slots:
+            room[self.slots.pool_of(slot)[0]] += 1
+        return fits_at_once(self.slots.pools, [self._rank_hint(n) for n in missing], room)
+
+    def _check_fits_ever(self, names: Iterable[str]) -> None:
+        """Refuse adapters that could not sit in the pools together even in an empty hot-set
+        (judged once every rank is known)."""
+        ranks = [self._ranks.get(n) for n in names]
+        if not self.slots.pooled or None in ranks:
+            return
+        known = [r for r in ranks if r is not None]
+        if not fits_at_once(self.slots.pools, known, {p: p.slots for p in self.slots.pools}):
+            pools = ", ".join(f"{p.slots} of rank {p.rank}" for p in self.slots.pools)
+            raise HotSetFullError(
+                f"the route needs adapters of ranks {sorted(known)} at once but the hot-set's "
+                f"rank pools hold {pools} slots (hot_set.rank_pools)"
+            )
+
+    def _rank_hint(self, name: str) -> int:
+        """The adapter's rank if its weights were seen (here or parsed in host memory), else
+        the smallest pool's: admission is optimistic until the adapter is parsed."""
+        if name not in self._ranks and name in self.host.resident():
+            weights = self.host.get(name)
+            if weights is not None:
+                self._ranks[name] = adapter_rank(weights)
+        return self._ranks.get(name, self.slots.pools[0].rank)
 
     def can_hold_composition(self, ref: str) -> bool:
         return self.gate_slots.can_hold(ref)
@@ -155,16 +193,28 @@ class HotSet:
             )
         keep = set(names)
         out: dict[str, int] = {}
+        missing: list[tuple[str, AdapterWeights, float]] = []
         for name in names:
             slot = self._lru.get(name)
             if slot is not None:
                 self.counters.hits += 1
+                out[name] = slot
             else:
                 self.counters.misses += 1
-                slot = self._victim(keep)
-                self._load(slot, name)
+                start = time.perf_counter()
+                missing.append((name, self.loader.read(name), start))
+        # Largest ranks first, so a small adapter never takes the one big slot a big one needs.
+        missing.sort(key=lambda m: -self._note_rank(m[0], m[1]))
+        self._check_fits_ever(names)
+        for name, weights, start in missing:
+            slot = self._victim(keep, self._ranks[name])
+            self._load(slot, name, weights, start)
             out[name] = slot
-        return out
+        return {name: out[name] for name in names}
+
+    def _note_rank(self, name: str, weights: AdapterWeights) -> int:
+        rank = self._ranks[name] = adapter_rank(weights)
+        return rank
 
     def prefetch(self, names: Iterable[str]) -> None:
         """Fetch queued requests' adapters in the background, and copy those already parsed
@@ -174,7 +224,11 @@ class HotSet:
                 continue
             try:
                 if self.host.warm(name) and self.free_slots() > 0:
-                    self._load(self._victim(set()), name)
+                    start = time.perf_counter()
+                    weights = self.loader.read(name)
+                    slot = self._free_slot(self._note_rank(name, weights))
+                    if slot is not None:
+                        self._load(slot, name, weights, start)
             except Exception:  # the request that needs it reports the error
                 continue
 
@@ -198,15 +252,30 @@ class HotSet:
     def unpin(self, name: str) -> None:
         self._lru.unpin(name)
 
-    def _victim(self, keep: set[str]) -> int:
-        for slot, held_by in enumerate(self._names):
-            if slot and held_by is None:
-                return slot
-        evicted = next(self._lru.victims(keep), None)
+    def _free_slot(self, rank: int) -> int | None:
+        """An empty slot of the smallest pool that fits `rank`."""
+        for pool in fitting(self.slots.pools, rank):
+            for slot in range(pool.first, pool.first + pool.slots):
+                if self._names[slot] is None:
+                    return slot
+        return None
+
+    def _victim(self, keep: set[str], rank: int) -> int:
+        """A slot for an adapter of `rank`: an empty one, else the least recently used
+        evictable one of the smallest pool that fits `rank` and has one."""
+        free = self._free_slot(rank)
+        if free is not None:
+            return free
+        evicted = None
+        for pool in fitting(self.slots.pools, rank):
+            held = (n for n in self._lru.victims(keep) if pool.holds(self._lru.peek(n)))
+            evicted = next(held, None)
+            if evicted is not None:
+                break
         if evicted is None:
+            where = "" if not self.slots.pooled else f" of rank >= {rank}"
             raise HotSetFullError(
-                f"all {self.num_slots} hot-set slots hold adapters in use or pinned; "
-                "the request must wait"
+                f"all hot-set slots{where} hold adapters in use or pinned; the request must wait"
             )
         slot = self._lru.pop(evicted)
         self._names[slot] = None
@@ -231,12 +300,16 @@ class HotSet:
         slot = self._lru.peek(name)
         return self._generations[slot] if slot is not None else 0
 
-    def _load(self, slot: int, name: str) -> None:
+    def _load(
+        self, slot: int, name: str, weights: AdapterWeights | None = None, start: float = 0.0
+    ) -> None:
+        """Write `name` (its `weights` once read, from `start`) into `slot`."""
         held = self._names[slot]
         if held is not None and self._lru.held(held):  # a running sequence reads these weights
             raise RuntimeError(f"hot-set slot {slot} is held by a running request")
-        start = time.perf_counter()
-        weights = self.loader.read(name)
+        if weights is None:
+            start = time.perf_counter()
+            weights = self.loader.read(name)
         copy_start = time.perf_counter()
         self.slots.write(slot, weights)
         self.stages.observe("copy", time.perf_counter() - copy_start)
@@ -268,6 +341,7 @@ class HotSet:
 
     # ----- tiers ---------------------------------------------------------------------------
     def slot_nbytes(self) -> int:
+        """Bytes of one slot at the largest rank (every slot, without rank pools)."""
         return self.slots.slot_nbytes()
 
     def tier_report(self) -> TierReport:
@@ -275,12 +349,12 @@ class HotSet:
         c, h = self.counters, self.host.counters
         disk = self.loader.disk()
         used = len(self._lru)
-        slot_bytes = self.slot_nbytes()
+        used_bytes = sum(self.slots.slot_nbytes(slot) for _, slot in self._lru.items())
         tiers = {
             "slot": TierCounts(
                 hits=c.hits, misses=c.misses, loads=c.loads, evictions=c.evictions,
-                bytes=slot_bytes * used, capacity_slots=self.num_slots, entries=used,
-                capacity_bytes=slot_bytes * self.num_slots,
+                bytes=used_bytes, capacity_slots=self.num_slots, entries=used,
+                capacity_bytes=self.slots.capacity_nbytes(),
             ),
             "host": TierCounts(
                 hits=h.hits, misses=h.misses, loads=h.fetches, evictions=h.evictions,

@@ -175,16 +175,16 @@ def _time_candidates(
 ) -> dict[StackedBackend, float]:
     """Median seconds of a mixed-batch delta over every slot of layer 0, summed over `tokens`,
     candidates interleaved round by round so a busy neighbour slows both alike."""
-    slots = probe.A.shape[1]
+    slots = probe.A.shape[1] - 1 + probe.slot_base  # slot ids 1..slots (row 0 may be the zero slot)
     d_in = probe.A.shape[-1]
     dtype = probe.A.dtype
     width = probe.width
     gen = torch.Generator().manual_seed(0)
     cases = []
     for T in tokens:
-        ids = (torch.arange(T) % (slots - 1) + 1).view(T, 1)
+        ids = (torch.arange(T) % slots + 1).view(T, 1)
         x = torch.randn(T, d_in, generator=gen).to(dtype)
-        ctx = LoRAContext(ids, torch.ones(T, 1), backend=None, stacked_slots=(1, slots - 1))
+        ctx = LoRAContext(ids, torch.ones(T, 1), backend=None, stacked_slots=(1, slots))
         cases.append((x, ctx))
     samples: dict[StackedBackend, list[float]] = {b: [] for b in candidates}
     with torch.inference_mode():

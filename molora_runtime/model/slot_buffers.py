@@ -9,6 +9,9 @@ Two layouts, fixed per engine by its LoRA backend:
   one `A[L, S, n·r, d_in]` for its n targeted members (one shrink per group) and keeps each
   member's `Bt` block apart (one expand per member, no zero blocks).
 
+A rank pool's stacked buffers hold no zero slot: their `slot_base` is 1, so slot id `s` of the
+pool's local numbering (1-based; <= 0 is "no adapter") is row `s - 1`.
+
 Either way the tensors are allocated once and written in place, so their addresses never change
 (a captured graph stays valid), and every write is bounded: the values a slot holds after scale
 and cast are finite and at most `MAX_ABS_WEIGHT`, so a slot a token does not use can add only
@@ -41,10 +44,13 @@ def bounded(t: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:
 class LoRABuffers:
     """One projection's slot buffers, in the kernel or the stacked layout (see the module)."""
 
-    def __init__(self, A: torch.Tensor, B: torch.Tensor, stacked: bool = False) -> None:
+    def __init__(
+        self, A: torch.Tensor, B: torch.Tensor, stacked: bool = False, slot_base: int = 0
+    ) -> None:
         self.A = A
         self.B = B  # kernel layout: B; stacked layout: Bt
         self.stacked = stacked
+        self.slot_base = slot_base  # slot id of row 0 (stacked pools keep no zero slot)
         # Views of one layer's slot range, made once: a decode step asks for the same few
         # ranges in every layer (the buffers never move).
         self._views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -52,12 +58,12 @@ class LoRABuffers:
     @classmethod
     def allocate(
         cls, slots: int, layers: int, rank: int, d_in: int, d_out: int, dtype: torch.dtype,
-        device: torch.device, stacked: bool,
+        device: torch.device, stacked: bool, slot_base: int = 0,
     ) -> LoRABuffers:  # fmt: skip
         if stacked:
             A = torch.zeros(layers, slots, rank, d_in, dtype=dtype, device=device)
             Bt = torch.zeros(layers, slots, rank, d_out, dtype=dtype, device=device)
-            return cls(A, Bt, stacked=True)
+            return cls(A, Bt, stacked=True, slot_base=slot_base)
         A = torch.zeros(slots, layers, rank, d_in, dtype=dtype, device=device)
         B = torch.zeros(slots, layers, d_out, rank, dtype=dtype, device=device)
         return cls(A, B)
@@ -77,6 +83,7 @@ class LoRABuffers:
 
     def kernel_pair(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`A [S, r, d_in]`, `B [S, d_out, r]` of one layer (views; strided when stacked)."""
+        assert self.slot_base == 0, "the kernel view indexes rows by slot id"
         if self.stacked:
             return self.A[layer], self.B[layer].transpose(1, 2)
         return self.A[:, layer], self.B[:, layer]
@@ -86,13 +93,14 @@ class LoRABuffers:
         key = (layer, first, count)
         views = self._views.get(key)
         if views is None:
-            r = self.rank
-            A = self.A[layer, first : first + count].reshape(count * r, -1)
-            Bt = self.B[layer, first : first + count].reshape(count * r, -1)
+            r, row = self.rank, first - self.slot_base
+            A = self.A[layer, row : row + count].reshape(count * r, -1)
+            Bt = self.B[layer, row : row + count].reshape(count * r, -1)
             views = self._views[key] = (A, Bt)
         return views
 
     def clear_slot(self, slot: int) -> None:
+        """Zero row `slot` of the buffers (a row index, not a slot id)."""
         if self.stacked:
             self.A[:, slot].zero_()
             self.B[:, slot].zero_()
@@ -101,7 +109,7 @@ class LoRABuffers:
             self.B[slot].zero_()
 
     def write(self, slot: int, layer: int, a: torch.Tensor, b: torch.Tensor) -> None:
-        """Copy one layer's `a [r, d_in]`, `b [d_out, r]` (r <= max rank) into `slot`, bounded."""
+        """Copy one layer's `a [r, d_in]`, `b [d_out, r]` (r <= max rank) into row `slot`, bounded."""
         r = a.shape[0]
         a = bounded(a, self.A.dtype, f"lora_A of layer {layer}")
         b = bounded(b, self.B.dtype, f"lora_B of layer {layer}")
@@ -126,10 +134,12 @@ class GroupBuffers:
         widths: list[int],
         A: torch.Tensor | None = None,
         Bt: torch.Tensor | None = None,
+        slot_base: int = 0,
     ) -> None:
         """`widths`: output width of every member, in fused order."""
         self.members = members
         self.A, self.Bt = A, Bt
+        self.slot_base = slot_base
         self.columns: list[tuple[LoRABuffers, int]] = []  # targeted member, first output column
         col = 0
         for m, width in zip(members, widths, strict=True):
@@ -144,7 +154,7 @@ class GroupBuffers:
     @classmethod
     def stacked_group(
         cls, slots: int, layers: int, rank: int, d_in: int, widths: list[int],
-        targeted: list[bool], dtype: torch.dtype, device: torch.device,
+        targeted: list[bool], dtype: torch.dtype, device: torch.device, slot_base: int = 0,
     ) -> GroupBuffers:  # fmt: skip
         """`A [L, S, n·r, d_in]` (a slot's block holds the n targeted members' A rows back to
         back) and `Bt [L, Σ S·r·w]` (each targeted member's own `[S, r, w]` block per layer)."""
@@ -162,10 +172,11 @@ class GroupBuffers:
                 continue
             size = slots * rank * width
             bt = Bt[:, offset : offset + size].unflatten(1, (slots, rank, width))
-            members.append(LoRABuffers(A[:, :, block * rank : (block + 1) * rank], bt, True))
+            member_a = A[:, :, block * rank : (block + 1) * rank]
+            members.append(LoRABuffers(member_a, bt, True, slot_base))
             block += 1
             offset += size
-        return cls(members, widths, A, Bt)
+        return cls(members, widths, A, Bt, slot_base)
 
     @property
     def stacked(self) -> bool:
@@ -195,11 +206,10 @@ class GroupBuffers:
         key = (layer, first, count)
         views = self._views.get(key)
         if views is None:
-            rows = count * self.member_rank
-            A = self.A[layer, first : first + count].reshape(count * self.rank, -1)
+            rows, row = count * self.member_rank, first - self.slot_base
+            A = self.A[layer, row : row + count].reshape(count * self.rank, -1)
             pairs = [
-                (m.B[layer, first : first + count].reshape(rows, -1), col)
-                for m, col in self.columns
+                (m.B[layer, row : row + count].reshape(rows, -1), col) for m, col in self.columns
             ]
             views = self._views[key] = (A, pairs)
         return views

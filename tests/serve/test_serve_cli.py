@@ -58,6 +58,15 @@ def test_the_embedded_default_keeps_the_bundled_store(capsys) -> None:
     assert yaml.safe_load(capsys.readouterr().out) == shipped
 
 
+def test_rank_pools_flag_sizes_the_hot_set(capsys) -> None:
+    argv = ["smollm2-135m-instruct", "--lora-rank-pools", "64:2,8:8", "--print-config"]
+    assert cli.main(argv=["serve", *argv]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    hot = ServeConfig.from_args(doc["applications"][0]["args"]).engine.hot_set
+    assert [(p.rank, p.slots) for p in hot.rank_pools] == [(8, 8), (64, 2)]
+    assert hot.num_slots == 10 and hot.max_rank == 64
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -69,6 +78,11 @@ def test_the_embedded_default_keeps_the_bundled_store(capsys) -> None:
         (["--max-num-seqs", "0"], "max_num_seqs"),
         (["--chat-template", "no-such-template"], "--chat-template: chat_template"),
         (["--tool-call-parser", "mistral"], "invalid choice"),
+        (["--lora-rank-pools", "8"], "expected RANK:SLOTS"),
+        (["--lora-rank-pools", "8:2,x:1"], "expected RANK:SLOTS"),
+        (["--lora-rank-pools", "0:2"], "greater than or equal to 1"),
+        (["--lora-rank-pools", "8:2,8:1"], "repeats a rank"),
+        (["--lora-rank-pools", "8:2", "--max-loras", "3"], "num_slots=3"),
     ],
 )
 def test_bad_flags_say_why(argv, says, capsys) -> None:
