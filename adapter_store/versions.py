@@ -39,7 +39,14 @@ from adapter_store.manifest import (
     parse_manifest,
     utcnow,
 )
-from adapter_store.names import Kind, check_name, check_tenant, check_version, parse_ref
+from adapter_store.names import (
+    Kind,
+    check_name,
+    check_owner,
+    check_tenant,
+    check_version,
+    parse_ref,
+)
 from adapter_store.staging import (
     HashingWriter,
     StagedPublish,
@@ -70,6 +77,7 @@ def _check_ref(name: str, version: str, tenant: str | None) -> None:
     check_version(version)
     if tenant is not None:
         check_tenant(tenant)
+    check_owner(name, tenant)
 
 
 class Registry:

@@ -117,14 +117,14 @@ class Resolver:
     @staticmethod
     def _pin(kind: str, ref: str, entry: AdapterEntry | CompositionEntry) -> str:
         """`ref` as `name@version` of a live version: the latest when none is named."""
-        name, version = _split(ref)
+        _, version = _split(ref)
         version = version or entry.latest
         if version is None or version not in entry.versions:
             raise ModelNotFound(
                 f"{kind} {ref!r} has no version {version!r} (yanked or never published); "
                 f"live: {list(entry.versions)}"
             )
-        return f"{name}@{version}"
+        return f"{entry.name}@{version}"  # the store name: a tenant's own names are namespaced
 
     def adapter(self, ref: str) -> str:
         """`ref` pinned to the live version it means."""
@@ -181,7 +181,8 @@ class Resolver:
         if name in self.compositions:
             return self.check_route(LearnedRoute(composition=model))
         if name in self.adapters:
-            return self.check_route(SingleRoute(adapter=self.adapter(model)))
+            self.adapter(model)  # a malformed or dead version is refused before the route is built
+            return self.check_route(SingleRoute(adapter=model))
         raise self._not_found(model)
 
     @staticmethod
