@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
+from deployments.api.proxy_guard import PROXY_ENV_VARS
 from deployments.ops.kube_groups import GpuGroup, PodResources, ServeAutoscaling, _Strict
 from deployments.ops.kube_ha import (
     HighAvailability,
@@ -207,8 +208,12 @@ def _container(
         "ports": ports,
         "envFrom": _env_from(profile),
         # Ray starts its workers (the engines) at nice 15 unless told otherwise, below its own
-        # raylet and agents in the same pod: serving runs at nice 0.
-        "env": [{"name": "RAY_worker_niceness", "value": "0"}],
+        # raylet and agents in the same pod: serving runs at nice 0. The proxy (not an
+        # application process) reads its stream guard's import path from the pod's environment.
+        "env": [
+            {"name": "RAY_worker_niceness", "value": "0"},
+            *({"name": k, "value": v} for k, v in PROXY_ENV_VARS.items()),
+        ],
         "resources": resources.to_k8s(),
         "volumeMounts": volumes_mounts,
         "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}},
