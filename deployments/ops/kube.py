@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-from deployments.api.proxy_guard import PROXY_ENV_VARS
+from deployments.api.proxy_guard import CAP_ENV, PROXY_ENV_VARS
 from deployments.ops.kube_groups import GpuGroup, PodResources, ServeAutoscaling, _Strict
 from deployments.ops.kube_ha import (
     HighAvailability,
@@ -213,6 +213,8 @@ def _container(
         "env": [
             {"name": "RAY_worker_niceness", "value": "0"},
             *({"name": k, "value": v} for k, v in PROXY_ENV_VARS.items()),
+            # auth is on in the cluster: the proxy refuses a key's flood at the router's cap
+            {"name": CAP_ENV, "value": "64"},
         ],
         "resources": resources.to_k8s(),
         "volumeMounts": volumes_mounts,
