@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from adapter_store.names import plain_name
 from deployments.config import ServeConfig
 from molora_runtime.routes import (
     BaseRoute,
@@ -79,14 +80,21 @@ class Resolved:
 
     @property
     def versions(self) -> list[str]:
-        """The exact `name@version` refs that serve this request (composition first)."""
+        """The exact `name@version` refs that serve this request (composition first), as the
+        caller names them: its own namespace (`tenant~`) is not shown."""
         route = self.route
         head = [f"composition:{route.composition}"] if isinstance(route, LearnedRoute) else []
-        return head + list(dict.fromkeys(route.adapters()))
+        return [_as_caller(ref) for ref in head + list(dict.fromkeys(route.adapters()))]
 
     @property
     def kind(self) -> str:
         return self.route.kind
+
+
+def _as_caller(ref: str) -> str:
+    """`ref` (maybe `composition:`-prefixed) without its tenant namespace."""
+    kind, colon, rest = ref.rpartition(":")
+    return f"{kind}{colon}{plain_name(rest)}"
 
 
 def _split(ref: str) -> tuple[str, str | None]:

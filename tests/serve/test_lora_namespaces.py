@@ -123,3 +123,13 @@ def test_catalog_view_names_own_adapters_plainly_and_shadows_public(store_env) -
     for resolver in (Resolver(serve, visible_catalog(catalog, "acme")), empty):
         with pytest.raises(LookupError):
             resolver.resolve("evil~math")
+
+
+def test_responses_name_the_callers_own_adapters_plainly(store_env) -> None:
+    cfg, base = store_env["cfg"], store_env["base"]
+    load_lora(cfg, None, base, "evil", LoadLoraBody(lora_name="mine", lora_path="store:code"))
+    serve = ServeConfig.model_validate({"engine": {"model": "tiny"}})
+    resolver = Resolver(serve, visible_catalog(load_catalog(cfg), "evil"))
+    resolved = resolver.resolve("mine")
+    assert resolved.route.adapter == "evil~mine@v1" and resolved.versions == ["mine@v1"]
+    assert resolver.resolve("mine:0.5+math:0.5").versions == ["mine@v1", "math@v1"]
