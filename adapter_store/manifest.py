@@ -9,10 +9,10 @@ import json
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from adapter_store.errors import IntegrityError
-from adapter_store.names import check_name, check_tenant, check_version, parse_ref
+from adapter_store.names import check_name, check_owner, check_tenant, check_version, parse_ref
 
 MANIFEST_FORMAT = 1
 SHA256_RE = r"^[0-9a-f]{64}$"
@@ -54,6 +54,11 @@ class _Manifest(BaseModel):
         classmethod(lambda cls, v: v if v is None else check_tenant(v))
     )
     _version = field_validator("version")(classmethod(lambda cls, v: check_version(v)))
+
+    @model_validator(mode="after")
+    def _namespace_owner(self) -> _Manifest:
+        check_owner(self.name, self.tenant)
+        return self
 
     @property
     def ref(self) -> str:

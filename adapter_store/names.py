@@ -1,6 +1,8 @@
 """Names, versions and references (`name` or `name@version`): the only strings that become keys.
 
 Validating them here is what keeps a store key from ever escaping its prefix (`../x`, `/abs`).
+A tenant's own namespace is a store name `tenant~name` (`~` is in no plain name, so it never
+collides with a public name or another tenant's); only that tenant may own it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import Literal, NamedTuple
 from adapter_store.errors import InvalidInputError
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+NAMESPACE_SEP = "~"
+STORE_NAME_RE = re.compile(r"(?:[a-z0-9][a-z0-9._-]{0,63}~)?[a-z0-9][a-z0-9._-]{0,63}")
 VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 Kind = Literal["adapter", "composition"]
@@ -36,8 +40,48 @@ def _check_label(what: str, value: str) -> str:
     return value
 
 
-def check_name(name: str) -> str:
+def check_plain_name(name: str) -> str:
+    """A name as a caller writes it (no namespace)."""
     return _check_label("name", name)
+
+
+def check_name(name: str) -> str:
+    """A store name: a plain name, or `tenant~name` in a tenant's namespace."""
+    if not isinstance(name, str) or not STORE_NAME_RE.fullmatch(name):
+        raise InvalidInputError(
+            f"invalid name {name!r}: use 1-64 characters, lowercase letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit (optionally after 'tenant~')"
+        )
+    namespace, _, plain = name.rpartition(NAMESPACE_SEP)
+    if plain in {".", ".."} or namespace in {".", ".."}:
+        raise InvalidInputError(f"invalid name {name!r}")
+    return name
+
+
+def namespaced(tenant: str, name: str) -> str:
+    """The store name of `name` in `tenant`'s namespace."""
+    return f"{check_tenant(tenant)}{NAMESPACE_SEP}{check_plain_name(name)}"
+
+
+def namespace_of(name: str) -> str | None:
+    """The tenant whose namespace holds store name `name` (None for a plain name)."""
+    namespace, sep, _ = name.partition(NAMESPACE_SEP)
+    return namespace if sep else None
+
+
+def plain_name(name: str) -> str:
+    """`name` without its namespace: what its owner calls it."""
+    return name.rpartition(NAMESPACE_SEP)[2]
+
+
+def check_owner(name: str, tenant: str | None) -> None:
+    """A namespaced name belongs to its namespace's tenant and to no one else."""
+    namespace = namespace_of(name)
+    if namespace is not None and namespace != tenant:
+        raise InvalidInputError(
+            f"name {name!r} is in tenant {namespace!r}'s namespace; it must be published with "
+            f"that tenant, not {tenant!r}"
+        )
 
 
 def check_tenant(tenant: str) -> str:

@@ -23,7 +23,7 @@ from adapter_store.config import open_backend
 from adapter_store.errors import InvalidInputError, NotFoundError, VersionExistsError
 from adapter_store.layout import MANIFEST, YANKED, AnyManifest, blob_key, version_dir
 from adapter_store.manifest import AdapterManifest, CompositionManifest, YankRecord, utcnow
-from adapter_store.names import Kind, check_name, check_tenant, check_version
+from adapter_store.names import Kind, check_name, check_owner, check_tenant, check_version
 from adapter_store.staging import StagedPublish, file_entries, manifest_fields, new_blob_dir
 from adapter_store.validate import (
     COMPOSITION_CONFIG,
@@ -43,6 +43,7 @@ def _check_ref(name: str, version: str, tenant: str | None) -> None:
     check_version(version)
     if tenant is not None:
         check_tenant(tenant)
+    check_owner(name, tenant)
 
 
 class Registry(VersionReader):

@@ -114,6 +114,18 @@ class HotSetConfig(StrictModel):
         return list(dict.fromkeys(value))
 
 
+class GrammarConfig(StrictModel):
+    """How response_format grammars are compiled (off the event loop and the step thread)."""
+
+    compile_budget_s: float = Field(
+        10.0, gt=0, le=600, description="longest one schema may compile; over it: a 400"
+    )
+    workers: int = Field(2, ge=1, le=32, description="compile threads (one tenant uses one)")
+    queue_per_tenant: int = Field(
+        16, ge=1, le=4096, description="schemas one tenant may have waiting to compile"
+    )
+
+
 class EngineConfig(StrictModel):
     """Everything one engine (one model replica) needs to run."""
 
@@ -168,6 +180,7 @@ class EngineConfig(StrictModel):
         description="fair-share weight per tenant (others weigh 1): each active tenant gets "
         "weight / sum of active weights of max_num_seqs and of the KV blocks",
     )
+    grammar: GrammarConfig = Field(default_factory=GrammarConfig)
     seed: int = 0
 
     @model_validator(mode="after")

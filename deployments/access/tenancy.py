@@ -4,10 +4,15 @@ The ingress resolves every request against the catalog *as the caller sees it*, 
 tenant's adapter or composition is simply absent: listing omits it and naming it (alone, inside
 a mix, a vocab route or an explicit route) fails with exactly the 404 of a name that does not
 exist. A composition is visible only if it and every one of its experts are.
+
+A tenant's namespaced names (`tenant~name` in the store) appear to it under their plain name and
+shadow a public name it would otherwise see; entries keep their store name, which is what a
+resolved route pins.
 """
 
 from __future__ import annotations
 
+from adapter_store.names import namespace_of, plain_name
 from deployments.catalog.model_names import Catalog, ModelNotFound, Resolved, Resolver, Route
 
 
@@ -19,13 +24,26 @@ def _base(ref: str) -> str:
     return ref.partition("@")[0]
 
 
+def _view(entries: dict, tenant: str | None) -> dict:
+    """Store names → entries as `tenant` names them: its namespace over plain names."""
+    plain = {n: e for n, e in entries.items() if namespace_of(n) is None}
+    view = {n: e for n, e in plain.items() if _visible(e.tenant, tenant)}
+    if tenant is not None:
+        for n, e in entries.items():
+            if namespace_of(n) == tenant and e.tenant == tenant:
+                view[plain_name(n)] = e
+    return view
+
+
 def visible_catalog(catalog: Catalog, tenant: str | None) -> Catalog:
-    """The part of `catalog` a caller of `tenant` may list and use (None = public only)."""
-    adapters = {n: e for n, e in catalog.adapters.items() if _visible(e.tenant, tenant)}
+    """The part of `catalog` a caller of `tenant` may list and use (None = public only), keyed
+    by the names the caller uses."""
+    adapters = _view(catalog.adapters, tenant)
+    usable = {n for n, e in catalog.adapters.items() if _visible(e.tenant, tenant)}
     compositions = {
         n: e
-        for n, e in catalog.compositions.items()
-        if _visible(e.tenant, tenant) and all(_base(a) in adapters for a in e.adapters)
+        for n, e in _view(catalog.compositions, tenant).items()
+        if all(_base(a) in usable for a in e.adapters)
     }
     return Catalog(adapters=adapters, compositions=compositions)
 

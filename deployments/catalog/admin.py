@@ -2,7 +2,7 @@
 
 Only admin keys reach these, and only for names their tenant may see (public or its own), so
 an admin of one tenant cannot touch or even detect another tenant's private names: those
-answer the same 404 as a missing name.
+answer the same 404 as a missing name. A name resolves in the caller's namespace first.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.access.auth import Principal
+from deployments.catalog import namespaces
 from deployments.catalog.model_names import Catalog
 from deployments.config import StoreConfig
 
@@ -59,22 +60,21 @@ def set_yanked(
     missing = AdminNotFound(f"{kind} {name!r} does not exist")
     registry = open_registry(store.resolved_url(), store.endpoint_url)
     try:
-        infos = registry.versions(kind, name)
-        owner = registry.owner(kind, name)
+        target = namespaces.find(registry, kind, name, principal.tenant)
     except (InvalidInputError, NotFoundError):
         raise missing from None
-    if not infos or (owner is not None and owner != principal.tenant):
+    if target is None:
         raise missing
-    versions = [v.version for v in infos]
+    versions = [v.version for v in target.versions]
     if body.version is not None:
         if body.version not in versions:
             raise AdminNotFound(f"{kind} {name!r} has no version {body.version!r}")
         versions = [body.version]
     for version in versions:
         if yank:
-            registry.yank(kind, name, version, body.reason)
+            registry.yank(kind, target.store_name, version, body.reason)
         else:
-            registry.unyank(kind, name, version)
+            registry.unyank(kind, target.store_name, version)
     return YankResult(kind=kind, name=name, action="yank" if yank else "unyank", versions=versions)
 
 
@@ -82,10 +82,11 @@ def scope_stats(stats: dict[str, Any], visible: Catalog) -> dict[str, Any]:
     """A replica's stats as one tenant's admin may see them: only the adapters its tenant sees
     (public and its own) in `residency`, and `counts` recomputed over those, so another
     tenant's private names and how many of them are resident never appear."""
+    names = {entry.name for entry in visible.adapters.values()}
     residency = {
         name: tier
         for name, tier in stats.get("residency", {}).items()
-        if name.partition("@")[0] in visible.adapters
+        if name.partition("@")[0] in names
     }
     counts = dict.fromkeys(stats.get("counts", {}), 0)
     for tier in residency.values():

@@ -4,6 +4,8 @@ Operators used to vLLM send `{"lora_name", "lora_path"}` and `{"lora_name"}`. He
 *publishes* to the adapter store (validated by the store's rulebook against the served base
 model), so every replica and router sees it, and unloading yanks every version of the name.
 
+Names are per tenant: a tenant's `lora_name` is published as `tenant~lora_name` (a name it
+already owned from before keeps its place), so it never meets another tenant's name.
 `lora_path` is either a store reference, `store:NAME[@VERSION]` (its files are republished
 under `lora_name`; the same name unyanks that version), or a folder inside
 `server.runtime_lora.load_dir`. Without that setting loading from paths is refused (403). A path
@@ -22,6 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deployments.catalog import namespaces
 from deployments.config import StoreConfig
 
 STORE_PREFIX = "store:"
@@ -136,50 +139,45 @@ def load_lora(
     tenant: str | None,
     body: LoadLoraBody,
 ) -> LoraResult:
-    """Publish `body.lora_path` as `body.lora_name` (see the module docstring)."""
+    """Publish `body.lora_path` as `body.lora_name` in the caller's namespace (see
+    deployments/catalog/namespaces.py and the module docstring)."""
     from adapter_store.errors import InvalidInputError, NotFoundError
-    from adapter_store.names import check_name
     from adapter_store.validate import DEFAULT_MAX_BYTES
     from adapter_store.versions import open_registry
 
     name = body.lora_name
-    try:
-        check_name(name)
-    except InvalidInputError as exc:
-        raise LoraAdminError(400, str(exc), "lora_name") from None
     registry = open_registry(store.resolved_url(), store.endpoint_url)
     try:
-        infos = registry.versions("adapter", name)
-        owner = registry.owner("adapter", name)
-    except NotFoundError:
-        infos, owner = [], None
-    if infos and owner is not None and owner != tenant:
-        # Another tenant's private name: refuse as taken without saying by whom.
+        target = namespaces.write_target(registry, "adapter", name, tenant)
+    except InvalidInputError as exc:
+        raise LoraAdminError(400, str(exc), "lora_name") from None
+    if target is None:  # a tenant's plain name, named by a caller without a tenant
         raise LoraAdminError(400, f"the adapter name {name!r} is not available", "lora_name")
-    live = [v.version for v in infos if not v.yanked]
+    key, live = target.store_name, target.live
     if live and not body.load_inplace:
         raise LoraAdminError(400, f"the LoRA adapter {name!r} has already been loaded", "lora_name")
-    existing = [v.version for v in infos]
+    existing = [v.version for v in target.versions]
     # A name keeps its owner (public, or the caller's own tenant) for good.
-    publish_tenant = owner if infos else tenant
+    publish_tenant = registry.owner("adapter", key) if existing else tenant
     try:
         if body.lora_path.startswith(STORE_PREFIX):
             ref = body.lora_path[len(STORE_PREFIX) :]
+            src_name, _, src_version = ref.partition("@")
+            missing = LoraAdminError(404, f"store adapter {ref!r} does not exist", "lora_path")
             try:
-                manifest = registry.resolve("adapter", ref)
+                source = namespaces.find(registry, "adapter", src_name, tenant)
+                if source is None:
+                    raise missing
+                at = f"@{src_version}" if src_version else ""
+                manifest = registry.resolve("adapter", f"{source.store_name}{at}")
             except (NotFoundError, InvalidInputError):
-                raise LoraAdminError(
-                    404, f"store adapter {ref!r} does not exist", "lora_path"
-                ) from None
-            src_owner = registry.owner("adapter", manifest.name)
-            if src_owner is not None and src_owner != tenant:
-                raise LoraAdminError(404, f"store adapter {ref!r} does not exist", "lora_path")
-            if manifest.name == name:
-                registry.unyank("adapter", name, manifest.version)
+                raise missing from None
+            if manifest.name == key:
+                registry.unyank("adapter", key, manifest.version)
                 if body.load_inplace:  # in place: the named version is the only live one
                     for other in live:
                         if other != manifest.version:
-                            registry.yank("adapter", name, other, "replaced by load_lora_adapter")
+                            registry.yank("adapter", key, other, "replaced by load_lora_adapter")
                 return LoraResult(
                     action="load", name=name, versions=[manifest.version],
                     message=f"Success: LoRA adapter '{name}' added successfully.",
@@ -189,7 +187,7 @@ def load_lora(
                     registry.fetch_to(manifest, entry, Path(tmp) / entry.path)
                 version = _next_version(existing)
                 registry.publish_adapter(
-                    tmp, name, version, base_config=base_config, tenant=publish_tenant
+                    tmp, key, version, base_config=base_config, tenant=publish_tenant
                 )
         else:
             if load_dir is None:
@@ -204,13 +202,13 @@ def load_lora(
                 copy_folder(folder, Path(tmp), DEFAULT_MAX_BYTES)
                 version = _next_version(existing)
                 registry.publish_adapter(
-                    tmp, name, version, base_config=base_config, tenant=publish_tenant
+                    tmp, key, version, base_config=base_config, tenant=publish_tenant
                 )
     except InvalidInputError as exc:  # the rulebook's verdict on the adapter
         raise LoraAdminError(400, f"invalid LoRA adapter: {exc}", "lora_path") from None
     if body.load_inplace:
         for old in live:
-            registry.yank("adapter", name, old, "replaced by load_lora_adapter")
+            registry.yank("adapter", key, old, "replaced by load_lora_adapter")
     return LoraResult(
         action="load", name=name, versions=[version],
         message=f"Success: LoRA adapter '{name}' added successfully.",
@@ -218,24 +216,22 @@ def load_lora(
 
 
 def unload_lora(store: StoreConfig, tenant: str | None, body: UnloadLoraBody) -> LoraResult:
-    """Yank every live version of `body.lora_name` (visible to `tenant`)."""
-    from adapter_store.errors import InvalidInputError, NotFoundError
+    """Yank every live version of `body.lora_name` as the caller's namespace resolves it."""
+    from adapter_store.errors import InvalidInputError
     from adapter_store.versions import open_registry
 
     name = body.lora_name
     missing = LoraAdminError(404, f"the LoRA adapter {name!r} cannot be found", "lora_name")
     registry = open_registry(store.resolved_url(), store.endpoint_url)
     try:
-        infos = registry.versions("adapter", name)
-        owner = registry.owner("adapter", name)
-    except (InvalidInputError, NotFoundError):
+        target = namespaces.find(registry, "adapter", name, tenant)
+    except InvalidInputError:
         raise missing from None
-    live = [v.version for v in infos if not v.yanked]
-    if not live or (owner is not None and owner != tenant):
+    if target is None or not target.live:
         raise missing
-    for version in live:
-        registry.yank("adapter", name, version, "unload_lora_adapter")
+    for version in target.live:
+        registry.yank("adapter", target.store_name, version, "unload_lora_adapter")
     return LoraResult(
-        action="unload", name=name, versions=live,
+        action="unload", name=name, versions=target.live,
         message=f"Success: LoRA adapter '{name}' removed successfully.",
     )  # fmt: skip

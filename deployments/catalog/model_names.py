@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from adapter_store.names import plain_name
 from deployments.config import ServeConfig
 from molora_runtime.routes import (
     BaseRoute,
@@ -79,14 +80,21 @@ class Resolved:
 
     @property
     def versions(self) -> list[str]:
-        """The exact `name@version` refs that serve this request (composition first)."""
+        """The exact `name@version` refs that serve this request (composition first), as the
+        caller names them: its own namespace (`tenant~`) is not shown."""
         route = self.route
         head = [f"composition:{route.composition}"] if isinstance(route, LearnedRoute) else []
-        return head + list(dict.fromkeys(route.adapters()))
+        return [_as_caller(ref) for ref in head + list(dict.fromkeys(route.adapters()))]
 
     @property
     def kind(self) -> str:
         return self.route.kind
+
+
+def _as_caller(ref: str) -> str:
+    """`ref` (maybe `composition:`-prefixed) without its tenant namespace."""
+    kind, colon, rest = ref.rpartition(":")
+    return f"{kind}{colon}{plain_name(rest)}"
 
 
 def _split(ref: str) -> tuple[str, str | None]:
@@ -117,14 +125,14 @@ class Resolver:
     @staticmethod
     def _pin(kind: str, ref: str, entry: AdapterEntry | CompositionEntry) -> str:
         """`ref` as `name@version` of a live version: the latest when none is named."""
-        name, version = _split(ref)
+        _, version = _split(ref)
         version = version or entry.latest
         if version is None or version not in entry.versions:
             raise ModelNotFound(
                 f"{kind} {ref!r} has no version {version!r} (yanked or never published); "
                 f"live: {list(entry.versions)}"
             )
-        return f"{name}@{version}"
+        return f"{entry.name}@{version}"  # the store name: a tenant's own names are namespaced
 
     def adapter(self, ref: str) -> str:
         """`ref` pinned to the live version it means."""
@@ -181,7 +189,8 @@ class Resolver:
         if name in self.compositions:
             return self.check_route(LearnedRoute(composition=model))
         if name in self.adapters:
-            return self.check_route(SingleRoute(adapter=self.adapter(model)))
+            self.adapter(model)  # a malformed or dead version is refused before the route is built
+            return self.check_route(SingleRoute(adapter=model))
         raise self._not_found(model)
 
     @staticmethod

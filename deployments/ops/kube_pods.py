@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from deployments.api.proxy_guard import CAP_ENV, PROXY_ENV_VARS
 from deployments.ops.kube_groups import GpuGroup, PodResources
 from deployments.ops.kube_plan import Plan
 from deployments.ops.kube_profile import (
@@ -55,8 +56,14 @@ def _container(
         "ports": ports,
         "envFrom": _env_from(profile),
         # Ray starts its workers (the engines) at nice 15 unless told otherwise, below its own
-        # raylet and agents in the same pod: serving runs at nice 0.
-        "env": [{"name": "RAY_worker_niceness", "value": "0"}],
+        # raylet and agents in the same pod: serving runs at nice 0. The proxy (not an
+        # application process) reads its stream guard's import path from the pod's environment.
+        "env": [
+            {"name": "RAY_worker_niceness", "value": "0"},
+            *({"name": k, "value": v} for k, v in PROXY_ENV_VARS.items()),
+            # auth is on in the cluster: the proxy refuses a key's flood at the router's cap
+            {"name": CAP_ENV, "value": "64"},
+        ],
         "resources": resources.to_k8s(),
         "volumeMounts": volumes_mounts,
         "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}},

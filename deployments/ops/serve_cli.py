@@ -22,6 +22,7 @@ import yaml
 from adapter_store.errors import InvalidInputError, NotFoundError
 from adapter_store.validate import load_base_config, sha256_file
 from adapter_store.versions import open_registry
+from deployments.api.proxy_guard import PROXY_ENV_VARS
 from deployments.config import REPO_ROOT, ConfigError, ServeConfig
 from molora_runtime.model.chat_templates import (
     SHIPPED_TEMPLATES,
@@ -277,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
         f.write(text)
     serve = Path(sys.executable).with_name("serve")
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_worker_niceness="0")
+    env.update(PROXY_ENV_VARS)  # the proxy's stream guard (deployments/api/proxy_guard.py)
     os.execve(serve, [str(serve), "run", path], env)
     return 0  # not reached
 

@@ -189,7 +189,10 @@ class AsyncEngine:
         finished = False
         try:
             prompt_ids = await asyncio.to_thread(self.engine.validate_request, req)
-            self.engine.add_request(req, prompt_ids)
+            grammar = None
+            if req.response_format is not None:  # fair per-tenant queue, no thread held here
+                grammar = await self.engine.grammars.compile_async(req.response_format, req.tenant)
+            self.engine.add_request(req, prompt_ids, grammar)
             self._work.set()
             while not finished:
                 batch = [await queue.get()]

@@ -87,7 +87,9 @@ class LLMEngine:
             identify=self._cache_identity,
             copy_blocks=self.kv.copy_blocks,
         )
-        self.grammars = GrammarCompiler(self.tokenizer, arch.vocab_size, sorted(self.eos_ids))
+        self.grammars = GrammarCompiler(
+            self.tokenizer, arch.vocab_size, sorted(self.eos_ids), config.grammar
+        )
         self.checker = RequestChecker(
             self.tokenizer,
             arch.vocab_size,
@@ -156,11 +158,16 @@ class LLMEngine:
         """Cheap checks before queueing; returns the prompt ids."""
         return self.checker.check(req)
 
-    def add_request(self, req: GenerationRequest, prompt_ids: list[int] | None = None) -> None:
+    def add_request(
+        self, req: GenerationRequest, prompt_ids: list[int] | None = None, grammar: Any = None
+    ) -> None:
         """Validate and enqueue; raises InvalidRequestError / AdapterNotFoundError /
-        EngineOverloadedError without touching anything else."""
+        EngineOverloadedError without touching anything else. `grammar`: the compiled
+        response_format (compiled here, blocking, when not given)."""
         if prompt_ids is None:
             prompt_ids = self.validate_request(req)
+        if req.response_format is not None and grammar is None:
+            grammar = self.grammars.compile(req.response_format, req.tenant)
         with self._lock:
             if not self._has_room():
                 raise EngineOverloadedError(
@@ -174,7 +181,7 @@ class LLMEngine:
                 gen = torch.Generator().manual_seed(seed)
             seq = Sequence(request=req, prompt_ids=prompt_ids, generator=gen)
             if req.response_format is not None:
-                seq.grammar = self.grammars.new_state(req.response_format)
+                seq.grammar = self.grammars.new_state(grammar)
             self._incoming.append(seq)
 
     def has_room(self) -> bool:

@@ -1,14 +1,18 @@
 """Structured output: a JSON grammar (xgrammar) as a per-sequence token mask before sampling.
 
-The same path forces tool calls (`tool_choice` "required" or a named function): their grammar is
-a structural tag built in `tool_grammar`.
-
 Each sequence with a `response_format` owns a `GrammarState` (an xgrammar matcher over the
 compiled grammar, which is shared and cached by schema): before each sampling step it yields the
 boolean mask of the tokens the grammar allows next (EOS only once the JSON is complete), and every
 accepted token advances it; the sequence finishes with "stop" when the grammar terminates. The
 mask is applied in `logits_processing` like any other, so it works with every route kind, n > 1,
 penalties and logprobs. xgrammar is imported lazily: only requests that ask need it.
+
+Compiling is bounded three ways: a schema's size (checked before queueing), a time budget per
+compile (over it the request is a 400 and the schema is refused at once from then on), and a
+fair queue (grammar_queue.py), so one tenant's costly schemas never delay another's.
+
+The same path forces tool calls (`tool_choice` "required" or a named function): their grammar is
+a structural tag built in `tool_grammar`.
 """
 
 from __future__ import annotations
@@ -21,11 +25,15 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from molora_runtime.config import GrammarConfig
+from molora_runtime.engine.grammar_queue import FairQueue, OverBudget
 from molora_runtime.engine.tool_grammar import ToolCallFormat, structural_tag
 from molora_runtime.errors import InvalidRequestError
 
 MAX_CACHED_GRAMMARS = 64
-# The compile budget: a schema's size bounds the time xgrammar spends compiling it.
+MAX_REFUSED = 256
+ANONYMOUS = ""  # the queue of requests without a tenant
+# A schema's size bounds the memory and time xgrammar may spend on it.
 MAX_SCHEMA_CHARS = 64 * 1024
 
 
@@ -71,28 +79,42 @@ class GrammarState:
 class GrammarCompiler:
     """Compiles (and caches) response formats for one tokenizer and vocabulary."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_ids: list[int],
+        config: GrammarConfig | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_ids = stop_ids
+        self.config = config or GrammarConfig()
+        self.queue = FairQueue(self.config.workers, self.config.queue_per_tenant)
         self._compiler: Any = None
         self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._refused: OrderedDict[str, None] = OrderedDict()  # over the time budget once
         self._lock = threading.Lock()
 
     def _get_compiler(self) -> Any:
-        if self._compiler is None:
-            import xgrammar as xgr
+        with self._lock:
+            if self._compiler is None:
+                import xgrammar as xgr
 
-            info = xgr.TokenizerInfo.from_huggingface(
-                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids
-            )
-            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-        return self._compiler
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids
+                )
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            return self._compiler
 
-    def compile(self, fmt: ResponseFormat) -> Any:
-        """The compiled grammar of `fmt`; an invalid schema is an InvalidRequestError."""
+    def check(self, fmt: ResponseFormat) -> str:
+        """Cheap checks before any compile work; returns the cache key."""
         if self.tokenizer is None:
             raise InvalidRequestError("response_format needs a model with a tokenizer")
+        if fmt.type == "json_schema" and fmt.json_schema is None:
+            raise InvalidRequestError("response_format json_schema needs a schema")
+        if fmt.type == "tool_calls" and fmt.tool_calls is None:
+            raise InvalidRequestError("a tool_calls format needs its functions")
         key = fmt.key()
         if len(key) > MAX_SCHEMA_CHARS:
             raise InvalidRequestError(
@@ -100,16 +122,28 @@ class GrammarCompiler:
                 "this server compiles"
             )
         with self._lock:
+            if key in self._refused:
+                raise self._over_budget()
+        return key
+
+    def _over_budget(self) -> InvalidRequestError:
+        return InvalidRequestError(
+            f"response_format schema takes longer than {self.config.compile_budget_s:g} s to "
+            "compile; simplify it (fewer enum values, smaller nesting)"
+        )
+
+    def _cached(self, key: str) -> Any:
+        with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
-                return hit
-            compiler = self._get_compiler()
-        # Compiled outside the lock: a cached grammar never waits behind another's compile.
+            return hit
+
+    def _build(self, fmt: ResponseFormat, key: str) -> Any:
+        """Runs on a queue worker."""
+        compiler = self._get_compiler()
         try:
             compiled = self._compile(compiler, fmt)
-        except InvalidRequestError:
-            raise
         except Exception as exc:  # xgrammar's RuntimeError names what it cannot use
             reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
             reason = reason.split(": ", 1)[-1] if "json_schema_converter" in reason else reason
@@ -124,14 +158,41 @@ class GrammarCompiler:
     @staticmethod
     def _compile(compiler: Any, fmt: ResponseFormat) -> Any:
         if fmt.type == "tool_calls":
-            if fmt.tool_calls is None:
-                raise InvalidRequestError("a tool_calls format needs its functions")
+            assert fmt.tool_calls is not None  # refused by `check`
             return compiler.compile_structural_tag(structural_tag(fmt.tool_calls))
         schema = fmt.json_schema if fmt.type == "json_schema" else {"type": "object"}
-        if schema is None:
-            raise InvalidRequestError("response_format json_schema needs a schema")
         # json_object means an object (OpenAI), not any JSON value.
         return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
 
-    def new_state(self, fmt: ResponseFormat) -> GrammarState:
-        return GrammarState(self.compile(fmt), self.vocab_size)
+    def _refuse(self, key: str) -> InvalidRequestError:
+        with self._lock:
+            self._refused[key] = None
+            if len(self._refused) > MAX_REFUSED:
+                self._refused.popitem(last=False)
+        return self._over_budget()
+
+    def compile(self, fmt: ResponseFormat, tenant: str | None = None) -> Any:
+        """The compiled grammar of `fmt` (blocking; for callers on their own thread); an
+        invalid or too costly schema is an InvalidRequestError."""
+        key = self.check(fmt)
+        if (hit := self._cached(key)) is not None:
+            return hit
+        job = self.queue.submit(tenant or ANONYMOUS, key, lambda: self._build(fmt, key))
+        try:
+            return self.queue.wait(job, self.config.compile_budget_s)
+        except OverBudget:
+            raise self._refuse(key) from None
+
+    async def compile_async(self, fmt: ResponseFormat, tenant: str | None = None) -> Any:
+        """`compile` for an event loop: the wait holds no thread."""
+        key = self.check(fmt)
+        if (hit := self._cached(key)) is not None:
+            return hit
+        job = self.queue.submit(tenant or ANONYMOUS, key, lambda: self._build(fmt, key))
+        try:
+            return await self.queue.wait_async(job, self.config.compile_budget_s)
+        except OverBudget:
+            raise self._refuse(key) from None
+
+    def new_state(self, compiled: Any) -> GrammarState:
+        return GrammarState(compiled, self.vocab_size)

@@ -1,17 +1,20 @@
 """response_format: a random tiny model under the grammar mask still emits valid JSON that
 validates against the schema (greedy and sampled, with n > 1 siblings), and a bad schema fails
-before queueing."""
+before queueing. Compiling has a time budget and a fair per-tenant queue."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import jsonschema
 import pytest
 
-from molora_runtime.engine.structured import ResponseFormat
+from molora_runtime.config import GrammarConfig
+from molora_runtime.engine.structured import GrammarCompiler, ResponseFormat
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
-from molora_runtime.errors import InvalidRequestError
+from molora_runtime.errors import EngineOverloadedError, InvalidRequestError
 from tests.runtime.rt_util import build_engine, run_to_completion
 
 SCHEMA = {
@@ -83,3 +86,70 @@ def test_huge_schema_is_refused_within_the_compile_budget(chat_engine) -> None:
     assert not engine.has_work()
     got = run_to_completion(engine, [_req("j", ResponseFormat(type="json_object"))])["j"]
     assert got["error"] is None and got["text"].lstrip().startswith("{")
+
+
+def _enum_schema(tag: str, n: int = 3500) -> ResponseFormat:
+    """A schema near the size cap whose compile takes a noticeable time (a unique `tag` each)."""
+    return ResponseFormat(
+        type="json_schema",
+        json_schema={"type": "object", "properties": {"k": {"enum": [f"{tag}-{i:05d}" for i in range(n)]}},
+                     "required": ["k"]},
+    )  # fmt: skip
+
+
+def test_a_schema_over_the_time_budget_is_a_400_and_costs_nothing_else(chat_engine) -> None:
+    engine = chat_engine()
+    grammars = GrammarCompiler(
+        engine.tokenizer, engine.grammars.vocab_size, engine.grammars.stop_ids,
+        GrammarConfig(compile_budget_s=0.01),
+    )  # fmt: skip
+    slow = _enum_schema("slow")
+    with pytest.raises(InvalidRequestError, match=r"takes longer than 0\.01 s to compile"):
+        grammars.compile(slow, "evil")
+    # Refused at once from then on, before any queueing.
+    with pytest.raises(InvalidRequestError, match="takes longer than"):
+        grammars.check(slow)
+    # The engine with its default budget still serves json_object requests of anyone.
+    got = run_to_completion(engine, [_req("j", ResponseFormat(type="json_object"))])["j"]
+    assert got["error"] is None and got["text"].lstrip().startswith("{")
+
+
+async def test_one_tenants_costly_schemas_do_not_delay_another(chat_engine) -> None:
+    """evil queues six costly schemas; acme's json_object starts at the next free worker (after
+    evil's first), and evil never runs two compiles at once."""
+    engine = chat_engine()
+    grammars = GrammarCompiler(
+        engine.tokenizer, engine.grammars.vocab_size, engine.grammars.stop_ids,
+        GrammarConfig(workers=2, compile_budget_s=600),
+    )  # fmt: skip
+    evil = [
+        asyncio.create_task(grammars.compile_async(_enum_schema(f"e{i}"), "evil")) for i in range(6)
+    ]
+    await asyncio.sleep(0.05)  # evil's first is running, five are queued behind it
+    started = len(grammars.queue.started_order)
+    compiled = await grammars.compile_async(ResponseFormat(type="json_object"), "acme")
+    pending = sum(not t.done() for t in evil)
+    await asyncio.gather(*evil)
+    order = [tenant for tenant, _ in grammars.queue.started_order]
+    # acme starts at once on the free worker, or at most after one more of evil's compiles.
+    assert order.index("acme") <= started + 1, (started, order)
+    assert pending >= 6 - started - 1, (started, pending)
+    assert grammars.new_state(compiled).allowed().any()
+
+
+def test_a_tenants_queue_is_bounded(chat_engine) -> None:
+    engine = chat_engine()
+    grammars = GrammarCompiler(
+        engine.tokenizer, engine.grammars.vocab_size, engine.grammars.stop_ids,
+        GrammarConfig(workers=1, queue_per_tenant=2, compile_budget_s=600),
+    )  # fmt: skip
+    running = grammars.queue.submit("evil", "k0", lambda: time.sleep(0.5))
+    while running.started is None:
+        time.sleep(0.01)
+    jobs = [running, *(grammars.queue.submit("evil", f"k{i}", lambda: None) for i in (1, 2))]
+    with pytest.raises(EngineOverloadedError):
+        grammars.queue.submit("evil", "k9", lambda: None)
+    other = grammars.queue.submit("acme", "a", lambda: "ok")
+    assert grammars.queue.wait(other, 600) == "ok"
+    for job in jobs:
+        grammars.queue.wait(job, 600)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deployments.api.proxy_guard import PROXY_ENV_VARS
 from deployments.replica.serve_env import SERVE_ENV_VARS
 from tests.support import ports
 
@@ -108,13 +109,15 @@ def _wait_proxies_healthy(timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def cluster_serve_env() -> Iterator[None]:
-    """The shipped configs' Serve settings (deployments/replica/serve_env.py) in the environment the
-    cluster's processes inherit from its raylet, but not in this process: its own Serve
-    (test handles on short-lived event loops) keeps Ray's defaults."""
+    """The shipped configs' Serve settings (deployments/replica/serve_env.py) and the proxy's
+    stream guard (deployments/api/proxy_guard.py) in the environment the cluster's processes
+    inherit from its raylet, but not in this process: its own Serve (test handles on
+    short-lived event loops) keeps Ray's defaults."""
     import ray.serve  # noqa: F401  (the driver's Serve constants are read now, without them)
 
-    saved = {key: os.environ.get(key) for key in SERVE_ENV_VARS}
-    os.environ.update(SERVE_ENV_VARS)
+    wanted = {**SERVE_ENV_VARS, **PROXY_ENV_VARS}
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
     try:
         yield
     finally:
