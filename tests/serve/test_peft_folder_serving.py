@@ -15,6 +15,10 @@ import pytest
 from serve_helpers import ROOT, deployed, shipped_args
 
 from adapter_store import open_backend, open_registry
+from adapter_store.errors import ReadOnlyStoreError
+from deployments.api.errors import status_of
+from deployments.catalog.lora_admin import LoadLoraBody, load_lora
+from deployments.config import StoreConfig
 from deployments.ops import serve_cli
 from tests.support.seaweedfs import SeaweedFS
 
@@ -141,3 +145,17 @@ def test_a_runtime_load_on_the_default_config_writes_nothing_in_the_checkout(
     assert user.names("adapter") == ["mine", "sorting"]
     yanks = user.backend.list_keys("adapters/sorting/")
     assert yanks and all(k.endswith("/yanked.json") for k in yanks)
+
+
+def test_a_runtime_load_into_a_read_only_store_is_403(tiny_assets, tmp_path: Path) -> None:
+    peft = tmp_path / "loras"
+    shutil.copytree(_folder(tiny_assets["store"], "math"), peft / "ray-math")
+    shutil.copytree(_folder(tiny_assets["store"], "code"), tmp_path / "load" / "own")
+    base = json.loads((tiny_assets["model"] / "config.json").read_text())
+    before = _snapshot(peft)
+    for store in (StoreConfig(url=f"peft:{peft}"), StoreConfig(url=str(peft), writable=None)):
+        with pytest.raises(ReadOnlyStoreError, match="read-only") as err:
+            body = LoadLoraBody(lora_name="own", lora_path="own")
+            load_lora(store, tmp_path / "load", base, None, body)
+        assert status_of(err.value) == 403
+    assert _snapshot(peft) == before
