@@ -6,6 +6,7 @@ on the default config a runtime load writes nothing under the checkout."""
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
