@@ -231,7 +231,11 @@ class PeftFolderBackend:
         raise refuse_write(self.url, WHY, key)
 
     def delete(self, keys: list[str]) -> None:
-        raise refuse_write(self.url, WHY, keys[0] if keys else "")
+        """Removing what is not there changes nothing (a refused upload's cleanup); anything
+        else is refused."""
+        present = [key for key in keys if self.exists(key)]
+        if present:
+            raise refuse_write(self.url, WHY, present[0])
 
     def local_path(self, key: str) -> Path | None:
         """None: even a local folder is read through the verified cache, as it may change."""

@@ -58,7 +58,11 @@ class ReadOnlyBackend:
         return self.inner.exists(key)
 
     def delete(self, keys: list[str]) -> None:
-        raise refuse_write(self.url, self.why, keys[0] if keys else "")
+        """Removing what is not there changes nothing (a refused upload's cleanup); anything
+        else is refused."""
+        present = [key for key in keys if self.exists(key)]
+        if present:
+            raise refuse_write(self.url, self.why, present[0])
 
     def local_path(self, key: str) -> Path | None:
         return self.inner.local_path(key)
