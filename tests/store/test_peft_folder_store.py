@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 from test_store_cli import run
 
-from adapter_store import AdapterStoreSource, NotFoundError, open_backend, open_registry
-from adapter_store.backends.peft_folder import USED_FILES, content_version
+from adapter_store import (
+    AdapterStoreSource,
+    NotFoundError,
+    Registry,
+    open_backend,
+    open_registry,
+)
+from adapter_store.backends.local import LocalBackend
+from adapter_store.backends.peft_folder import USED_FILES, PeftFolderBackend, content_version
 from adapter_store.errors import ReadOnlyStoreError
 from adapter_store.validate import sha256_file
 
@@ -126,6 +133,14 @@ def test_local_symlinked_files_are_refused(tmp_path: Path, adapters_dir: Path) -
     registry = open_registry(f"peft:{root}")
     assert registry.catalog("adapter") == []
     assert "symbolic link" in registry.backend.problems()["linked"]
+    # Over the size limit: refused from the listing's sizes, before a byte is downloaded.
+    shutil.copytree(adapters_dir / "alpha", root / "big")
+    small = PeftFolderBackend(LocalBackend(root), max_bytes=1000)
+    assert Registry(small).catalog("adapter") == []
+    assert "over the 1000-byte limit" in small.problems()["big"]
+    # Keys that try to leave the prefix name nothing.
+    for key in ("adapters/../big/x/manifest.json", "adapters/big/../../etc/passwd", "../x"):
+        assert not small.exists(key)
 
 
 def test_a_layered_store_writes_only_its_top(
