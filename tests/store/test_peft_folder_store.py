@@ -81,6 +81,11 @@ def test_folders_are_served_by_content_hash_through_the_cache(
         for f in FILES:
             assert sha256_file(folder / f) == sha256_file(adapters_dir / "alpha" / f)
     assert registry.verify(alpha) == []
+    # `molora adapters copy` moves a folder into a normal store as it is, version and all.
+    copied, _ = open_registry(str(tmp_path / "dst"), create=True).copy_from(
+        registry, "adapter", "alpha"
+    )
+    assert (copied.ref, copied.files) == (alpha.ref, alpha.files)
     with pytest.raises(NotFoundError):
         source.adapter_path("dora")
     with pytest.raises(NotFoundError):
