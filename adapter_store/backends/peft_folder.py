@@ -21,6 +21,7 @@ import hashlib
 import logging
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -67,9 +68,13 @@ def content_version(entries: list[tuple[str, str]]) -> str:
 
 
 class PeftFolderBackend:
-    def __init__(self, inner: StatBackend, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self, inner: StatBackend, *, max_bytes: int = DEFAULT_MAX_BYTES, stats_ttl_s: float = 1.0
+    ) -> None:
         self.inner = inner
         self.max_bytes = max_bytes
+        self.stats_ttl_s = stats_ttl_s
+        self._listed: dict[str, tuple[float, dict[str, ObjectStat]]] = {}
         self.url = f"peft:{inner.url}"
         self._derived: dict[str, tuple[Stamp, AdapterManifest | None, str | None]] = {}
         self._lock = threading.Lock()
@@ -80,7 +85,7 @@ class PeftFolderBackend:
         """The manifest of folder `name` as it is now (None: no such servable adapter)."""
         if not NAME_RE.fullmatch(name) or name in {".", ".."}:
             return None
-        stats = {f: s for f, s in self.inner.list_stats(f"{name}/").items() if f in USED_FILES}
+        stats = self._stats(name)
         if not stats:
             return None
         stamp = tuple(sorted((f, s.size, s.tag) for f, s in stats.items()))
@@ -99,6 +104,20 @@ class PeftFolderBackend:
         with self._lock:
             self._derived[name] = (stamp, manifest, problem)
         return manifest
+
+    def _stats(self, name: str) -> dict[str, ObjectStat]:
+        """The folder's used files as listed, reused for `stats_ttl_s` (one catalog load asks
+        about a folder several times)."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._listed.get(name)
+        if hit is not None and now - hit[0] < self.stats_ttl_s:
+            return hit[1]
+        listed = self.inner.list_stats(f"{name}/")
+        stats = {f: s for f, s in listed.items() if f in USED_FILES}
+        with self._lock:
+            self._listed[name] = (now, stats)
+        return stats
 
     def problems(self) -> dict[str, str]:
         """Why each folder seen so far is left out (folder name -> reason)."""
