@@ -39,8 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", help="s3://bucket/prefix or a directory (default: $MOLORA_STORE, "
-                   "$MOLORA_HOME/store.json, ./deployments/default_store)")  # fmt: skip
+    p.add_argument("--store", help="s3://bucket/prefix or a directory; peft:<either> = a "
+                   "read-only folder of PEFT adapters; TOP|LOWER = layers, writes to TOP "
+                   "(default: $MOLORA_STORE, $MOLORA_HOME/store.json, ./deployments/default_store)")  # fmt: skip
     p.add_argument(
         "--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL)"
     )

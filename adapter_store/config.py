@@ -10,11 +10,16 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapter_store.backends.base import Backend
+from adapter_store.backends.layered import LAYER_SEP, LayeredBackend
 from adapter_store.backends.local import LocalBackend
+from adapter_store.backends.peft_folder import PeftFolderBackend
+from adapter_store.backends.readonly import ReadOnlyBackend
 from adapter_store.errors import InvalidInputError
 
 DEFAULT_LOCAL_STORE = Path("deployments/default_store")
 DEFAULT_CACHE_BYTES = 20 * 1024**3
+PEFT_PREFIX = "peft:"
+RO_PREFIX = "ro:"
 
 
 class StoreSettings(BaseModel):
@@ -35,6 +40,21 @@ def molora_home() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base).expanduser() / "molora"
+
+
+def molora_data_dir() -> Path:
+    """User data that must outlive any cache (adapters loaded at runtime): `$MOLORA_HOME/data`
+    when MOLORA_HOME is set (one root), else `$XDG_DATA_HOME/molora`, else
+    `~/.local/share/molora`."""
+    if env := os.environ.get("MOLORA_HOME"):
+        return Path(env).expanduser() / "data"
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base).expanduser() / "molora"
+
+
+def user_store_dir() -> Path:
+    """The writable store layered over the bundled one by the default local config."""
+    return molora_data_dir() / "store"
 
 
 def load_settings() -> StoreSettings:
@@ -80,7 +100,30 @@ def resolve_cache_bytes(flag: int | None = None, settings: StoreSettings | None 
 
 
 def open_backend(url: str, endpoint_url: str | None = None, *, create: bool = False) -> Backend:
-    """`s3://bucket/prefix` → S3Backend; anything else is a local directory path."""
+    """`s3://bucket/prefix` → S3Backend; anything else is a local directory path. Three forms
+    compose them: `peft:<dir or s3 url>` (a read-only folder of PEFT adapters), `ro:<url>` (a
+    store read but never written) and `TOP|LOWER|...` (layers: writes go to TOP, which is
+    created if it is a missing directory; the others are read-only)."""
+    if LAYER_SEP in url:
+        parts = [part.strip() for part in url.split(LAYER_SEP)]
+        if not all(parts):
+            raise InvalidInputError(f"store URL {url!r} has an empty layer")
+        top = open_backend(parts[0], endpoint_url, create=True)
+        lower = [
+            ReadOnlyBackend(open_backend(part, endpoint_url), "a lower layer of a layered store")
+            for part in parts[1:]
+        ]
+        return LayeredBackend([top, *lower])
+    if url.startswith(RO_PREFIX):
+        inner = open_backend(url[len(RO_PREFIX) :], endpoint_url)
+        return ReadOnlyBackend(inner, "opened with ro:")
+    if url.startswith(PEFT_PREFIX):
+        inner_url = url[len(PEFT_PREFIX) :]
+        if inner_url.startswith((PEFT_PREFIX, RO_PREFIX)) or not inner_url:
+            raise InvalidInputError(
+                f"store URL {url!r}: peft: takes a directory or s3://bucket/prefix"
+            )
+        return PeftFolderBackend(open_backend(inner_url, endpoint_url))  # type: ignore[arg-type]
     if url.startswith("s3://"):
         parsed = urlparse(url)
         if "@" in parsed.netloc or ":" in parsed.netloc:

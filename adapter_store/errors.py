@@ -47,6 +47,12 @@ class StoreAccessError(StoreError, PermissionError):
     exit_code = 8
 
 
+class ReadOnlyStoreError(StoreError, PermissionError):
+    """A write (push, yank, delete, runtime load) reached a store that is read-only by design."""
+
+    exit_code = 10
+
+
 class DiskFullError(StoreError, OSError):
     """The local disk (store cache or local store) ran out of space; nothing partial was kept."""
 

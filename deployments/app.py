@@ -46,10 +46,9 @@ def router_config(cfg: ServeConfig) -> RequestRouterConfig:
 
 def check_environment(cfg: ServeConfig) -> None:
     """Fail at `serve run` time, naming the key, for what validation cannot see."""
-    url = cfg.store.resolved_url()
-    if "://" not in url and not Path(url).is_dir():
+    for missing in cfg.store.missing_dirs():
         raise ConfigError(
-            f"invalid serve config:\n  args.store.url: directory {url} does not exist"
+            f"invalid serve config:\n  args.store: directory {missing} does not exist"
         )
     auth = cfg.server.auth
     if auth.enabled and auth.keys_file:
@@ -69,7 +68,8 @@ def build(
 ) -> Application:
     """The app from a validated config; options override deployment settings (tests, bench)."""
     check_environment(cfg)
-    config = cfg.model_dump(mode="json")
+    # The writable store is fixed here, so routers and replicas agree whatever their environment.
+    config = cfg.model_copy(update={"store": cfg.store.pinned()}).model_dump(mode="json")
     model = ModelReplica.options(
         request_router_config=router_config(cfg), **(replica_options or {})
     ).bind(config)

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from adapter_store.backends.layered import LAYER_SEP
+from adapter_store.config import PEFT_PREFIX, RO_PREFIX, user_store_dir
 from deployments.access.admission import AdmissionConfig
 from deployments.access.auth import AuthConfig
 from deployments.access.quotas import QuotaConfig
@@ -20,6 +22,7 @@ from molora_runtime.sizes import parse_bytes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STORE = "deployments/default_store"
+AUTO = "auto"
 
 
 class ConfigError(ValueError):
@@ -27,9 +30,25 @@ class ConfigError(ValueError):
 
 
 class StoreConfig(StrictModel):
-    """Where adapters and compositions live (a local registry directory or `s3://bucket/prefix`)."""
+    """Where adapters and compositions live, and where runtime writes (loads, yanks) go."""
 
-    url: str = Field(DEFAULT_STORE, description="local directory or s3://bucket/prefix")
+    url: str = Field(
+        DEFAULT_STORE,
+        description="local directory, s3://bucket/prefix, or peft:<directory or s3 prefix> "
+        "(a read-only folder of PEFT adapters: Ray Serve LLM's dynamic_lora_loading_path)",
+    )
+    layers: list[str] = Field(
+        default_factory=list,
+        description="more read-only stores searched after `url` (same forms); a name's "
+        "versions in every layer are its versions",
+    )
+    writable: str | None = Field(
+        AUTO,
+        description="where runtime loads and yanks are written: 'auto' = `url` itself, except "
+        "that the bundled default store stays read-only (writes go to the user data store, "
+        "$MOLORA_HOME/data/store or $XDG_DATA_HOME/molora/store) and a peft: store is "
+        "read-only; a directory or s3://bucket/prefix layered over `url`; null = read-only",
+    )
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, SeaweedFS)")
     cache_dir: str | None = Field(
         None, description="local verified cache; default under MOLORA_HOME"
@@ -54,12 +73,63 @@ class StoreConfig(StrictModel):
             raise ValueError("store url must not be empty")
         return value
 
+    @field_validator("url", "layers", "writable")
+    @classmethod
+    def _one_store_each(cls, value: str | list[str] | None) -> str | list[str] | None:
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None and (LAYER_SEP in item or not item.strip()):
+                raise ValueError(
+                    f"{item!r}: name one store per entry (list more under store.layers)"
+                )
+        return value
+
+    def layer_urls(self) -> tuple[str | None, list[str]]:
+        """The writable store (None: read-only) and the stores read below it, resolved."""
+        read = [_resolve(u) for u in (self.url, *self.layers)]
+        if self.writable != AUTO:
+            return (_resolve(self.writable) if self.writable else None), read
+        if read[0] == str(REPO_ROOT / DEFAULT_STORE):
+            return str(user_store_dir()), read
+        if read[0].startswith(PEFT_PREFIX):
+            return None, read
+        return read[0], read
+
     def resolved_url(self) -> str:
-        """Relative local paths are taken from the repository root so `serve run` works anywhere."""
-        if "://" in self.url:
-            return self.url
-        path = Path(self.url).expanduser()
-        return str(path if path.is_absolute() else REPO_ROOT / path)
+        """The one store URL `adapter_store.open_backend` opens: `url` alone, or layers
+        `TOP|LOWER|...` (relative local paths are taken from the repository root)."""
+        top, read = self.layer_urls()
+        if top is None:
+            first = read[0] if read[0].startswith((PEFT_PREFIX, RO_PREFIX)) else RO_PREFIX + read[0]
+            parts = [first, *read[1:]]
+        else:
+            parts = read if top == read[0] else [top, *read]
+        return LAYER_SEP.join(parts)
+
+    def pinned(self) -> StoreConfig:
+        """A copy whose `auto` writable store is the concrete one of this process, so every
+        replica and router (whatever its environment) writes to the same place."""
+        top, _ = self.layer_urls()
+        return self.model_copy(update={"writable": top})
+
+    def missing_dirs(self) -> list[str]:
+        """Local directories the read layers name that do not exist."""
+        out = []
+        for url in self.layer_urls()[1]:
+            plain = url.removeprefix(PEFT_PREFIX).removeprefix(RO_PREFIX)
+            if "://" not in plain and not Path(plain).is_dir():
+                out.append(plain)
+        return out
+
+
+def _resolve(url: str) -> str:
+    """A store URL with relative local paths taken from the repository root."""
+    for prefix in (PEFT_PREFIX, RO_PREFIX):
+        if url.startswith(prefix):
+            return prefix + _resolve(url[len(prefix) :])
+    if "://" in url:
+        return url
+    path = Path(url).expanduser()
+    return str(path if path.is_absolute() else REPO_ROOT / path)
 
 
 class PlacementConfig(StrictModel):

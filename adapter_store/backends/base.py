@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
 Progress = Callable[[int], None]
 """Called with the number of bytes just transferred."""
+
+
+@dataclass(frozen=True)
+class ObjectStat:
+    """What a listing says about one object: enough to notice that its content changed."""
+
+    size: int
+    tag: str  # ETag, or inode/mtime of a local file
+    modified: datetime
+    plain: bool = True  # False: a local symlink or a file with other hard links
 
 
 class ObjectMissingError(KeyError):

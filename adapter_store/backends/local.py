@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from adapter_store.backends.base import ObjectExistsError, ObjectMissingError, Progress
+from adapter_store.backends.base import (
+    ObjectExistsError,
+    ObjectMissingError,
+    ObjectStat,
+    Progress,
+)
 from adapter_store.errors import InvalidInputError, StoreUnavailableError, disk_full
 
 CHUNK = 4 * 1024 * 1024
@@ -125,6 +132,26 @@ class LocalBackend:
         if not base.is_dir():
             return []
         return sorted(p.name for p in base.iterdir() if p.is_dir())
+
+    def list_stats(self, prefix: str) -> dict[str, ObjectStat]:
+        """Files directly under `prefix` (a folder key ending in '/'), by name, from `lstat`."""
+        self._check_root()
+        base = self._path(prefix)
+        if base.is_symlink() or not base.is_dir():
+            return {}
+        out = {}
+        for path in base.iterdir():
+            info = path.lstat()
+            if stat.S_ISDIR(info.st_mode) or path.name.startswith(".tmp-"):
+                continue
+            plain = stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+            out[path.name] = ObjectStat(
+                size=info.st_size,
+                tag=f"{info.st_ino}-{info.st_mtime_ns}-{info.st_size}",
+                modified=datetime.fromtimestamp(info.st_mtime, UTC),
+                plain=plain,
+            )
+        return out
 
     def exists(self, key: str) -> bool:
         self._check_root()

@@ -18,7 +18,12 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from s3transfer.exceptions import RetriesExceededError
 
-from adapter_store.backends.base import ObjectExistsError, ObjectMissingError, Progress
+from adapter_store.backends.base import (
+    ObjectExistsError,
+    ObjectMissingError,
+    ObjectStat,
+    Progress,
+)
 from adapter_store.errors import StoreAccessError, StoreError, StoreUnavailableError
 
 T = TypeVar("T")
@@ -198,6 +203,19 @@ class S3Backend:
             for page in pages
             for cp in page.get("CommonPrefixes", [])
         )
+
+    def list_stats(self, prefix: str) -> dict[str, ObjectStat]:
+        """Objects directly under `prefix` (a folder key ending in '/'), by name."""
+        full = self._key(prefix)
+        pages = self._pages(Prefix=full, Delimiter="/")
+        return {
+            obj["Key"][len(full) :]: ObjectStat(
+                size=obj["Size"], tag=obj.get("ETag", ""), modified=obj["LastModified"]
+            )
+            for page in pages
+            for obj in page.get("Contents", [])
+            if obj["Key"] != full
+        }
 
     def exists(self, key: str) -> bool:
         try:

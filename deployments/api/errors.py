@@ -11,6 +11,7 @@ from adapter_store.errors import (
     IntegrityError,
     InvalidInputError,
     NotFoundError,
+    ReadOnlyStoreError,
     StoreAccessError,
     StoreUnavailableError,
 )
@@ -34,6 +35,8 @@ def status_of(exc: BaseException | None) -> int:
         return 404
     if isinstance(exc, InvalidRequestError | AdapterLoadError | HotSetFullError):
         return 400
+    if isinstance(exc, ReadOnlyStoreError):
+        return 403  # a write to a store this server only reads
     if isinstance(exc, InvalidInputError):
         return 400  # the store refused a name or file the request named
     if isinstance(exc, EngineOverloadedError):

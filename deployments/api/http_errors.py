@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from adapter_store.errors import ReadOnlyStoreError
 from deployments.access.gate import AccessError
 from deployments.access.gate import error_response as access_error_response
 from deployments.api.request_models import OPENAI_UNSUPPORTED
@@ -50,6 +51,10 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(400, str(exc))
 
 
+async def _read_only(_: Request, exc: Exception) -> JSONResponse:
+    return error_response(403, str(exc))
+
+
 async def _access_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AccessError)
     return access_error_response(exc)
@@ -62,6 +67,7 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(AccessError, _access_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ReadOnlyStoreError, _read_only)
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "none"}

@@ -1,8 +1,9 @@
 """Model names → routes: what `/v1/models` lists and how a request's `model` is understood.
 
 The ingress keeps a `Catalog` (adapters and compositions of the store, cached for a few
-seconds) and resolves `model` against it: the base model, a named route, a static mix
-`a:0.7+b:0.3`, a composition, or an adapter (`name` / `name@version`). Unknown names are
+seconds) and resolves `model` against it: the base model, a named route, Ray Serve LLM's
+`<base>:<adapter>`, a static mix `a:0.7+b:0.3`, a composition, or an adapter (`name` /
+`name@version`). Unknown names are
 `ModelNotFound` (→ 404); malformed ones `BadModelName` (→ 400).
 
 Every adapter and composition ref of a resolved route is *pinned* to one live version
@@ -177,6 +178,9 @@ class Resolver:
                 return self.check_route(self.config.expose.routes[model])
             except ModelNotFound:
                 raise self._not_found(model) from None  # a route over hidden names is hidden
+        prefixed = self._base_prefixed(model)
+        if prefixed is not None:
+            return prefixed
         if ":" in model:
             if not self.config.expose.mixes:
                 raise BadModelName("static mixes are disabled on this server")
@@ -191,6 +195,36 @@ class Resolver:
         if name in self.adapters:
             self.adapter(model)  # a malformed or dead version is refused before the route is built
             return self.check_route(SingleRoute(adapter=model))
+        raise self._not_found(model)
+
+    def _base_prefixed(self, model: str) -> Resolved | None:
+        """Ray Serve LLM's `<base>:<adapter>` id; None when `model` is not one (a colon
+        followed by a number is a mix weight, so `<base>:0.5` stays a mix)."""
+        head = f"{self.base_name}:"
+        if not model.startswith(head):
+            return None
+        rest = model[len(head) :]
+        if not rest or any(c in rest for c in ":+,"):
+            raise BadModelName(
+                f"model {model!r} is ambiguous: '{head}' takes one adapter or composition "
+                f"('{head}NAME[@VERSION]'); write a mix without it ('a:0.7+b:0.3')"
+            )
+        if _is_number(rest):
+            if rest in self.adapters or rest in self.compositions:
+                raise BadModelName(
+                    f"model {model!r} is ambiguous: adapter {rest!r} on the base model, or a "
+                    f"mix weighting {self.base_name!r} by {rest}; name the adapter alone"
+                )
+            return None
+        try:
+            check_ref(rest)
+        except ValueError as exc:
+            raise BadModelName(f"model {model!r}: {exc}") from None
+        name, _ = _split(rest)
+        if name in self.compositions:
+            return self.check_route(LearnedRoute(composition=rest))
+        if name in self.adapters:
+            return self.check_route(SingleRoute(adapter=self.adapter(rest)))
         raise self._not_found(model)
 
     @staticmethod
@@ -227,6 +261,15 @@ def pin_adapters(route: Route, pin: Callable[[str], str]) -> Route:
         default = pin(route.default) if route.default else None
         return route.model_copy(update={"ranges": ranges, "default": default})
     return route
+
+
+def _is_number(text: str) -> bool:
+    """Whether a mix would read `text` as a weight (the same test as `parse_mix`)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _first_error(exc: Exception) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from adapter_store.config import PEFT_PREFIX, user_store_dir
 from adapter_store.errors import InvalidInputError, NotFoundError
 from adapter_store.validate import load_base_config, sha256_file
 from adapter_store.versions import open_registry
@@ -123,6 +124,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-gpus", type=float, help="GPUs per model replica")
     p.add_argument("--store", help="adapter store: a directory or s3://bucket/prefix")
     p.add_argument("--store-endpoint-url", help="S3-compatible endpoint of --store")
+    p.add_argument(
+        "--dynamic-lora-loading-path",
+        metavar="DIR_OR_S3",
+        help="serve a folder or s3 prefix of PEFT folders (NAME/adapter_config.json + "
+        "adapter_model.safetensors) read-only, as Ray Serve LLM's lora_config does",
+    )
     p.add_argument("--lora-load-dir", help="folder /v1/load_lora_adapter may load paths from")
     p.add_argument(
         "--print-config", action="store_true", help="write the Serve YAML to stdout and exit"
@@ -146,8 +153,7 @@ def rank_pools(value: str) -> list[dict[str, int]]:
 def default_store_dir() -> Path:
     """Where adapters published by `molora serve` live: the user's data directory, never the
     checkout."""
-    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base) / "molora" / "store"
+    return user_store_dir()
 
 
 def build_document(args: argparse.Namespace) -> dict[str, Any]:
@@ -181,6 +187,13 @@ def build_document(args: argparse.Namespace) -> dict[str, Any]:
     own_model = args.model != DEFAULT_MODEL_ALIAS
     if args.store or own_model or args.lora_modules:
         cfg["store"] = {"url": args.store or str(default_store_dir())}
+        if args.store_endpoint_url:
+            cfg["store"]["endpoint_url"] = args.store_endpoint_url
+    if args.dynamic_lora_loading_path:
+        where = args.dynamic_lora_loading_path
+        if "://" not in where:
+            where = str(Path(where).expanduser().resolve())
+        cfg["store"]["layers"] = [f"{PEFT_PREFIX}{where}"]
         if args.store_endpoint_url:
             cfg["store"]["endpoint_url"] = args.store_endpoint_url
     if own_model:
@@ -223,10 +236,10 @@ def publish_modules(doc: dict[str, Any], modules: dict[str, str]) -> list[str]:
     from the name's latest; returns the `name@version` refs served."""
     cfg = ServeConfig.from_args(doc["applications"][0]["args"])
     base_config = load_base_config(resolve_model_path(cfg.engine.model))
-    url = cfg.store.resolved_url()
-    if "://" not in url:
-        Path(url).mkdir(parents=True, exist_ok=True, mode=0o700)
-    registry = open_registry(url, cfg.store.endpoint_url, create=True)
+    top, _ = cfg.store.layer_urls()
+    if top is not None and "://" not in top:
+        Path(top).mkdir(parents=True, exist_ok=True, mode=0o700)
+    registry = open_registry(cfg.store.resolved_url(), cfg.store.endpoint_url, create=True)
     refs = []
     for name, path in modules.items():
         folder = Path(path).expanduser()

@@ -75,7 +75,24 @@ def test_router_config_follows_policy():
 
 
 def test_relative_store_url_is_taken_from_repo_root():
-    cfg = ServeConfig()
-    assert Path(cfg.store.resolved_url()) == ROOT / "deployments" / "default_store"
+    cfg = ServeConfig.from_args({"store": {"writable": None}})
+    assert cfg.store.resolved_url() == f"ro:{ROOT / 'deployments' / 'default_store'}"
     s3 = ServeConfig.from_args({"store": {"url": "s3://b/p"}})
     assert s3.store.resolved_url() == "s3://b/p"
+    rel = ServeConfig.from_args({"store": {"url": "mine", "layers": ["peft:loras"]}})
+    assert rel.store.resolved_url() == f"{ROOT / 'mine'}|peft:{ROOT / 'loras'}"
+
+
+def test_the_bundled_store_is_a_read_only_layer_under_the_user_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOLORA_HOME", str(tmp_path))
+    cfg = ServeConfig()
+    bundled = ROOT / "deployments" / "default_store"
+    assert cfg.store.resolved_url() == f"{tmp_path / 'data' / 'store'}|{bundled}"
+    # Pinned at build time, so every process writes to the same place.
+    assert cfg.store.pinned().writable == str(tmp_path / "data" / "store")
+    peft = ServeConfig.from_args({"store": {"url": "peft:s3://b/loras"}})
+    assert peft.store.resolved_url() == "peft:s3://b/loras"  # read-only by nature
+    own = ServeConfig.from_args({"store": {"url": "peft:s3://b/l", "writable": "s3://b/w"}})
+    assert own.store.resolved_url() == "s3://b/w|peft:s3://b/l"
+    with pytest.raises(ConfigError, match="one store per entry"):
+        ServeConfig.from_args({"store": {"url": "a|b"}})
