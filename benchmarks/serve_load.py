@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import random
 import statistics
 import sys
@@ -297,11 +295,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report = launch_and_compare(args)
     report["load"] = {k: v for k, v in vars(args).items() if k not in ("out", "url")}
-    report["machine"] = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
     print(table(report["results"]))
     write_json(args.out, report)
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -157,8 +156,6 @@ def main() -> None:
         "pull_s": pull_s,
         "plain_s": plain_s,
         "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
             "server": "SeaweedFS weed mini on 127.0.0.1",
         },
     }
