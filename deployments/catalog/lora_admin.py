@@ -22,6 +22,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adapter_store.errors import InvalidInputError, NotFoundError
+from adapter_store.names import check_name
+from adapter_store.validate import DEFAULT_MAX_BYTES
+from adapter_store.versions import open_registry
 from deployments.config import StoreConfig
 
 STORE_PREFIX = "store:"
@@ -137,11 +141,6 @@ def load_lora(
     body: LoadLoraBody,
 ) -> LoraResult:
     """Publish `body.lora_path` as `body.lora_name` (see the module docstring)."""
-    from adapter_store.errors import InvalidInputError, NotFoundError
-    from adapter_store.names import check_name
-    from adapter_store.validate import DEFAULT_MAX_BYTES
-    from adapter_store.versions import open_registry
-
     name = body.lora_name
     try:
         check_name(name)
@@ -219,9 +218,6 @@ def load_lora(
 
 def unload_lora(store: StoreConfig, tenant: str | None, body: UnloadLoraBody) -> LoraResult:
     """Yank every live version of `body.lora_name` (visible to `tenant`)."""
-    from adapter_store.errors import InvalidInputError, NotFoundError
-    from adapter_store.versions import open_registry
-
     name = body.lora_name
     missing = LoraAdminError(404, f"the LoRA adapter {name!r} cannot be found", "lora_name")
     registry = open_registry(store.resolved_url(), store.endpoint_url)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from adapter_store import open_store
+from adapter_store.versions import open_registry
 from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry
 from deployments.config import StoreConfig
 from molora_runtime.lora.source import AdapterSource
 
 
 def _registry(cfg: StoreConfig):
-    from adapter_store.versions import open_registry
-
     return open_registry(cfg.resolved_url(), cfg.endpoint_url)
 
 
@@ -47,8 +47,6 @@ def load_catalog(cfg: StoreConfig) -> Catalog:
 
 def open_source(cfg: StoreConfig) -> AdapterSource:
     """An `AdapterSource` over the store with its verified local cache (one per replica)."""
-    from adapter_store import open_store
-
     return open_store(
         cfg.resolved_url(),
         cfg.endpoint_url,
