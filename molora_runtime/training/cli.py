@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from molora_runtime.config import DEFAULT_MODEL
+from molora_runtime.multimodal.digits import parse_mixture
+from molora_runtime.training.record import write_card
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -126,9 +128,8 @@ def _config(
 
 
 def _adapter(args: argparse.Namespace) -> int:
-    from molora_runtime.multimodal.digits import parse_mixture
+    # Training loads transformers and peft (the `train` extra): only when a command trains.
     from molora_runtime.training.adapter import AdapterTrainConfig, public_config, train_adapter
-    from molora_runtime.training.record import write_card
 
     extra = {"target_modules": args.target_modules.split(",")} if args.target_modules else {}
     if args.mixture:
@@ -141,7 +142,7 @@ def _adapter(args: argparse.Namespace) -> int:
 
 
 def _router(args: argparse.Namespace) -> int:
-    from molora_runtime.training.record import write_card
+    # Training loads transformers and peft (the `train` extra): only when a command trains.
     from molora_runtime.training.router import RouterTrainConfig, public_config, train_router
 
     adapters: dict[str, str] = {}
