@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 from ray import serve
 
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from benchmarks.serve_load import Sample, one_request, pct, zipf_sequence
 from tests.support.multinode import (
     MultiNodeCluster,
@@ -43,8 +43,7 @@ from tests.support.multinode import (
     start_multinode,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "cluster.json"
+RESULTS = RESULTS_DIR / "cluster.json"
 PROMPT = "Write a short story about a robot learning to paint."
 
 

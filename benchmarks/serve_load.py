@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 from ray import serve
 
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from benchmarks.sse import sse_events
 from deployments.app import build
 from deployments.config import ServeConfig
@@ -37,8 +37,7 @@ from molora_runtime.model.model_paths import resolve_model_path
 from tests.serve.serve_assets import make_store, make_tiny_model
 from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"
+RESULTS = RESULTS_DIR / "serve_load.json"
 APP = "molora-bench"
 PROMPTS = [
     "Explain why the sky is blue.",
