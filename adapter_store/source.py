@@ -23,7 +23,7 @@ from adapter_store.config import (
 )
 from adapter_store.errors import IntegrityError, NotFoundError, StoreUnavailableError
 from adapter_store.layout import MANIFEST, AnyManifest, blob_key, kind_prefix
-from adapter_store.manifest import AdapterManifest, CompositionManifest
+from adapter_store.manifest import CompositionManifest
 from adapter_store.names import KINDS, Kind, parse_ref
 from adapter_store.validate import sha256_file
 from adapter_store.versions import Registry
@@ -244,9 +244,6 @@ class AdapterStoreSource:
                     if cached:
                         out.append(max(cached, key=lambda m: (m.created, m.version)))
             return out
-
-    def list_adapters(self) -> list[AdapterManifest]:
-        return [m for m in self.catalog() if isinstance(m, AdapterManifest)]
 
     def list_compositions(self) -> list[CompositionManifest]:
         return [m for m in self.catalog() if isinstance(m, CompositionManifest)]

@@ -17,23 +17,17 @@ from typing import Any
 from pydantic import BaseModel
 
 from adapter_store import base_model, composition_spec, peft_config, rules
+from adapter_store.composition_spec import COMPOSITION_CONFIG, GATES_FILE, CompositionSpec
 from adapter_store.errors import InvalidInputError, RuleError
 from adapter_store.layout import MANIFEST
 from adapter_store.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, json_depth
+from adapter_store.peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PICKLE_SUFFIXES
 from adapter_store.safetensors_header import max_abs_values, nonfinite_tensors, read_header
 
-ADAPTER_CONFIG = peft_config.ADAPTER_CONFIG
-ADAPTER_WEIGHTS = peft_config.ADAPTER_WEIGHTS
 README = "README.md"
-COMPOSITION_CONFIG = composition_spec.COMPOSITION_CONFIG
-GATES_FILE = composition_spec.GATES_FILE
-COMPOSITION_FORMAT = composition_spec.COMPOSITION_FORMAT
-PICKLE_SUFFIXES = peft_config.PICKLE_SUFFIXES
 DEFAULT_MAX_BYTES = 2 * 1024**3
 # Base-config keys that do not change any weight shape (dropped before fingerprinting).
 VOLATILE_CONFIG_KEYS = {"transformers_version", "torch_dtype", "dtype", "_name_or_path"}
-
-CompositionFile = composition_spec.CompositionSpec
 
 
 class AdapterInfo(BaseModel):
@@ -160,7 +154,7 @@ def validate_adapter(
 
 def read_composition(
     folder: Path, max_bytes: int = DEFAULT_MAX_BYTES
-) -> tuple[list[Path], CompositionFile]:
+) -> tuple[list[Path], CompositionSpec]:
     """Check a composition folder (format, refs, gate shapes, finite values)."""
     folder = Path(folder)
     files = _check_files(folder, [COMPOSITION_CONFIG, GATES_FILE], [README], max_bytes)
@@ -170,7 +164,7 @@ def read_composition(
             raise ValueError(
                 f"over {MAX_CONFIG_BYTES} bytes or nested deeper than {MAX_CONFIG_DEPTH} levels"
             )
-        cfg = CompositionFile.model_validate(json.loads(text))
+        cfg = CompositionSpec.model_validate(json.loads(text))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"invalid {COMPOSITION_CONFIG}: {exc}") from exc
     header = read_header(folder / GATES_FILE)

@@ -19,18 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from adapter_store.backends.base import Backend, Progress
+from adapter_store.composition_spec import COMPOSITION_CONFIG
 from adapter_store.config import open_backend
 from adapter_store.errors import InvalidInputError, NotFoundError, VersionExistsError
 from adapter_store.layout import MANIFEST, YANKED, AnyManifest, blob_key, version_dir
 from adapter_store.manifest import AdapterManifest, CompositionManifest, YankRecord, utcnow
 from adapter_store.names import Kind, check_name, check_owner, check_tenant, check_version
 from adapter_store.staging import StagedPublish, file_entries, manifest_fields, new_blob_dir
-from adapter_store.validate import (
-    COMPOSITION_CONFIG,
-    DEFAULT_MAX_BYTES,
-    read_composition,
-    validate_adapter,
-)
+from adapter_store.validate import DEFAULT_MAX_BYTES, read_composition, validate_adapter
 from adapter_store.version_reader import VersionReader
 
 # The composition.json fields a composition's manifest repeats (its adapters are pinned first).

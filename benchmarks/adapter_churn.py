@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from safetensors.torch import save_file
 
 from adapter_store import open_registry
 from adapter_store.errors import VersionExistsError
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from benchmarks.serve_load import Sample, pct, zipf_sequence
 from benchmarks.serve_load import drive as load_drive
 from deployments.app import build
@@ -47,8 +46,7 @@ from molora_runtime.model.model_paths import resolve_model_path
 from tests.support.local_ray import start_local_cluster, stop_local_cluster
 from tests.support.seaweedfs import SeaweedFS
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "adapter_churn.json"
+RESULTS = RESULTS_DIR / "adapter_churn.json"
 APP = "molora-churn"
 MODEL = "smollm2-135m-instruct"
 RANK = 4
@@ -319,9 +317,6 @@ def main(argv: list[str] | None = None) -> int:
         "load": {k: v for k, v in vars(args).items() if not isinstance(v, Path)},
         "zipf": 1.0,
         "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
             "shared": "2-core box shared with other engineers' jobs, run under nice -n 19: "
             "cells run minutes apart under different loads, so numbers and ratios are noisy",
             "load_average": os.getloadavg(),

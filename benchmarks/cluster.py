@@ -23,10 +23,7 @@ import argparse
 import asyncio
 import copy
 import json
-import os
-import platform
 import shutil
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -36,7 +33,7 @@ from typing import Any
 import httpx
 from ray import serve
 
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from benchmarks.serve_load import Sample, one_request, pct, zipf_sequence
 from tests.support.multinode import (
     MultiNodeCluster,
@@ -46,22 +43,8 @@ from tests.support.multinode import (
     start_multinode,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "cluster.json"
+RESULTS = RESULTS_DIR / "cluster.json"
 PROMPT = "Write a short story about a robot learning to paint."
-
-
-def lscpu() -> dict[str, Any]:
-    """`lscpu`'s model name and flags (what the numbers were measured on)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return {"model_name": platform.processor() or None, "flags": []}
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    return {
-        "model_name": fields.get("Model name", "").strip() or None,
-        "flags": fields.get("Flags", "").split(),
-    }
 
 
 async def load(url: str, models: list[str], concurrency: int, max_tokens: int) -> list[Sample]:
@@ -340,10 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         mn.stop()
         shutil.rmtree(work, ignore_errors=True)
-    result["machine"] = {
-        "lscpu": lscpu(), "cpus": os.cpu_count(), "platform": platform.platform(),
+    result["machine"] = {  # write_json adds the CPU model and flags under machine_info
         "note": "3 Ray nodes on one shared 2-core box: timings are noisy, counts are the result",
-    }  # fmt: skip
+    }
     result["quick"] = args.quick
     print(table(result))
     write_json(args.out, result)

@@ -28,12 +28,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from kernels.reference import REFERENCE_VARIANTS
 
-ROOT = Path(__file__).resolve().parents[1]
-
-RESULTS = ROOT / "benchmarks" / "results"
 # (HBM bytes/s, dense 16-bit tensor FLOP/s) from the vendors' datasheets (SXM parts).
 PEAKS = {"H200": (4.8e12, 989e12), "H100": (3.35e12, 989e12), "A100": (2.0e12, 312e12)}
 REFERENCES = ("segmented", "gather")
@@ -283,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget if args.budget is not None else (0.02 if device == "cuda" else 0.2)
     result = run(device, dtype, args.quick, budget, args.max_seconds)
     print_table(result)
-    out = args.out or RESULTS / f"kernels_{device}{'_quick' if args.quick else ''}.json"
+    out = args.out or RESULTS_DIR / f"kernels_{device}{'_quick' if args.quick else ''}.json"
     write_json(out, result)
     return 0
 

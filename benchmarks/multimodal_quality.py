@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from adapter_store.source import AdapterStoreSource
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from molora_runtime import LLM
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.multimodal.classifier import DigitJudge
@@ -42,7 +42,6 @@ from molora_runtime.multimodal.tokens import (
 from molora_runtime.routes import BaseRoute, SingleRoute, VocabRange, VocabRoute
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_STORE = ROOT / "deployments" / "default_store"
 MAX_TOKENS = {"draw": CODES_PER_IMAGE + 4, "read": 4, "mixed": CODES_PER_IMAGE + 28}
 TEXT_TOKENS = 24  # the read pass of the two-pass method
@@ -73,8 +72,8 @@ def parse_args() -> argparse.Namespace:
         help="only the speed rows (no quality table, no files)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(RESULTS / "multimodal_quality.json"))
-    p.add_argument("--grid", default=str(RESULTS / "multimodal_digits.png"))
+    p.add_argument("--out", default=str(RESULTS_DIR / "multimodal_quality.json"))
+    p.add_argument("--grid", default=str(RESULTS_DIR / "multimodal_digits.png"))
     return p.parse_args()
 
 

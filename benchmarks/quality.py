@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from adapter_store.source import AdapterStoreSource
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from molora_runtime.engine.llm import LLM
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.lora.composition import load_composition
@@ -37,7 +37,6 @@ from molora_runtime.training.gate_stats import gate_shares, plot_gate_shares
 from molora_runtime.training.router import load_experts
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_STORE = ROOT / "deployments" / "default_store"
 COMPOSITION = "molora"
 
@@ -54,8 +53,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--skip-arrow", action="store_true")
-    p.add_argument("--out", default=str(RESULTS / "quality.json"))
-    p.add_argument("--plot", default=str(RESULTS / "quality_gates.png"))
+    p.add_argument("--out", default=str(RESULTS_DIR / "quality.json"))
+    p.add_argument("--plot", default=str(RESULTS_DIR / "quality_gates.png"))
     return p.parse_args()
 
 

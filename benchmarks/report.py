@@ -8,6 +8,8 @@ from typing import Any
 
 from benchmarks.machine import machine_info
 
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
 
 def write_json(path: str | Path, result: dict[str, Any]) -> Path:
     """Write `result` as indented JSON (non-JSON values as their str), with the box it ran on

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from molora_runtime.config import LORA_TARGET_MODULES, EngineConfig, HotSetConfig
 from molora_runtime.engine.engine import LLMEngine
 from molora_runtime.engine.llm import as_route
@@ -31,7 +31,7 @@ from molora_runtime.lora.source import DirectorySource
 from molora_runtime.model.attention_meta import step_attention
 from molora_runtime.model.model_paths import resolve_model_path
 
-RESULTS = Path(__file__).parent / "results" / "runtime_decode.json"
+RESULTS = RESULTS_DIR / "runtime_decode.json"
 NAMES = ["math", "code", "style", "facts"]
 
 

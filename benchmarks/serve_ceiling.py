@@ -34,9 +34,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from benchmarks.chat_stream import Sample, one, pct
 from benchmarks.machine import machine_info
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from benchmarks.server_process import (
     MOLORA_PORT,
+    ROOT,
     CpuMeter,
     molora_binding,
     priorities,
@@ -46,12 +47,11 @@ from benchmarks.server_process import (
     vllm_binding,
     wait_up,
 )
-from benchmarks.vllm_env import vllm_cpu_env
+from benchmarks.vllm_env import VLLM_PYTHON, vllm_cpu_env
 from molora_runtime import LLM, SamplingParams
 from molora_runtime.model.model_paths import resolve_model_path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "serve_ceiling.json"
+RESULTS = RESULTS_DIR / "serve_ceiling.json"
 NEW_TOKENS = 128
 MAX_NUM_SEQS = 64
 MAX_MODEL_LEN = 1024
@@ -236,7 +236,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="c=64 only, one round")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--vllm-python", default=str(VLLM_PYTHON))
     parser.add_argument("--work", default=None, help="keep the tiny model and logs here")
     args = parser.parse_args()
     cells = [64] if args.quick else [32, 64, 128]

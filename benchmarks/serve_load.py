@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import random
 import statistics
 import sys
@@ -31,7 +29,7 @@ from typing import Any
 import httpx
 from ray import serve
 
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from benchmarks.sse import sse_events
 from deployments.app import build
 from deployments.config import ServeConfig
@@ -39,8 +37,7 @@ from molora_runtime.model.model_paths import resolve_model_path
 from tests.serve.serve_assets import make_store, make_tiny_model
 from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"
+RESULTS = RESULTS_DIR / "serve_load.json"
 APP = "molora-bench"
 PROMPTS = [
     "Explain why the sky is blue.",
@@ -297,11 +294,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report = launch_and_compare(args)
     report["load"] = {k: v for k, v in vars(args).items() if k not in ("out", "url")}
-    report["machine"] = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
     print(table(report["results"]))
     write_json(args.out, report)
     return 0

@@ -44,7 +44,7 @@ from transformers import AutoModelForCausalLM
 from benchmarks import serve_offline
 from benchmarks.chat_stream import one, request_body, run_cell
 from benchmarks.machine import machine_info
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from benchmarks.serve_rounds import (
     adapters_applied,
     agreement,
@@ -55,6 +55,7 @@ from benchmarks.serve_rounds import (
 )
 from benchmarks.server_process import (
     MOLORA_PORT,
+    ROOT,
     CpuMeter,
     molora_binding,
     priorities,
@@ -64,7 +65,7 @@ from benchmarks.server_process import (
     vllm_binding,
     wait_up,
 )
-from benchmarks.vllm_env import vllm_cpu_env
+from benchmarks.vllm_env import VLLM_PYTHON, vllm_cpu_env
 from benchmarks.workload import (
     ADAPTERS,
     CELLS,
@@ -79,8 +80,7 @@ from molora_runtime.lora.composition import CompositionConfig, save_composition
 from molora_runtime.model.arch import load_arch
 from molora_runtime.model.model_paths import resolve_model_path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "serve_vs_vllm.json"
+RESULTS = RESULTS_DIR / "serve_vs_vllm.json"
 VLLM_PORT = 18431
 
 
@@ -285,7 +285,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--quick", action="store_true", help="c=8 and c=32 only")
-    ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument("--vllm-python", default=str(VLLM_PYTHON))
     ap.add_argument("--work", default=None, help="keep adapters/store here between runs")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from safetensors.torch import load_file
 from adapter_store import AdapterStoreSource, LocalCache, Registry
 from adapter_store.backends.s3 import S3Backend
 from adapter_store.layout import blob_key
-from benchmarks.report import write_json
+from benchmarks.report import RESULTS_DIR, write_json
 from molora_runtime.config import HotSetConfig
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.model.loader import load_model
@@ -66,9 +65,7 @@ def hotset_factory() -> Callable[[AdapterStoreSource], HotSet]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "store_pull.json"
-    )
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "store_pull.json")
     args = parser.parse_args()
 
     with (
@@ -157,8 +154,6 @@ def main() -> None:
         "pull_s": pull_s,
         "plain_s": plain_s,
         "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
             "server": "SeaweedFS weed mini on 127.0.0.1",
         },
     }

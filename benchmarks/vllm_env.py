@@ -8,6 +8,10 @@ made a 3x slower vLLM look like a win for us. Every yardstick that runs vLLM use
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+# The separate environment `make vllm-env` builds for the vLLM side of the comparisons.
+VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 
 
 def vllm_cpu_env() -> dict[str, str]:

@@ -18,7 +18,7 @@ from deployments.access.auth import AuthConfig
 from deployments.access.quotas import QuotaConfig
 from molora_runtime.config import EngineConfig, StrictModel
 from molora_runtime.routes import RouteSpec, check_ref
-from molora_runtime.sizes import parse_bytes
+from molora_runtime.sizes import ByteSize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STORE = "deployments/default_store"
@@ -53,18 +53,13 @@ class StoreConfig(StrictModel):
     cache_dir: str | None = Field(
         None, description="local verified cache; default under MOLORA_HOME"
     )
-    cache_bytes: int = Field(
+    cache_bytes: ByteSize = Field(
         10 * 2**30,
         ge=0,
         description="disk cache size before LRU eviction (pinned adapters stay); an integer "
         "or e.g. '10GiB'",
     )
     refresh_s: float = Field(10.0, gt=0, description="how long the ingress caches the registry")
-
-    @field_validator("cache_bytes", mode="before")
-    @classmethod
-    def _cache_size(cls, value: object) -> int:
-        return parse_bytes(value)
 
     @field_validator("url")
     @classmethod

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from adapter_store.peft_config import SERVABLE_MODULES
 from molora_runtime.routes import RouteLimits
-from molora_runtime.sizes import parse_bytes
+from molora_runtime.sizes import ByteSize
 
 LORA_TARGET_MODULES: tuple[str, ...] = SERVABLE_MODULES  # the rulebook's list
 
@@ -59,7 +59,7 @@ class HotSetConfig(StrictModel):
         False,
         description="serve adapters that declare another base model (their shapes still fit)",
     )
-    host_bytes: int = Field(
+    host_bytes: ByteSize = Field(
         512 * 2**20,
         ge=0,
         description="bytes of parsed adapters kept in host memory (the tier between the disk "
@@ -68,11 +68,6 @@ class HotSetConfig(StrictModel):
     fetch_workers: int = Field(
         2, ge=1, le=32, description="background fetches (store -> disk -> host) at once"
     )
-
-    @field_validator("host_bytes", mode="before")
-    @classmethod
-    def _host_size(cls, value: object) -> int:
-        return parse_bytes(value)
 
     @model_validator(mode="after")
     def _pools_fit(self) -> HotSetConfig:

@@ -7,6 +7,9 @@ write the unit instead of counting zeros; a typo must fail with the accepted for
 from __future__ import annotations
 
 import re
+from typing import Annotated
+
+from pydantic import BeforeValidator
 
 UNITS = {
     "": 1,
@@ -41,3 +44,7 @@ def parse_bytes(value: object) -> int:
         f"{value!r} is not a size: use a byte count (an integer) or a number with one of "
         "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB (e.g. '512MiB')"
     )
+
+
+# A config field in bytes that also accepts a unit ("512MiB"); Field constraints still apply.
+ByteSize = Annotated[int, BeforeValidator(parse_bytes)]

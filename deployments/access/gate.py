@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from adapter_store.validate import load_base_config
 from deployments.access.admission import PRINCIPAL_SCOPE_KEY, Admission
 from deployments.access.auth import ANONYMOUS, KeyFileError, KeyRing, Principal, bearer_key
 from deployments.access.overload import WaitEstimator
@@ -27,8 +28,16 @@ from deployments.access.quotas import QuotaBook, QuotaExceeded, retry_after_head
 from deployments.access.tenancy import visible_catalog
 from deployments.api.response_models import error_payload
 from deployments.catalog.admin import AdminNotFound, YankBody, set_yanked
+from deployments.catalog.lora_admin import (
+    LoadLoraBody,
+    LoraAdminError,
+    UnloadLoraBody,
+    load_lora,
+    unload_lora,
+)
 from deployments.catalog.model_names import Catalog
 from deployments.config import ServerConfig, StoreConfig
+from molora_runtime.model.model_paths import resolve_model_path
 
 logger = logging.getLogger("ray.serve")
 
@@ -176,14 +185,6 @@ class Access:
         self, principal: Principal, cfg: Any, action: str, raw: bytes, root: Path
     ) -> dict[str, Any]:
         """Load (publish) or unload (yank) an adapter; admin keys only when auth is on."""
-        from deployments.catalog.lora_admin import (
-            LoadLoraBody,
-            LoraAdminError,
-            UnloadLoraBody,
-            load_lora,
-            unload_lora,
-        )
-
         runtime = cfg.server.runtime_lora
         if not runtime.enabled:
             raise AccessError(403, "runtime LoRA loading is disabled (server.runtime_lora)")
@@ -212,9 +213,6 @@ class Access:
 
 def _base_config(cfg: Any) -> dict[str, Any] | None:
     """The served model's config.json, which the rulebook checks loaded adapters against."""
-    from adapter_store.validate import load_base_config
-    from molora_runtime.model.model_paths import resolve_model_path
-
     try:
         return load_base_config(resolve_model_path(cfg.engine.model))
     except Exception:  # the model is not on this node: the replicas still check at load

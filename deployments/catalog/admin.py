@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adapter_store.errors import InvalidInputError, NotFoundError
+from adapter_store.versions import open_registry
 from deployments.access.auth import Principal
 from deployments.catalog import namespaces
 from deployments.catalog.model_names import Catalog
@@ -51,8 +53,6 @@ def set_yanked(
     body: YankBody,
     yank: bool,
 ) -> YankResult:
-    from adapter_store.errors import InvalidInputError, NotFoundError
-    from adapter_store.versions import open_registry
 
     kind = KINDS.get(collection)
     if kind is None:

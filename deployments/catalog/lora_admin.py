@@ -24,6 +24,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from adapter_store.errors import InvalidInputError, NotFoundError
+from adapter_store.validate import DEFAULT_MAX_BYTES
+from adapter_store.versions import open_registry
 from deployments.catalog import namespaces
 from deployments.config import StoreConfig
 
@@ -141,10 +144,6 @@ def load_lora(
 ) -> LoraResult:
     """Publish `body.lora_path` as `body.lora_name` in the caller's namespace (see
     deployments/catalog/namespaces.py and the module docstring)."""
-    from adapter_store.errors import InvalidInputError, NotFoundError
-    from adapter_store.validate import DEFAULT_MAX_BYTES
-    from adapter_store.versions import open_registry
-
     name = body.lora_name
     registry = open_registry(store.resolved_url(), store.endpoint_url)
     try:
@@ -217,9 +216,6 @@ def load_lora(
 
 def unload_lora(store: StoreConfig, tenant: str | None, body: UnloadLoraBody) -> LoraResult:
     """Yank every live version of `body.lora_name` as the caller's namespace resolves it."""
-    from adapter_store.errors import InvalidInputError
-    from adapter_store.versions import open_registry
-
     name = body.lora_name
     missing = LoraAdminError(404, f"the LoRA adapter {name!r} cannot be found", "lora_name")
     registry = open_registry(store.resolved_url(), store.endpoint_url)

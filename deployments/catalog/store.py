@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from adapter_store import open_store
+from adapter_store.names import Kind
+from adapter_store.versions import Registry, open_registry
 from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry
 from deployments.config import StoreConfig
 from molora_runtime.lora.source import AdapterSource
 
 
-def _registry(cfg: StoreConfig):
-    from adapter_store.versions import open_registry
-
+def _registry(cfg: StoreConfig) -> Registry:
     return open_registry(cfg.resolved_url(), cfg.endpoint_url)
+
+
+def _live_versions(registry: Registry, kind: Kind, name: str) -> tuple[str, ...]:
+    return tuple(v.version for v in registry.versions(kind, name) if not v.yanked)
 
 
 def load_catalog(cfg: StoreConfig) -> Catalog:
@@ -18,25 +23,19 @@ def load_catalog(cfg: StoreConfig) -> Catalog:
     registry = _registry(cfg)
     adapters: dict[str, AdapterEntry] = {}
     for manifest in registry.catalog("adapter"):
-        versions = tuple(
-            v.version for v in registry.versions("adapter", manifest.name) if not v.yanked
-        )
         adapters[manifest.name] = AdapterEntry(
             name=manifest.name,
-            versions=versions,
+            versions=_live_versions(registry, "adapter", manifest.name),
             latest=manifest.version,
             base_model=manifest.base_model,
             tenant=manifest.tenant,
         )
     compositions: dict[str, CompositionEntry] = {}
     for manifest in registry.catalog("composition"):
-        versions = tuple(
-            v.version for v in registry.versions("composition", manifest.name) if not v.yanked
-        )
         compositions[manifest.name] = CompositionEntry(
             name=manifest.name,
             adapters=tuple(manifest.adapters),
-            versions=versions,
+            versions=_live_versions(registry, "composition", manifest.name),
             latest=manifest.version,
             base_model=manifest.base_model,
             top_k=manifest.top_k,
@@ -47,8 +46,6 @@ def load_catalog(cfg: StoreConfig) -> Catalog:
 
 def open_source(cfg: StoreConfig) -> AdapterSource:
     """An `AdapterSource` over the store with its verified local cache (one per replica)."""
-    from adapter_store import open_store
-
     return open_store(
         cfg.resolved_url(),
         cfg.endpoint_url,

@@ -21,7 +21,6 @@ from adapter_store import composition_spec
 
 COMPOSITION_CONFIG = composition_spec.COMPOSITION_CONFIG
 GATES_FILE = composition_spec.GATES_FILE
-FORMAT_NAME = composition_spec.COMPOSITION_FORMAT
 
 
 class CompositionError(ValueError):

@@ -144,7 +144,7 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Decoder + LM head. `forward` serves (KV cache); `forward_train` trains gates (no cache)."""
+    """Decoder + LM head; `forward` serves one step over the KV cache."""
 
     def __init__(self, arch: ModelArch, max_positions: int | None = None) -> None:
         super().__init__()
@@ -220,18 +220,3 @@ class CausalLM(nn.Module):
         if logits_index is not None:
             hidden = hidden.index_select(0, logits_index)
         return self.logits(hidden)
-
-    def forward_train(
-        self, input_ids: torch.Tensor, ctx: LoRAContext | None = None
-    ) -> torch.Tensor:
-        """Full causal forward of a [B, T] batch without a KV cache; returns logits [B, T, V].
-
-        `ctx` routes the B*T flattened tokens (row-major); with `ctx.return_gate_logits` the
-        per-layer gate logits [B*T, K] are left in `ctx.gate_logits`, and gradients flow into
-        the gate tensors of `ctx.gates` (base weights and adapter buffers stay frozen).
-        """
-        B, T = input_ids.shape
-        positions = torch.arange(T, device=input_ids.device).repeat(B)
-        meta = DenseAttention(batch=B, seq_len=T, positions=positions)
-        hidden = self.hidden_states(input_ids.reshape(-1), meta, None, ctx)
-        return self.logits(hidden).view(B, T, -1)

@@ -281,29 +281,3 @@ class PackedPairs:
 
 
 PairFn = Callable[[], tuple[torch.Tensor, torch.Tensor]]
-
-
-def packed_ready(x: torch.Tensor) -> bool:
-    """Whether `x` should take a packed LoRA pair: a 2-D bf16 CPU serving activation (no
-    autograd). fp32 keeps plain GEMMs: MKL's small fp32 GEMMs are already cheap (a mixed fp32
-    decode step measured 79.8 ms plain vs 78.4 ms packed, within noise), bf16 ones are not."""
-    return (
-        x.dim() == 2
-        and x.dtype == torch.bfloat16
-        and x.device.type == "cpu"
-        and not (torch.is_grad_enabled() and x.requires_grad)
-    )
-
-
-def routed_lora_packed(
-    x: torch.Tensor,
-    A_packed: PackedWeight,
-    B_packed: PackedWeight,
-    expanded_weights: torch.Tensor,
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """`kernels.stacked.routed_lora_stacked` (its twin) on packed weights: add the routed
-    delta of `x [T, d_in]` to `out [T, d_out]` (which may be a strided view)."""
-    h = packed_gemm(x, A_packed)
-    h.mul_(expanded_weights.to(h.dtype))
-    return out.add_(packed_gemm(h, B_packed))

@@ -1,14 +1,10 @@
 """The judge: a digit classifier fit on the train split only, to score generated images.
 
 scikit-learn's LogisticRegression on the 64 raw grey levels. It is refit at eval time (lbfgs
-on fixed data is deterministic, about a second), and its weights are also saved as JSON so a
-run's judge can be inspected without pickle.
+on fixed data is deterministic, about a second), so no fitted judge is stored.
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 from molora_runtime.multimodal.digits import split
 
@@ -31,16 +27,3 @@ class DigitJudge:
     def accuracy(self, images: list[list[int]], labels: list[int]) -> float:
         got = self.predict(images)
         return sum(int(a == b) for a, b in zip(got, labels, strict=True)) / max(len(labels), 1)
-
-    def save_json(self, path: Path) -> None:
-        """Weights and intercepts as JSON (reproducible from the split anyway)."""
-        path.write_text(
-            json.dumps(
-                {
-                    "classes": [int(c) for c in self.model.classes_],
-                    "coef": [[round(float(w), 6) for w in row] for row in self.model.coef_],
-                    "intercept": [round(float(b), 6) for b in self.model.intercept_],
-                }
-            )
-            + "\n"
-        )

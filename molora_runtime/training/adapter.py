@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from adapter_store.peft_config import ADAPTER_WEIGHTS
 from molora_runtime.config import DEFAULT_MODEL, LORA_TARGET_MODULES
 from molora_runtime.model.model_paths import resolve_model_path
 from molora_runtime.multimodal.digits import MULTIMODAL_DOMAINS, training_examples
@@ -27,8 +28,6 @@ from molora_runtime.training.data import DOMAINS, domain_examples
 from molora_runtime.training.progress import Progress
 from molora_runtime.training.record import write_card
 from molora_runtime.training.vocab_lora import attach_frozen_adapter
-
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 class AdapterTrainConfig(BaseModel):

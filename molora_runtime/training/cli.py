@@ -6,8 +6,15 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from molora_runtime.config import DEFAULT_MODEL
+from molora_runtime.multimodal.digits import parse_mixture
+from molora_runtime.training.record import write_card
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -112,37 +119,22 @@ def _command_line() -> str:
     return ("molora " + shlex.join(sys.argv[1:])).replace(home, "~")
 
 
+def _config(
+    cls: type[M], args: argparse.Namespace, skip: frozenset[str] = frozenset(), **values: Any
+) -> M:
+    """`cls` from the options named like its fields (less `skip`), plus the parsed `values`."""
+    given = {n: getattr(args, n) for n in cls.model_fields if hasattr(args, n) and n not in skip}
+    return cls(**(given | values))
+
+
 def _adapter(args: argparse.Namespace) -> int:
-    from molora_runtime.multimodal.digits import parse_mixture
+    # Training loads transformers and peft (the `train` extra): only when a command trains.
     from molora_runtime.training.adapter import AdapterTrainConfig, public_config, train_adapter
-    from molora_runtime.training.record import write_card
 
     extra = {"target_modules": args.target_modules.split(",")} if args.target_modules else {}
     if args.mixture:
         extra["mixture"] = parse_mixture(args.mixture)
-    cfg = AdapterTrainConfig(
-        model=args.model,
-        domain=args.domain,
-        output=args.output,
-        rank=args.rank,
-        alpha=args.alpha,
-        first_layer=args.first_layer,
-        steps=args.steps,
-        stop_at=args.stop_at,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        device=args.device,
-        threads=args.threads,
-        checkpoint_every=args.checkpoint_every,
-        init_from=args.init_from,
-        loss_per_example=args.loss_per_example,
-        image_adapter=args.image_adapter,
-        code_dropout=args.code_dropout,
-        text_adapter=args.text_adapter,
-        routed_fraction=args.routed_fraction,
-        **extra,
-    )
+    cfg = _config(AdapterTrainConfig, args, skip=frozenset({"target_modules", "mixture"}), **extra)
     out = train_adapter(cfg)
     write_card(out, f"LoRA adapter `{cfg.domain}`", public_config(cfg), _command_line())
     print(f"adapter written to {out}")
@@ -150,7 +142,7 @@ def _adapter(args: argparse.Namespace) -> int:
 
 
 def _router(args: argparse.Namespace) -> int:
-    from molora_runtime.training.record import write_card
+    # Training loads transformers and peft (the `train` extra): only when a command trains.
     from molora_runtime.training.router import RouterTrainConfig, public_config, train_router
 
     adapters: dict[str, str] = {}
@@ -159,22 +151,7 @@ def _router(args: argparse.Namespace) -> int:
         if not sep:
             raise SystemExit(f"--adapter {item!r} must be NAME=PEFT_FOLDER")
         adapters[name] = folder
-    cfg = RouterTrainConfig(
-        model=args.model,
-        adapters=adapters,
-        output=args.output,
-        top_k=args.top_k,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        balance_weight=args.balance_weight,
-        single_fraction=args.single_fraction,
-        route_supervision=args.route_supervision,
-        seed=args.seed,
-        device=args.device,
-        threads=args.threads,
-        checkpoint_every=args.checkpoint_every,
-    )
+    cfg = _config(RouterTrainConfig, args, adapters=adapters)
     out = train_router(cfg)
     write_card(out, "MoLoRA composition (learned gates)", public_config(cfg), _command_line())
     print(f"composition written to {out}")

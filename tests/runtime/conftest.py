@@ -148,3 +148,17 @@ def smollm2(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Sim
         smollm2_path, folders, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=256
     )
     return SimpleNamespace(peft=pm, engine=engine, adapters=folders, path=smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def peft_abc(tiny_llama: Path, tiny_adapters: dict[str, Path]):
+    """PEFT's own model of the tiny Llama with adapters a, b and c loaded (the reference); one per
+    module, so a module may add adapters to it. peft is the `train` extra: imported here."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    pm = PeftModel.from_pretrained(base, str(tiny_adapters["a"]), adapter_name="a")
+    pm.load_adapter(str(tiny_adapters["b"]), adapter_name="b")
+    pm.load_adapter(str(tiny_adapters["c"]), adapter_name="c")
+    return pm.eval()

@@ -9,6 +9,7 @@ adapters. Greedy decoding recomputes the whole sequence every step (no cache).""
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,18 +24,6 @@ from tests.runtime.rt_util import (
     request,
     run_to_completion,
 )
-
-
-@pytest.fixture(scope="module")
-def peft_all(tiny_llama: Path, tiny_adapters: dict[str, Path]):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
-    pm = PeftModel.from_pretrained(base, str(tiny_adapters["a"]), adapter_name="a")
-    pm.load_adapter(str(tiny_adapters["b"]), adapter_name="b")
-    pm.load_adapter(str(tiny_adapters["c"]), adapter_name="c")
-    return pm.eval()
 
 
 class DenseReference:
@@ -117,17 +106,22 @@ def vocab_weights(_layer: int, ids: torch.Tensor, _normed: torch.Tensor) -> torc
     return w
 
 
-def test_vocab_route_equals_dense_reference(tiny_engine_factory, peft_all) -> None:
-    engine = tiny_engine_factory()
-    ref = DenseReference(peft_all, ["a", "b", "c"], vocab_weights)
-    prompts = random_prompts(3, 256, [14, 9, 20], seed=31)
+def assert_engine_matches(engine, route, ref: DenseReference, prompts, new_tokens: int) -> None:
+    """Prefill logits within 1e-4 of the reference, and the same greedy tokens."""
     for prompt in prompts:
         torch.testing.assert_close(
-            engine_prefill_logits(engine, VOCAB, prompt), ref.logits(prompt), atol=1e-4, rtol=0
+            engine_prefill_logits(engine, route, prompt), ref.logits(prompt), atol=1e-4, rtol=0
         )
-    got = run_to_completion(engine, [request(f"v{i}", p, VOCAB, 10) for i, p in enumerate(prompts)])
+    reqs = [request(f"r{i}", p, route, new_tokens) for i, p in enumerate(prompts)]
+    got = run_to_completion(engine, reqs)
     for i, prompt in enumerate(prompts):
-        assert got[f"v{i}"]["tokens"] == ref.greedy(prompt, 10)
+        assert got[f"r{i}"]["tokens"] == ref.greedy(prompt, new_tokens)
+
+
+def test_vocab_route_equals_dense_reference(tiny_engine_factory, peft_abc) -> None:
+    engine = tiny_engine_factory()
+    ref = DenseReference(peft_abc, ["a", "b", "c"], vocab_weights)
+    assert_engine_matches(engine, VOCAB, ref, random_prompts(3, 256, [14, 9, 20], seed=31), 10)
 
 
 def learned_weights_fn(comp_folder: Path, top_k: int, temperature: float):
@@ -149,31 +143,22 @@ def learned_weights_fn(comp_folder: Path, top_k: int, temperature: float):
     ids=["composition-defaults", "top1", "top3-cold", "top2-hot"],
 )
 def test_learned_route_equals_dense_reference(
-    top_k, temperature, tiny_engine_factory, tiny_composition: Path, peft_all
+    top_k, temperature, tiny_engine_factory, tiny_composition: Path, peft_abc
 ) -> None:
-    import json
-
     cfg = json.loads((tiny_composition / "composition.json").read_text())
     assert cfg["adapters"] == ["a", "b", "c"]
     k, temp = top_k or cfg["top_k"], temperature or cfg["temperature"]
-    ref = DenseReference(peft_all, cfg["adapters"], learned_weights_fn(tiny_composition, k, temp))
+    ref = DenseReference(peft_abc, cfg["adapters"], learned_weights_fn(tiny_composition, k, temp))
     route = LearnedRoute(composition="moe", top_k=top_k, temperature=temperature)
     engine = tiny_engine_factory()
-    prompts = random_prompts(2, 256, [15, 8], seed=41)
-    for prompt in prompts:
-        torch.testing.assert_close(
-            engine_prefill_logits(engine, route, prompt), ref.logits(prompt), atol=1e-4, rtol=0
-        )
-    got = run_to_completion(engine, [request(f"l{i}", p, route, 8) for i, p in enumerate(prompts)])
-    for i, prompt in enumerate(prompts):
-        assert got[f"l{i}"]["tokens"] == ref.greedy(prompt, 8)
+    assert_engine_matches(engine, route, ref, random_prompts(2, 256, [15, 8], seed=41), 8)
 
 
-def test_learned_gates_really_route(tiny_composition: Path, peft_all) -> None:
+def test_learned_gates_really_route(tiny_composition: Path, peft_abc) -> None:
     """Sanity of the setup: with top-2 of 3 different tokens pick different expert pairs."""
     fn = learned_weights_fn(tiny_composition, 2, 0.7)
     seen = set()
-    ref = DenseReference(peft_all, ["a", "b", "c"], fn)
+    ref = DenseReference(peft_abc, ["a", "b", "c"], fn)
 
     def spy(layer, ids, normed):
         w = fn(layer, ids, normed)

@@ -3,8 +3,6 @@ greedy tokens and prefill logits."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -24,14 +22,9 @@ MIXES = {
 
 
 @pytest.fixture(scope="module")
-def peft_mixes(tiny_llama: Path, tiny_adapters: dict[str, Path]):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
-    pm = PeftModel.from_pretrained(base, str(tiny_adapters["a"]), adapter_name="a")
-    pm.load_adapter(str(tiny_adapters["b"]), adapter_name="b")
-    pm.load_adapter(str(tiny_adapters["c"]), adapter_name="c")
+def peft_mixes(peft_abc):
+    """This module's PEFT model (a, b, c) with the mixes added as weighted adapters."""
+    pm = peft_abc
     for name, weights in MIXES.items():
         pm.add_weighted_adapter(
             adapters=list(weights),

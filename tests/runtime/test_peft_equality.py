@@ -37,18 +37,6 @@ def peft_tokens(pm, prompts: list[list[int]], names: list[str], max_new: int, eo
     return result
 
 
-@pytest.fixture(scope="module")
-def tiny_peft(tiny_llama: Path, tiny_adapters: dict[str, Path]):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
-    pm = PeftModel.from_pretrained(base, str(tiny_adapters["a"]), adapter_name="a")
-    pm.load_adapter(str(tiny_adapters["b"]), adapter_name="b")
-    pm.load_adapter(str(tiny_adapters["c"]), adapter_name="c")
-    return pm.eval()
-
-
 def test_tiny_adapters_cover_the_required_options(tiny_adapters: dict[str, Path]) -> None:
     configs = {
         n: json.loads((p / "adapter_config.json").read_text()) for n, p in tiny_adapters.items()
@@ -62,12 +50,12 @@ def test_tiny_adapters_cover_the_required_options(tiny_adapters: dict[str, Path]
     assert configs["c"]["rank_pattern"] and configs["c"]["alpha_pattern"]
 
 
-def test_tiny_mixed_batch_equals_peft(tiny_engine_factory, tiny_peft) -> None:
+def test_tiny_mixed_batch_equals_peft(tiny_engine_factory, peft_abc) -> None:
     engine = tiny_engine_factory()
     routes = ["a", "b", "c", None, "c", "a", None, "b"]
     prompts = random_prompts(len(routes), 256, [9], seed=11)
     names = [r or BASE for r in routes]
-    expected = peft_tokens(tiny_peft, prompts, names, 12, None)
+    expected = peft_tokens(peft_abc, prompts, names, 12, None)
     got = run_to_completion(
         engine,
         [request(f"r{i}", p, r, 12) for i, (p, r) in enumerate(zip(prompts, routes, strict=True))],
@@ -79,7 +67,7 @@ def test_tiny_mixed_batch_equals_peft(tiny_engine_factory, tiny_peft) -> None:
     assert len({tuple(t) for t in expected[:4]}) == 4
 
 
-def test_tiny_ragged_chunked_batch_equals_peft(tiny_engine_factory, tiny_peft) -> None:
+def test_tiny_ragged_chunked_batch_equals_peft(tiny_engine_factory, peft_abc) -> None:
     """Different prompt lengths, prefill split over several steps (16-token budget) and decodes
     of earlier requests sharing steps with prefill chunks of later ones."""
     engine = tiny_engine_factory(max_num_batched_tokens=16, max_num_seqs=4)
@@ -90,7 +78,7 @@ def test_tiny_ragged_chunked_batch_equals_peft(tiny_engine_factory, tiny_peft) -
         [request(f"r{i}", p, r, 9) for i, (p, r) in enumerate(zip(prompts, routes, strict=True))],
     )
     for i, (p, r) in enumerate(zip(prompts, routes, strict=True)):
-        assert got[f"r{i}"]["tokens"] == peft_tokens(tiny_peft, [p], [r or BASE], 9, None)[0]
+        assert got[f"r{i}"]["tokens"] == peft_tokens(peft_abc, [p], [r or BASE], 9, None)[0]
 
 
 @pytest.mark.slow

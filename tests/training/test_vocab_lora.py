@@ -6,7 +6,12 @@ from pathlib import Path
 
 import torch
 
-from molora_runtime.training.vocab_lora import IMAGE_ADAPTER, attach_image_adapter
+from molora_runtime.training.vocab_lora import (
+    IMAGE_ADAPTER,
+    TEXT_ADAPTER,
+    attach_image_adapter,
+    attach_text_adapter,
+)
 from tests.training.tiny_llama import TINY_LLAMA
 
 
@@ -22,23 +27,31 @@ def _peft(lora_seed: int):
     return get_peft_model(base, lora).eval()
 
 
-def test_mask_picks_the_adapter_per_position(tmp_path: Path) -> None:
-    ids = torch.tensor([[1, 2, 3, 4, 5]])
-    image = _peft(1)
+IDS = torch.tensor([[1, 2, 3, 4, 5]])
+
+
+def _frozen_and_trained(folder: Path) -> tuple[torch.Tensor, torch.nn.Module, torch.Tensor]:
+    """The frozen adapter's logits on IDS (saved to `folder`), the adapter to train and its own."""
+    frozen = _peft(1)
     with torch.no_grad():
-        image_only = image(input_ids=ids).logits
-    image.save_pretrained(str(tmp_path / "image"))
+        frozen_only = frozen(input_ids=IDS).logits
+    frozen.save_pretrained(str(folder))
     trained = _peft(2)
     with torch.no_grad():
-        trained_only = trained(input_ids=ids).logits
+        trained_only = trained(input_ids=IDS).logits
+    return frozen_only, trained, trained_only
+
+
+def test_mask_picks_the_adapter_per_position(tmp_path: Path) -> None:
+    image_only, trained, trained_only = _frozen_and_trained(tmp_path / "image")
     route = attach_image_adapter(trained, tmp_path / "image")
     with torch.no_grad():
         route.image = torch.zeros(1, 5, 1, dtype=torch.bool)
-        assert torch.allclose(trained(input_ids=ids).logits, trained_only, atol=1e-5)
+        assert torch.allclose(trained(input_ids=IDS).logits, trained_only, atol=1e-5)
         route.image = torch.ones(1, 5, 1, dtype=torch.bool)
-        assert torch.allclose(trained(input_ids=ids).logits, image_only, atol=1e-5)
+        assert torch.allclose(trained(input_ids=IDS).logits, image_only, atol=1e-5)
         route.image = torch.tensor([[True, True, False, False, False]]).unsqueeze(-1)
-        mixed = trained(input_ids=ids).logits
+        mixed = trained(input_ids=IDS).logits
     # causal: the first two positions see only image-adapter positions
     assert torch.allclose(mixed[:, :2], image_only[:, :2], atol=1e-5)
     assert not torch.allclose(mixed[:, 2:], trained_only[:, 2:], atol=1e-5)
@@ -55,24 +68,15 @@ def test_only_the_trained_adapter_learns(tmp_path: Path) -> None:
 
 def test_text_adapter_is_the_mirror_image(tmp_path: Path) -> None:
     """`--text-adapter` (train `draw` as the route serves it): the frozen one serves text."""
-    from molora_runtime.training.vocab_lora import TEXT_ADAPTER, attach_text_adapter
-
-    ids = torch.tensor([[1, 2, 3, 4, 5]])
-    text = _peft(1)
-    with torch.no_grad():
-        text_only = text(input_ids=ids).logits
-    text.save_pretrained(str(tmp_path / "text"))
-    trained = _peft(2)
-    with torch.no_grad():
-        trained_only = trained(input_ids=ids).logits
+    text_only, trained, trained_only = _frozen_and_trained(tmp_path / "text")
     route = attach_text_adapter(trained, tmp_path / "text")
     with torch.no_grad():
         route.image = torch.ones(1, 5, 1, dtype=torch.bool)
-        assert torch.allclose(trained(input_ids=ids).logits, trained_only, atol=1e-5)
+        assert torch.allclose(trained(input_ids=IDS).logits, trained_only, atol=1e-5)
         route.image = torch.zeros(1, 5, 1, dtype=torch.bool)
-        assert torch.allclose(trained(input_ids=ids).logits, text_only, atol=1e-5)
+        assert torch.allclose(trained(input_ids=IDS).logits, text_only, atol=1e-5)
         route.image = None  # an unrouted step: the trained adapter everywhere
-        assert torch.allclose(trained(input_ids=ids).logits, trained_only, atol=1e-5)
+        assert torch.allclose(trained(input_ids=IDS).logits, trained_only, atol=1e-5)
     learning = [n for n, p in trained.named_parameters() if p.requires_grad]
     assert learning and all(".default." in n for n in learning)
     assert any(f".{TEXT_ADAPTER}." in n for n, _ in trained.named_parameters())
