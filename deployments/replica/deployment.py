@@ -74,6 +74,7 @@ def delta_item(out: GenerationOutput, index: int = 0, tokenizer: Any = None) -> 
         token_ids=list(out.new_token_ids),
         attribution=attribution,
         finish_reason=cast(Any, reason),
+        stop_reason=out.stop_reason if out.finished else None,
     )
 
 
@@ -186,7 +187,7 @@ class ModelReplica:
             self._replica_id = "local"
         self._stopped: str | None = None
         self._outboxes = Outboxes()
-        self._metrics = ReplicaMetrics(self._engine, self._source)
+        self._metrics = ReplicaMetrics(self._engine, self._source, self._config.base_model_name())
         self._metrics_task = asyncio.get_running_loop().create_task(self._metrics.run())
         self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
 
