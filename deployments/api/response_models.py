@@ -126,6 +126,7 @@ class ModelCard(BaseModel):
     owned_by: str = "molora"
     root: str | None = None
     parent: str | None = None
+    max_model_len: int | None = Field(None, description="prompt + completion tokens (vLLM's)")
     molora: dict[str, Any] = Field(default_factory=dict, description="kind, versions, experts")
 
 

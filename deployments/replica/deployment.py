@@ -27,6 +27,7 @@ from deployments.catalog.store import open_source
 from deployments.config import ServeConfig
 from deployments.ops import metrics
 from deployments.placement.affinity import base_name
+from deployments.replica import tokenize_ops
 from deployments.replica.choices import choice_requests, merged_choices
 from deployments.replica.heap import GcPauseMeter
 from deployments.replica.replica_metrics import ReplicaMetrics
@@ -339,6 +340,13 @@ class ModelReplica:
     async def health(self) -> dict[str, Any]:
         await self.check_health()
         return {"replica": self._replica_id, "model": self._engine.model_id}
+
+    async def tokenize(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """`/tokenize` (validated by the router), off the event loop."""
+        return await asyncio.to_thread(tokenize_ops.tokenize, self._engine.engine.checker, payload)
+
+    async def detokenize(self, tokens: list[int]) -> dict[str, Any]:
+        return await asyncio.to_thread(tokenize_ops.detokenize, self._engine.engine.checker, tokens)
 
     async def model_info(self) -> dict[str, Any]:
         return {"model_id": self._engine.model_id, "max_model_len": self._engine.max_model_len}
