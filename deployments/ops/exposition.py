@@ -4,7 +4,8 @@ names, private catalog names replaced.
 Ray's exporter on each node serves every process's series with Ray's `ray_` prefix and Ray's
 own metrics beside them. The API port serves only the project's families (`molora_*`, and
 `vllm_*` renamed `vllm:*`), merged over nodes, with every label value that names a tenant's
-private adapter or composition replaced by `private` (series that then coincide are summed).
+private adapter or composition replaced by `private`, and Ray's per-process bookkeeping labels
+dropped (series that then coincide are summed).
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ from deployments.ops.metric_names import PROMETHEUS_PREFIX, api_name
 
 KEPT_PREFIXES = (PROMETHEUS_PREFIX + "molora_", PROMETHEUS_PREFIX + "vllm_")
 NAME_LABELS = ("adapter", "composition", "lora_name")  # labels that may carry a catalog name
+# Ray's per-process bookkeeping labels: dropped here (deployment, replica and node stay)
+DROPPED_LABELS = frozenset(
+    {
+        "Component", "SessionName", "Version", "WorkerId", "otel_scope_name",
+        "otel_scope_schema_url", "otel_scope_version",
+    }
+)  # fmt: skip
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -33,6 +41,8 @@ class _Family:
 def _public(labels: list[tuple[str, str]], private: frozenset[str]) -> tuple[tuple[str, str], ...]:
     out = []
     for key, value in labels:
+        if key in DROPPED_LABELS:
+            continue
         if key in NAME_LABELS and value.partition("@")[0] in private:
             value = PRIVATE_LABEL
         out.append((key, value))

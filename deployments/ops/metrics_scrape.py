@@ -4,7 +4,8 @@ merged and filtered by `exposition.merge`.
 Scrapes are shared: callers within `CACHE_S` of the last scrape get its text, and concurrent
 callers wait on one scrape, so a busy Prometheus (or an attacker) costs the exporters at most one
 fetch per `CACHE_S`. A node that does not answer within `FETCH_TIMEOUT_S` is left out of that
-scrape rather than delaying it, so /metrics answers within about a second even under load.
+scrape, and a caller waits at most `ANSWER_S` before it is given the previous scrape's text, so
+/metrics answers within a second even under load.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from deployments.ops.exposition import merge
 logger = logging.getLogger("ray.serve")
 
 CACHE_S = 1.0
+ANSWER_S = 0.8  # the longest a caller waits for a fresh scrape
 FETCH_TIMEOUT_S = 0.8
 NODES_TTL_S = 30.0
 
@@ -37,7 +39,12 @@ def exporter_urls() -> list[str]:
 
 
 class MetricsScraper:
-    """Cached, bounded-time scrape of the cluster's exporters for the API port."""
+    """Cached, bounded-time scrape of the cluster's exporters for the API port.
+
+    A scrape runs as its own task: a caller waits for it at most `ANSWER_S`, then gets the
+    previous text while the scrape finishes in the background and refreshes the cache. Node
+    discovery (a GCS call) likewise runs beside, never inside, a caller's wait.
+    """
 
     def __init__(
         self,
@@ -48,28 +55,39 @@ class MetricsScraper:
         self._discover = discover
         self._urls: list[str] = []
         self._urls_at = -NODES_TTL_S
+        self._discovery: asyncio.Future[list[str]] | None = None
         self._text = ""
         self._at = -CACHE_S
-        self._lock = asyncio.Lock()
+        self._scrape_task: asyncio.Task[str] | None = None
         self._client = httpx.AsyncClient(timeout=FETCH_TIMEOUT_S)
 
     async def text(self) -> str:
         if time.monotonic() - self._at < CACHE_S:
             return self._text
-        async with self._lock:
-            if time.monotonic() - self._at < CACHE_S:
-                return self._text
-            self._text = await self._scrape()
-            self._at = time.monotonic()
-            return self._text
+        if self._scrape_task is None or self._scrape_task.done():
+            self._scrape_task = asyncio.create_task(self._scrape())
+        done, _ = await asyncio.wait({self._scrape_task}, timeout=ANSWER_S)
+        if done:
+            try:
+                self._text = self._scrape_task.result()
+                self._at = time.monotonic()
+            except Exception as exc:  # keep serving the last good text
+                logger.warning("metrics: scrape failed: %r", exc)
+        return self._text
 
     async def _urls_now(self) -> list[str]:
-        if time.monotonic() - self._urls_at >= NODES_TTL_S or not self._urls:
+        stale = time.monotonic() - self._urls_at >= NODES_TTL_S
+        if stale and (self._discovery is None or self._discovery.done()):
+            self._discovery = asyncio.ensure_future(asyncio.to_thread(self._discover))
+        if not self._urls and self._discovery is not None:
+            await asyncio.wait({self._discovery}, timeout=FETCH_TIMEOUT_S)
+        if self._discovery is not None and self._discovery.done():
             try:
-                self._urls = await asyncio.wait_for(asyncio.to_thread(self._discover), 0.5)
+                self._urls = self._discovery.result()
                 self._urls_at = time.monotonic()
             except Exception as exc:  # keep the last known nodes
                 logger.warning("metrics: node list unavailable: %r", exc)
+            self._discovery = None
         return self._urls
 
     async def _fetch(self, url: str) -> str:
@@ -84,4 +102,6 @@ class MetricsScraper:
     async def _scrape(self) -> str:
         texts = await asyncio.gather(*(self._fetch(u) for u in await self._urls_now()))
         private = await self._private_names()
-        return await asyncio.to_thread(merge, texts, private)
+        text = await asyncio.to_thread(merge, texts, private)
+        self._text, self._at = text, time.monotonic()
+        return text

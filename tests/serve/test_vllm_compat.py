@@ -4,9 +4,14 @@ min_p, include_stop_str_in_output, stop_reason and chat_template_kwargs."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
+
 import httpx
 import pytest
-from serve_helpers import deployed, openai_client, shipped_args
+from serve_helpers import ROOT, deployed, openai_client, shipped_args
 
 MESSAGES = [{"role": "user", "content": "Say something about numbers."}]
 
@@ -186,3 +191,36 @@ def test_chat_template_kwargs_are_passed_and_bounded(app_url) -> None:
         )
         assert resp.status_code == 400, resp.text
         assert resp.json()["error"]["param"].startswith("chat_template_kwargs")
+
+
+# vLLM's venv beside the checkout (`make vllm-env`), or where MOLORA_VLLM_PYTHON points
+VLLM_PYTHON = Path(os.environ.get("MOLORA_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+ALIGN = """
+import asyncio, json, sys
+from vllm.benchmarks.datasets.datasets import SampleRequest
+from vllm.benchmarks.serve import _align_prompts_to_server_tokenizer
+reqs = [SampleRequest(prompt=p, prompt_len=5, expected_output_len=1) for p in json.loads(sys.argv[2])]
+out = asyncio.run(_align_prompts_to_server_tokenizer(sys.argv[1], "math", reqs))
+print(json.dumps([r.prompt for r in out]))
+"""
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="vLLM's venv (make vllm-env) is absent")
+def test_vllm_benchmark_client_aligns_through_tokenize(app_url) -> None:
+    """vLLM's own benchmark code (unchanged) finds its 5-token prompts are longer on this
+    server and cuts them through /tokenize and /detokenize."""
+    prompts = ["one two three four five six seven eight", "the cat sat on the mat and purred"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(
+        [str(VLLM_PYTHON), "-c", ALIGN, app_url, json.dumps(prompts)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "re-aligning prompts" in run.stdout and "unavailable" not in run.stdout
+    aligned = json.loads(run.stdout.strip().splitlines()[-1])
+    for before, after in zip(prompts, aligned, strict=True):
+        ids = _post(app_url, "/tokenize", {"prompt": before, "add_special_tokens": False}).json()
+        assert (
+            after == _post(app_url, "/detokenize", {"tokens": ids["tokens"][:5]}).json()["prompt"]
+        )
+        assert after != before and before.startswith(after)
