@@ -22,6 +22,7 @@ from grafana_foundation_sdk.models import common as common_m
 from grafana_foundation_sdk.models import dashboard as dash_m
 
 from deployments.ops import metric_names as m
+from deployments.ops.dashboard_vllm import PanelSpec, vllm_rows
 
 DASHBOARD_UID = "molora-serve"
 DASHBOARD_TITLE = "MoLoRA Serve"
@@ -448,7 +449,11 @@ def _rows() -> list[tuple[str, list[ts_b.Panel | stat_b.Panel]]]:
                 ),
             ],
         ),
-    ]
+    ] + [(title, [_from_spec(p) for p in panels]) for title, panels in vllm_rows()]
+
+
+def _from_spec(spec: PanelSpec) -> ts_b.Panel:
+    return _timeseries(spec.title, spec.description, spec.unit, [Query(*q) for q in spec.queries])
 
 
 def build_dashboard() -> dash_m.Dashboard:
