@@ -24,6 +24,10 @@ from molora_runtime.engine.types import MAX_INT32, ChatTemplateValue, check_chat
 
 MAX_TOKENS = 1 << 20  # ids one /detokenize call may send
 REPLICA_TIMEOUT_S = 60
+# Calls one router has at the replicas at once (they run in the replicas' worker threads, beside
+# request validation), and how many may wait for a turn before the next is a 429.
+MAX_IN_FLIGHT = 8
+MAX_WAITING = 1024
 
 
 class TokenizeRequest(_Payload):
@@ -82,6 +86,8 @@ class Tokenization:
 
     def __init__(self, cfg: ServeConfig, access: Access, catalog: CatalogCache, model: Any) -> None:
         self.cfg, self.access, self.catalog, self.model = cfg, access, catalog, model
+        self._turns = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._waiting = 0
 
     async def _body(self, request: Request, cls: type[_Payload]) -> Any:
         principal = await self.access.authenticate(request)
@@ -110,12 +116,21 @@ class Tokenization:
         return body
 
     async def _call(self, method: str, arg: Any) -> dict[str, Any]:
+        if self._waiting >= MAX_WAITING:
+            raise ApiError(429, f"over {MAX_WAITING} tokenize calls are waiting; retry later")
+        self._waiting += 1
+        waiting = True
         try:
-            result = await asyncio.wait_for(
-                getattr(self.model, method).remote(arg), REPLICA_TIMEOUT_S
-            )
+            async with self._turns:
+                self._waiting, waiting = self._waiting - 1, False
+                result = await asyncio.wait_for(
+                    getattr(self.model, method).remote(arg), REPLICA_TIMEOUT_S
+                )
         except Exception as exc:
             raise ApiError(503, f"no replica answered: {type(exc).__name__}") from None
+        finally:
+            if waiting:  # cancelled before its turn
+                self._waiting -= 1
         if "error" in result:
             raise ApiError(400, result["error"])
         return result
