@@ -76,3 +76,11 @@ def metric_label(label: str, resolved: Resolved, catalog: Catalog) -> str:
         entry = catalog.compositions.get(_base(composition))
         private = private or (entry is not None and entry.tenant is not None)
     return PRIVATE_LABEL if private else label
+
+
+def private_names(catalog: Catalog) -> frozenset[str]:
+    """Every tenant-owned adapter and composition name: what unauthenticated views must hide."""
+    return frozenset(
+        [n for n, e in catalog.adapters.items() if e.tenant is not None]
+        + [n for n, e in catalog.compositions.items() if e.tenant is not None]
+    )

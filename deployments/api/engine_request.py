@@ -71,8 +71,10 @@ def engine_request(
             temperature=body.temperature,
             top_p=body.top_p,
             top_k=body.top_k,
+            min_p=body.min_p,
             seed=body.seed,
             stop=body.stop_list(),
+            include_stop_str_in_output=body.include_stop_str_in_output,
             stop_token_ids=body.stop_token_ids,
             ignore_eos=body.ignore_eos,
             presence_penalty=body.presence_penalty,
@@ -89,6 +91,7 @@ def engine_request(
         if isinstance(body, ChatCompletionRequest):
             prompt = {
                 "messages": body.engine_messages(),
+                "chat_template_kwargs": body.chat_template_kwargs,
                 "images": images,
                 "image_output": wants_images(body, resolved.route),
                 "tools": body.template_tools(),

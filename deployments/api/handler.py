@@ -29,7 +29,7 @@ from deployments.api.json_guard import BodyError, parse_body
 from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
 from deployments.api.response_models import error_payload
 from deployments.api.shaping import Item, Shaper, choices_asked, sse
-from deployments.api.tracking import Tracker
+from deployments.api.tracking import Tracker, route_label
 from deployments.api.upstream import Upstream
 from deployments.catalog.model_names import (
     BadModelName,
@@ -75,8 +75,13 @@ class RequestHandler:
             if end is not None:
                 end(0, False)
             return error_response(exc.status, exc.message, exc.param, retry_after)
-        tracker = Tracker(resolved)
-        tracker.label = metric_label(tracker.label, resolved, await self.catalog.get())
+        tracker = Tracker(resolved, self.cfg.base_model_name())
+        alias = (
+            body.model if body.model in self.cfg.expose.routes and not body.molora.route else None
+        )
+        tracker.label = metric_label(
+            route_label(resolved, alias), resolved, await self.catalog.get()
+        )
         tracker.on_done.append(lambda used, ok: end(used, ok, tracker.prompt_tokens > 0))
         try:
             stream, first = await self.upstream.start(gen_req, resolved, choices_asked(body)[1])

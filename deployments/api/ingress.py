@@ -19,12 +19,15 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.access.admission import AdmissionMiddleware
 from deployments.access.gate import Access, AccessError
+from deployments.access.tenancy import private_names
 from deployments.api.errors import status_of
 from deployments.api.handler import RequestHandler
 from deployments.api.http_errors import ApiError, install_handlers
-from deployments.api.model_cards import model_list
+from deployments.api.model_cards import model_card, model_list
 from deployments.api.openapi_docs import body_docs
 from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
+from deployments.api.server_info import ModelFacts, server_version
+from deployments.api.tokenize import DetokenizeRequest, Tokenization, TokenizeRequest
 from deployments.api.upstream import Upstream
 from deployments.catalog.admin import YankBody, scope_stats
 from deployments.catalog.lora_admin import LoadLoraBody, UnloadLoraBody
@@ -33,8 +36,11 @@ from deployments.catalog.store import load_catalog
 from deployments.catalog.watch import CatalogWatch
 from deployments.config import REPO_ROOT, ServeConfig
 from deployments.ops import metrics
+from deployments.ops.metrics_scrape import MetricsScraper
 from deployments.replica.heap import GcPauseMeter
 from deployments.replica.stream_channel import ChannelClient
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 app = FastAPI(title="MoLoRA Serve", docs_url=None, redoc_url=None)
 install_handlers(app)
@@ -65,10 +71,13 @@ class Router:
         self.access.announce()
         app.state.admission = self.access.admission
         self.handler = RequestHandler(self.cfg, self.access, self.catalog, self.upstream)
+        self.tokenization = Tokenization(self.cfg, self.access, self.catalog, model)
+        self.facts = ModelFacts(model, self.cfg.engine.max_model_len)
+        self.scraper = MetricsScraper(lambda: self._private_names())
         # A daemon thread: it ends with this process, nothing to stop.
         self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health(self) -> JSONResponse:
         try:
             info = await asyncio.wait_for(self.model.health.remote(), timeout=10)
@@ -78,12 +87,53 @@ class Router:
             ) from None
         return JSONResponse({"status": "ok", **info})
 
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping(self) -> JSONResponse:
+        """vLLM's (SageMaker's) liveness probe: the same check as /health."""
+        return await self.health()
+
+    @app.get("/version")
+    async def version(self) -> JSONResponse:
+        return JSONResponse({"version": server_version()})
+
+    @app.get("/metrics")
+    async def prometheus_metrics(self) -> PlainTextResponse:
+        """Prometheus text: our and vLLM-named series of every node, private names hidden."""
+        return PlainTextResponse(await self.scraper.text(), media_type=PROMETHEUS_TEXT)
+
     @app.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:
-        principal = await self.access.authenticate(request)
-        resolver = Resolver(self.cfg, self.access.visible(principal, await self.catalog.get()))
-        cards = model_list(resolver, self.cfg.expose.routes, self.cfg.expose.base)
+        resolver = await self._resolver(request)
+        cards = model_list(
+            resolver, self.cfg.expose.routes, self.cfg.expose.base, await self.facts.max_model_len()
+        )
         return JSONResponse(cards.model_dump())
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_by_id(self, model_id: str, request: Request) -> JSONResponse:
+        card = model_card(
+            model_id,
+            await self._resolver(request),
+            self.cfg.expose.routes,
+            self.cfg.expose.base,
+            await self.facts.max_model_len(),
+        )
+        return JSONResponse(card.model_dump())
+
+    @app.post("/tokenize", openapi_extra=body_docs(TokenizeRequest))
+    async def tokenize(self, request: Request) -> JSONResponse:
+        return JSONResponse(await self.tokenization.tokenize(request))
+
+    @app.post("/detokenize", openapi_extra=body_docs(DetokenizeRequest))
+    async def detokenize(self, request: Request) -> JSONResponse:
+        return JSONResponse(await self.tokenization.detokenize(request))
+
+    async def _resolver(self, request: Request) -> Resolver:
+        principal = await self.access.authenticate(request)
+        return Resolver(self.cfg, self.access.visible(principal, await self.catalog.get()))
+
+    async def _private_names(self) -> frozenset[str]:
+        return private_names(await self.catalog.get())
 
     @app.post("/v1/completions", openapi_extra=body_docs(CompletionRequest))
     async def completions(self, request: Request) -> Any:

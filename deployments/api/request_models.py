@@ -14,7 +14,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from deployments.api.tool_models import ToolCallsIn, ToolFields
-from molora_runtime.engine.types import MAX_INT32, MAX_SEED
+from molora_runtime.engine.types import (
+    MAX_INT32,
+    MAX_SEED,
+    ChatTemplateValue,
+    check_chat_template_kwargs,
+)
 from molora_runtime.multimodal.prompt import IMAGE_SLOT
 from molora_runtime.routes import RouteSpec
 
@@ -137,12 +142,18 @@ class _SamplingFields(_Payload):
     temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(0, ge=0, le=MAX_INT32, description="vLLM extension; 0 = off")
+    min_p: float = Field(
+        0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="vLLM extension; 0 = off"
+    )
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="0 .. 2**64-1")
     stop: str | list[str] | None = None
     stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_INT32)]] = Field(
         default_factory=list, max_length=MAX_STOP_TOKEN_IDS, description="ids in the vocabulary"
     )
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = Field(
+        False, description="vLLM extension: keep the matched stop string in the text"
+    )
     cache_salt: str | None = Field(
         None,
         min_length=1,
@@ -353,6 +364,17 @@ class ChatCompletionRequest(_SamplingFields, ToolFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    chat_template_kwargs: dict[str, ChatTemplateValue] | None = Field(
+        None,
+        max_length=16,
+        description="vLLM extension: extra chat-template variables (e.g. enable_thinking); "
+        "scalars only, not the renderer's own names",
+    )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return check_chat_template_kwargs(value)
 
     @model_validator(mode="after")
     def _unsupported(self) -> ChatCompletionRequest:

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_serializer
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 
 class Usage(BaseModel):
@@ -41,10 +41,24 @@ class _Envelope(BaseModel):
     molora: MoloraInfo | None = None
 
 
-class CompletionChoice(BaseModel):
+class _Finish(BaseModel):
+    """vLLM's `stop_reason` beside `finish_reason`: the stop string or stop token id that ended
+    the choice, null at EOS or length; written (null too) on every finished choice."""
+
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @model_serializer(mode="wrap")
+    def _stop_reason(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if self.finish_reason is not None:
+            data["stop_reason"] = self.stop_reason
+        return data
+
+
+class CompletionChoice(_Finish):
     index: int = 0
     text: str
-    finish_reason: str | None = None
     logprobs: dict[str, Any] | None = None
 
 
@@ -91,10 +105,9 @@ class AssistantMessage(BaseModel):
         return out
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(_Finish):
     index: int = 0
     message: AssistantMessage
-    finish_reason: str | None = None
     logprobs: dict[str, Any] | None = None
 
 
@@ -124,10 +137,9 @@ class DeltaMessage(BaseModel):
     tool_calls: list[ToolCallDelta] | None = None
 
 
-class ChatChunkChoice(BaseModel):
+class ChatChunkChoice(_Finish):
     index: int = 0
     delta: DeltaMessage
-    finish_reason: str | None = None
     logprobs: dict[str, Any] | None = None
 
 
@@ -148,6 +160,7 @@ class ModelCard(BaseModel):
     owned_by: str = "molora"
     root: str | None = None
     parent: str | None = None
+    max_model_len: int | None = Field(None, description="prompt + completion tokens (vLLM's)")
     molora: dict[str, Any] = Field(default_factory=dict, description="kind, versions, experts")
 
 

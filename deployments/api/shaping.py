@@ -143,6 +143,7 @@ class Shaper:
             deltas = by_index[i]
             text = "".join(d.text for d in deltas)
             finish = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
+            stop_reason = next((d.stop_reason for d in reversed(deltas) if d.finish_reason), None)
             if self.body.molora.return_attribution and out_index == 0:
                 attribution = [a for d in deltas for a in d.attribution or []]
             prompt: list[LogprobItem] = []
@@ -162,13 +163,18 @@ class Shaper:
                         index=out_index,
                         message=message,
                         finish_reason=finish,
+                        stop_reason=stop_reason,
                         logprobs=logprobs,
                     )
                 )
             else:
                 text_choices.append(
                     CompletionChoice(
-                        index=out_index, text=text, finish_reason=finish, logprobs=logprobs
+                        index=out_index,
+                        text=text,
+                        finish_reason=finish,
+                        stop_reason=stop_reason,
+                        logprobs=logprobs,
                     )
                 )
         info = self._info(True, attribution)
@@ -221,7 +227,11 @@ class Shaper:
                 model=self.model,
                 choices=[
                     ChatChunkChoice(
-                        index=index, delta=delta, finish_reason=finish, logprobs=logprobs
+                        index=index,
+                        delta=delta,
+                        finish_reason=finish,
+                        stop_reason=item.stop_reason,
+                        logprobs=logprobs,
                     )
                 ],
                 molora=info,
@@ -232,7 +242,11 @@ class Shaper:
                 model=self.model,
                 choices=[
                     CompletionChoice(
-                        index=index, text=text, finish_reason=finish, logprobs=logprobs
+                        index=index,
+                        text=text,
+                        finish_reason=finish,
+                        stop_reason=item.stop_reason,
+                        logprobs=logprobs,
                     )
                 ],
                 molora=info,

@@ -1,6 +1,9 @@
-"""Per-request metrics on the router: TTFT, inter-token gaps, token counts, final status.
+"""Per-request metrics on the router: TTFT, inter-token gaps, e2e latency, token counts, final
+status, as ours (`molora_*`) and vLLM's (`vllm_*`, served as `vllm:*`).
 
-`done` also runs the request's completion callbacks (the quota lease, the load estimate).
+Labels are bounded by the catalog: a request is labelled by the adapter, composition or
+configured route name it named, or else by its route kind (`mix`, `vocab`), never by a string
+the caller built. `done` also runs the request's completion callbacks (quota lease, load).
 """
 
 from __future__ import annotations
@@ -10,24 +13,32 @@ import time
 from typing import Any
 
 from deployments.catalog.model_names import Resolved
+from deployments.ops import metric_names as names
 from deployments.ops import metrics
-from deployments.placement.affinity import adapter_key
 from deployments.replica.wire import DeltaItem, ReplicaItem, UsageItem
+from molora_runtime.routes import LearnedRoute, SingleRoute
 
 
-def route_label(resolved: Resolved) -> str:
+def route_label(resolved: Resolved, alias: str | None = None) -> str:
+    """A bounded label for a request's route: the configured route name `alias` it was asked
+    by, else its adapter or composition (a catalog name), else its kind."""
     route = resolved.route
-    if route.kind == "learned":
-        return route.composition.split("@", 1)[0]  # type: ignore[union-attr]
-    return adapter_key(resolved.placement_adapters) or "base"
+    if alias is not None:
+        return alias
+    if isinstance(route, LearnedRoute):
+        return route.composition.partition("@")[0]
+    if isinstance(route, SingleRoute):
+        return route.adapter.partition("@")[0]
+    return route.kind
 
 
 class Tracker:
-    """Per-request metrics: TTFT, inter-token gaps, tokens, final status."""
+    """Per-request metrics: TTFT, inter-token gaps, e2e latency, tokens, final status."""
 
-    def __init__(self, resolved: Resolved) -> None:
+    def __init__(self, resolved: Resolved, model_name: str = "") -> None:
         self.kind = resolved.kind
         self.label = route_label(resolved)
+        self.model_name = model_name
         self.start = time.perf_counter()
         self.last: float | None = None
         self.prompt_tokens = 0
@@ -45,13 +56,24 @@ class Tracker:
         n = len(item.token_ids)
         self.completion_tokens += n
         with contextlib.suppress(Exception):
+            kind = {"route_kind": self.kind}
             if self.last is None:
-                metrics.ttft().observe(now - self.start, tags={"route_kind": self.kind})
+                metrics.ttft().observe(now - self.start, tags=kind)
+                metrics.vllm_router_histogram(names.VLLM_TTFT).observe(
+                    now - self.start, tags=self.vllm_tags()
+                )
             else:
                 gap = (now - self.last) / n
+                itl = metrics.vllm_router_histogram(names.VLLM_ITL)
                 for _ in range(n):
-                    metrics.inter_token().observe(gap, tags={"route_kind": self.kind})
+                    metrics.inter_token().observe(gap, tags=kind)
+                    itl.observe(gap, tags=self.vllm_tags())
         self.last = now
+
+    def vllm_tags(self) -> dict[str, str]:
+        """vLLM's `model_name` (the base model) and the bounded route label (none for base)."""
+        lora = "" if self.kind == "base" else self.label
+        return {"model_name": self.model_name, "lora_name": lora}
 
     def done(self, status: str) -> None:
         for callback in self.on_done:
@@ -63,3 +85,13 @@ class Tracker:
                 metrics.tokens().inc(self.prompt_tokens, tags={**tags, "kind": "prompt"})
             if self.completion_tokens:
                 metrics.tokens().inc(self.completion_tokens, tags={**tags, "kind": "completion"})
+            vllm = self.vllm_tags()
+            if status == "ok":
+                e2e = time.perf_counter() - self.start
+                metrics.vllm_router_histogram(names.VLLM_E2E).observe(e2e, tags=vllm)
+            for name, count in (
+                (names.VLLM_PROMPT_TOKENS, self.prompt_tokens),
+                (names.VLLM_GENERATION_TOKENS, self.completion_tokens),
+            ):
+                if count:
+                    metrics.vllm_router_counter(name).inc(count, tags=vllm)

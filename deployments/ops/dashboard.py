@@ -19,6 +19,7 @@ from deployments.ops import (
     dashboard_rows_adapters,
     dashboard_rows_cluster,
     dashboard_rows_serving,
+    dashboard_rows_vllm,
 )
 from deployments.ops import metric_names as m
 from deployments.ops.dashboard_panels import DATASOURCE, Row
@@ -28,7 +29,12 @@ DASHBOARD_TITLE = "MoLoRA Serve"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_PATH = Path("k8s") / "grafana" / "molora-dashboard.json"
 # Each concern's rows, top to bottom; a new concern is a new `dashboard_rows_*` module listed here.
-ROW_MODULES = (dashboard_rows_serving, dashboard_rows_adapters, dashboard_rows_cluster)
+ROW_MODULES = (
+    dashboard_rows_serving,
+    dashboard_rows_adapters,
+    dashboard_rows_cluster,
+    dashboard_rows_vllm,
+)
 
 
 def _rows() -> list[Row]:

@@ -49,7 +49,8 @@ class Query:
 
 
 def percentiles(histogram: str, by: str) -> list[Query]:
-    return [Query(quantile(q, histogram, by), f"p{round(q * 100)} {{{{{by}}}}}") for q in QUANTILES]
+    legend = f" {{{{{by}}}}}" if by else ""
+    return [Query(quantile(q, histogram, by), f"p{round(q * 100)}{legend}") for q in QUANTILES]
 
 
 def hit_rate() -> str:

@@ -33,6 +33,22 @@ PLACEMENTS = "molora_placement_total"  # counter {outcome=affinity|host|spill|ne
 # garbage-collector pauses of the router and model replicas (deployments/replica/heap.py)
 GC_PAUSE = "molora_gc_pause_seconds"  # histogram {generation=0|1|2}
 
+# vLLM's series (vllm/v1/metrics/loggers.py), same meaning and type. Ray refuses ':' in a name, so
+# they are defined as `vllm_*` and served as `vllm:*` on the API port's /metrics (`api_name`).
+# Router series carry {model_name, lora_name}; replica series {model_name}.
+VLLM_RUNNING = "vllm_num_requests_running"  # gauge
+VLLM_WAITING = "vllm_num_requests_waiting"  # gauge
+VLLM_KV_USAGE = "vllm_kv_cache_usage_perc"  # gauge, 1 = full
+VLLM_PREFIX_QUERIES = "vllm_prefix_cache_queries_total"  # counter (tokens)
+VLLM_PREFIX_HITS = "vllm_prefix_cache_hits_total"  # counter (tokens)
+VLLM_PREEMPTIONS = "vllm_num_preemptions_total"  # counter
+VLLM_QUEUE_TIME = "vllm_request_queue_time_seconds"  # histogram
+VLLM_E2E = "vllm_e2e_request_latency_seconds"  # histogram
+VLLM_TTFT = "vllm_time_to_first_token_seconds"  # histogram
+VLLM_ITL = "vllm_inter_token_latency_seconds"  # histogram
+VLLM_PROMPT_TOKENS = "vllm_prompt_tokens_total"  # counter
+VLLM_GENERATION_TOKENS = "vllm_generation_tokens_total"  # counter
+
 ALL = (
     REQUESTS,
     TOKENS,
@@ -58,7 +74,30 @@ ALL = (
     GC_PAUSE,
 )
 
+VLLM = (
+    VLLM_RUNNING,
+    VLLM_WAITING,
+    VLLM_KV_USAGE,
+    VLLM_PREFIX_QUERIES,
+    VLLM_PREFIX_HITS,
+    VLLM_PREEMPTIONS,
+    VLLM_QUEUE_TIME,
+    VLLM_E2E,
+    VLLM_TTFT,
+    VLLM_ITL,
+    VLLM_PROMPT_TOKENS,
+    VLLM_GENERATION_TOKENS,
+)
+
 
 def scraped(name: str) -> str:
     """The name under which Prometheus sees `name` (Ray's prefix added)."""
     return PROMETHEUS_PREFIX + name
+
+
+def api_name(name: str) -> str:
+    """The name `name` (as defined here) has on the API port's /metrics: vLLM's `vllm:` form
+    for the vLLM series, unchanged for ours."""
+    if name.startswith("vllm_"):
+        return "vllm:" + name.removeprefix("vllm_")
+    return name

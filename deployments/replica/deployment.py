@@ -27,6 +27,7 @@ from deployments.catalog.store import open_source
 from deployments.config import ServeConfig
 from deployments.ops import metrics
 from deployments.placement.affinity import base_name
+from deployments.replica import tokenize_ops
 from deployments.replica.choices import choice_requests, merged_choices
 from deployments.replica.heap import GcPauseMeter
 from deployments.replica.replica_metrics import ReplicaMetrics
@@ -74,6 +75,7 @@ def delta_item(out: GenerationOutput, index: int = 0, tokenizer: Any = None) -> 
         token_ids=list(out.new_token_ids),
         attribution=attribution,
         finish_reason=cast(Any, reason),
+        stop_reason=out.stop_reason if out.finished else None,
     )
 
 
@@ -186,7 +188,7 @@ class ModelReplica:
             self._replica_id = "local"
         self._stopped: str | None = None
         self._outboxes = Outboxes()
-        self._metrics = ReplicaMetrics(self._engine, self._source)
+        self._metrics = ReplicaMetrics(self._engine, self._source, self._config.base_model_name())
         self._metrics_task = asyncio.get_running_loop().create_task(self._metrics.run())
         self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
 
@@ -338,6 +340,13 @@ class ModelReplica:
     async def health(self) -> dict[str, Any]:
         await self.check_health()
         return {"replica": self._replica_id, "model": self._engine.model_id}
+
+    async def tokenize(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """`/tokenize` (validated by the router), off the event loop."""
+        return await asyncio.to_thread(tokenize_ops.tokenize, self._engine.engine.checker, payload)
+
+    async def detokenize(self, tokens: list[int]) -> dict[str, Any]:
+        return await asyncio.to_thread(tokenize_ops.detokenize, self._engine.engine.checker, tokens)
 
     async def model_info(self) -> dict[str, Any]:
         return {"model_id": self._engine.model_id, "max_model_len": self._engine.max_model_len}

@@ -1,4 +1,9 @@
-"""A model replica's Prometheus metrics: engine load, hot-set and tier counters, gate usage.
+"""A model replica's Prometheus metrics: engine load, hot-set and tier counters, gate usage, and
+vLLM's scheduler and cache series (running, waiting, KV usage, prefix cache, preemptions, queue
+time) labelled with the served model name.
+
+The engine only keeps plain counters and timings (`EngineStats`, `pop_*`); this module is the one
+place that turns them into Prometheus series.
 
 Counters are exported as deltas of the engine's running totals once per `METRICS_PERIOD_S`;
 labels are tier, state, stage, composition and adapter names only.
@@ -10,6 +15,7 @@ import asyncio
 import logging
 from typing import Any
 
+from deployments.ops import metric_names as names
 from deployments.ops import metrics
 from deployments.placement.affinity import base_name
 from molora_runtime.lora.tiers import residency_counts
@@ -22,9 +28,10 @@ METRICS_PERIOD_S = 1.0
 class ReplicaMetrics:
     """Exports one replica's engine statistics."""
 
-    def __init__(self, engine: Any, source: Any) -> None:
+    def __init__(self, engine: Any, source: Any, model_name: str = "") -> None:
         self._engine = engine
         self._source = source
+        self._model = {"model_name": model_name}
         self._last_counters: dict[str, int] = {}
         self._experts: dict[str, list[str]] = {}
 
@@ -45,8 +52,6 @@ class ReplicaMetrics:
         return max(0, delta)
 
     def export_once(self) -> None:
-        from deployments.ops import metric_names as names
-
         stats = self._engine.stats()
         metrics.queue_length().set(stats.waiting)
         metrics.running().set(stats.running)
@@ -61,8 +66,29 @@ class ReplicaMetrics:
                 metrics.hotset_counter(name).inc(delta)
         for seconds in self._engine.pop_load_latencies():
             metrics.hotset_load_latency().observe(seconds)
+        self._export_vllm(stats)
         self._export_tiers()
         self._export_gates(self._engine.pop_gate_stats())
+
+    def _export_vllm(self, stats: Any) -> None:
+        """vLLM's names for the same quantities, so its dashboards and alerts read a replica."""
+        kv = stats.kv
+        usage = kv.blocks_used / kv.blocks_total if kv.blocks_total else 0.0
+        for name, value in (
+            (names.VLLM_RUNNING, stats.running),
+            (names.VLLM_WAITING, stats.waiting),
+            (names.VLLM_KV_USAGE, usage),
+        ):
+            metrics.vllm_replica_gauge(name).set(value, tags=self._model)
+        for name, value in (
+            (names.VLLM_PREFIX_QUERIES, kv.prefix_queried_tokens),
+            (names.VLLM_PREFIX_HITS, kv.prefix_hit_tokens),
+            (names.VLLM_PREEMPTIONS, kv.preemptions),
+        ):
+            if delta := self._delta(name, value):
+                metrics.vllm_replica_counter(name).inc(delta, tags=self._model)
+        for seconds in self._engine.pop_queue_times():
+            metrics.vllm_queue_time().observe(seconds, tags=self._model)
 
     def _export_tiers(self) -> None:
         """Per-tier counters and bytes, residency counts and stage latencies: labels are

@@ -75,6 +75,9 @@ class DeltaItem(_Item):
     finish_reason: Literal["stop", "length", "abort"] | None = Field(
         None, description="set on the request's last delta"
     )
+    stop_reason: str | int | None = Field(
+        None, description="with finish_reason stop: the stop string or stop token id matched"
+    )
 
 
 class UsageItem(_Item):

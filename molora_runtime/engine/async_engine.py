@@ -83,6 +83,9 @@ class AsyncEngine:
     def pop_load_latencies(self) -> list[float]:
         return self.engine.pop_load_latencies()
 
+    def pop_queue_times(self) -> list[float]:
+        return self.engine.pop_queue_times()
+
     def validate_request(self, req: GenerationRequest) -> None:
         self.engine.validate_request(req)
 

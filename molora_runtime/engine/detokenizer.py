@@ -18,10 +18,15 @@ class IncrementalDetokenizer:
     """Decodes a sequence's output ids and decides how much text is safe to emit."""
 
     def __init__(
-        self, tokenizer: Any, stop: list[str], hidden: frozenset[int] = frozenset()
+        self,
+        tokenizer: Any,
+        stop: list[str],
+        hidden: frozenset[int] = frozenset(),
+        include_stop: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.hidden = hidden  # ids that are not text (image codes): never decoded
+        self.include_stop = include_stop  # the text ends after the stop string, not before it
         self.stop = [s for s in stop if s]
         self.holdback = max((len(s) for s in self.stop), default=1) - 1
         self.text = ""  # settled text (every character complete)
@@ -35,12 +40,12 @@ class IncrementalDetokenizer:
             ids = [t for t in ids if t not in self.hidden]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def update(self, output_ids: list[int], search_from: int = 0) -> tuple[str, bool]:
-        """Full text so far (cut at a stop string) and whether a stop string was hit; stop
-        strings are looked for from character `search_from` on (min_tokens: earlier ones count
-        as text)."""
+    def update(self, output_ids: list[int], search_from: int = 0) -> tuple[str, str | None]:
+        """Full text so far (cut at a stop string) and the stop string hit (None if none);
+        stop strings are looked for from character `search_from` on (min_tokens: earlier ones
+        count as text). The earliest match wins."""
         if self.tokenizer is None:
-            return "", False
+            return "", None
         window = self._decode(output_ids[self._prefix :])
         pending = window[len(self._prefix_text) :]
         if pending and not window.endswith(REPLACEMENT):
@@ -51,11 +56,12 @@ class IncrementalDetokenizer:
         full = self.text + pending
         if self.stop:
             start = max(0, self._searched - self.holdback, search_from)
-            hits = [h for h in (full.find(s, start) for s in self.stop) if h >= 0]
+            hits = [(h, s) for s in self.stop if (h := full.find(s, start)) >= 0]
             if hits:
-                return full[: min(hits)], True
+                at, stop = min(hits, key=lambda hit: (hit[0], -len(hit[1])))
+                return full[: at + len(stop) if self.include_stop else at], stop
             self._searched = len(self.text)
-        return full, False
+        return full, None
 
     def safe_length(self, text: str, finished: bool) -> int:
         """Characters that may be emitted now (hold back a possible stop-string prefix)."""

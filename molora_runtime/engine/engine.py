@@ -245,6 +245,11 @@ class LLMEngine:
         del pending[:n]
         return taken
 
+    def pop_queue_times(self) -> list[float]:
+        """Seconds each request admitted since the last call waited before it first ran."""
+        times = self.scheduler.queue_times
+        return [times.popleft() for _ in range(len(times))]
+
     def pop_gate_stats(self) -> dict[str, list[list[int]]]:
         """Per composition, [layer][expert] token counts since the last call."""
         return self.outputs.gate_stats.pop()

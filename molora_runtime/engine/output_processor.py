@@ -140,6 +140,10 @@ class OutputProcessor:
     def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.request.sampling
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_ids):
+            if token in p.stop_token_ids:
+                seq.stop_reason = token
+                if p.include_stop_str_in_output:
+                    seq.text, _ = self._detokenizer(seq).update(seq.output_ids, 1 << 62)
             return "stop"
         detok = self._detokenizer(seq)
         if seq.grammar is not None and seq.grammar.terminated:
@@ -150,7 +154,8 @@ class OutputProcessor:
             seq.stop_search_from = len(seq.text)
         else:
             seq.text, hit = detok.update(seq.output_ids, search_from=seq.stop_search_from)
-            if hit:
+            if hit is not None:
+                seq.stop_reason = hit
                 return "stop"
         if len(seq.output_ids) >= p.max_tokens or seq.total_len >= self.max_len:
             return "length"
@@ -161,7 +166,10 @@ class OutputProcessor:
         if detok is None:
             # image codes come back as images, not as text
             hidden = HIDDEN_IDS if seq.request.image_output else frozenset()
-            detok = IncrementalDetokenizer(self.tokenizer, seq.request.sampling.stop, hidden)
+            p = seq.request.sampling
+            detok = IncrementalDetokenizer(
+                self.tokenizer, p.stop, hidden, p.include_stop_str_in_output
+            )
             self._detok[seq.request_id] = detok
         return detok
 
@@ -193,6 +201,7 @@ class OutputProcessor:
             text_delta=delta,
             finished=finished,
             finish_reason=seq.finish_reason if finished else None,
+            stop_reason=seq.stop_reason if finished else None,
             prompt_tokens=len(seq.prompt_ids),
             completion_tokens=end,
             attribution=attrs,

@@ -61,12 +61,7 @@ class RequestChecker:
         if req.messages is not None:
             if req.needs_tool_format and not self._renders_tools():
                 raise InvalidRequestError(NO_TOOL_FORMAT)
-            try:
-                text = self.tokenizer.apply_chat_template(
-                    req.messages, tools=req.tools, add_generation_prompt=True, tokenize=False
-                )
-            except Exception as exc:  # template errors are the caller's messages' fault
-                raise InvalidRequestError(f"cannot apply the chat template: {exc}") from exc
+            text = self.render_chat(req.messages, True, req.chat_template_kwargs, req.tools)
         else:
             assert req.prompt is not None
             text = req.prompt
@@ -75,8 +70,35 @@ class RequestChecker:
                 return encode_with_images(self.tokenizer, text, req.images, self.vocab_size)
             except ValueError as exc:
                 raise InvalidRequestError(str(exc)) from exc
+        return self.encode_text(text, add_special_tokens=False)
+
+    def render_chat(
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool,
+        kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """`messages` (and `tools`) through the model's chat template, with the caller's
+        template variables."""
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer: send prompt_token_ids")
         try:
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **(kwargs or {}),
+            )
+        except Exception as exc:  # template errors are the caller's messages' fault
+            raise InvalidRequestError(f"cannot apply the chat template: {exc}") from exc
+
+    def encode_text(self, text: str, add_special_tokens: bool) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer: send prompt_token_ids")
+        try:
+            return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
         except Exception as exc:  # e.g. a lone surrogate: the text is not valid Unicode
             raise InvalidRequestError(f"cannot tokenize the prompt: {type(exc).__name__}") from exc
 
@@ -84,6 +106,17 @@ class RequestChecker:
         if self._tool_format is None:
             self._tool_format = renders_tools(self.tokenizer)
         return self._tool_format
+
+    def decode_ids(self, ids: list[int]) -> str:
+        """Text of token ids (special tokens kept, as vLLM's /detokenize)."""
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+            )
+        return self.tokenizer.decode(ids)
 
     def _check_lengths(self, n: int, req: GenerationRequest) -> None:
         limit, p = self.max_model_len, req.sampling

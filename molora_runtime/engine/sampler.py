@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, each request with its own seeded generator."""
+"""Token sampling: greedy, temperature, min-p, top-k, top-p, each request with its own seeded
+generator (vLLM's order: temperature, then min-p, then top-k/top-p)."""
 
 from __future__ import annotations
 
@@ -40,25 +41,56 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return first * chunk + inner
 
 
+def min_p_filter(scaled: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Temperature-scaled logits [n, V] with every token whose probability is below
+    `min_p` [n] times its row's top probability set to -inf, all rows at once (min_p 0 keeps
+    the row as it is)."""
+    probs = torch.softmax(scaled, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.to(probs.dtype).unsqueeze(-1)
+    return scaled.masked_fill(probs < threshold, float("-inf"))
+
+
+def min_p_filter_reference(scaled: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    """`min_p_filter`'s twin, row by row in float64, for tests."""
+    out = scaled.clone()
+    for i, m in enumerate(min_p):
+        probs = torch.softmax(scaled[i].double(), dim=-1)
+        out[i] = scaled[i].masked_fill(probs < m * probs.max(), float("-inf"))
+    return out
+
+
 def sample_tokens(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> list[int]:
-    """Pick one token per row of `logits` [n, V] (float32)."""
-    greedy = greedy_tokens(logits).tolist()
-    out: list[int] = []
-    for i, p in enumerate(params):
-        if p.temperature < SAMPLING_EPS:
-            out.append(int(greedy[i]))
-            continue
-        out.append(sample_one(logits[i], p, generators[i]))
+    """Pick one token per row of `logits` [n, V] (float32); the sampled rows are scaled and
+    min-p filtered as one batch."""
+    out = [int(t) for t in greedy_tokens(logits).tolist()]
+    rows = [i for i, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
+    if not rows:
+        return out
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    temps = torch.tensor([params[i].temperature for i in rows], device=logits.device)
+    scaled = logits.index_select(0, index).float() / temps.unsqueeze(-1)
+    min_p = [params[i].min_p for i in rows]
+    if any(min_p):
+        scaled = min_p_filter(scaled, torch.tensor(min_p, device=logits.device))
+    for j, i in enumerate(rows):
+        out[i] = sample_scaled(scaled[j], params[i], generators[i])
     return out
 
 
 def sample_one(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-    """Temperature, top-k, top-p, then one draw from `gen` (a row of -inf-masked logits too)."""
+    """Temperature, min-p, top-k, top-p, then one draw from `gen` (a -inf-masked row too)."""
     row = row.float() / p.temperature
+    if p.min_p:
+        row = min_p_filter(row.unsqueeze(0), torch.tensor([p.min_p], device=row.device))[0]
+    return sample_scaled(row, p, gen)
+
+
+def sample_scaled(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+    """Top-k, top-p and one draw from a temperature-scaled (and min-p filtered) row."""
     if p.top_k and p.top_k < row.shape[-1]:
         kth = torch.topk(row, p.top_k).values[-1]
         row = row.masked_fill(row < kth, float("-inf"))

@@ -11,6 +11,7 @@ its share of slots or blocks takes them back from one over its share.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -46,6 +47,7 @@ class Scheduler:
         self.fair_preemptions = 0  # sequences preempted to give a tenant its share
         self.preemptions = 0
         self.forked_prefills = 0  # sibling choices (n > 1) that reused a prefill
+        self.queue_times: deque[float] = deque(maxlen=4096)  # arrival -> first start, seconds
 
     # ----- admission ------------------------------------------------------------------------
     def admit(self, on_error: OnError) -> None:
@@ -94,6 +96,9 @@ class Scheduler:
             )
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            if seq.started_at is None:
+                seq.started_at = time.monotonic()
+                self.queue_times.append(seq.started_at - seq.arrival)
         for seq in reversed(held):
             self.waiting.appendleft(seq)
 

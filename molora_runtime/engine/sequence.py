@@ -46,6 +46,7 @@ class Sequence:
     stop_search_from: int = 0  # stop strings count from this character on (min_tokens)
     emitted_tokens: int = 0
     finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     error: str | None = None
     exception: BaseException | None = None  # what ended it, for the serving layer's status
     attribution: list[TokenAttribution] = field(default_factory=list)
@@ -54,6 +55,7 @@ class Sequence:
     prompt_logprobs_sent: bool = False
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
+    started_at: float | None = None  # first admission to running (queue time ends)
 
     @property
     def request_id(self) -> str:

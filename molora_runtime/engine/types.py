@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from molora_runtime.engine.structured import ResponseFormat
 from molora_runtime.routes import BaseRoute, RouteSpec
@@ -14,6 +14,32 @@ from molora_runtime.routes import BaseRoute, RouteSpec
 FinishReason = Literal["stop", "length", "abort", "error"]
 MAX_INT32 = 2**31 - 1
 MAX_SEED = 2**64 - 1
+
+# `chat_template_kwargs`: scalars only, and none of the names the renderer itself passes
+ChatTemplateValue = (
+    bool
+    | int
+    | Annotated[float, Field(allow_inf_nan=False)]
+    | Annotated[str, Field(max_length=1024)]
+)
+CHAT_TEMPLATE_RESERVED = frozenset(
+    {
+        "messages", "conversation", "tools", "documents", "chat_template", "tokenize",
+        "add_generation_prompt", "continue_final_message", "return_dict", "tokenizer",
+        "return_assistant_tokens_mask", "padding", "truncation", "max_length", "return_tensors",
+        "tokenizer_kwargs",
+    }
+)  # fmt: skip
+
+
+def check_chat_template_kwargs(kwargs: dict[str, object] | None) -> dict[str, object] | None:
+    """Keys are short identifiers the renderer does not set itself (a ValueError otherwise)."""
+    for key in kwargs or {}:
+        if not key.isidentifier() or len(key) > 64 or key.startswith("_"):
+            raise ValueError(f"chat_template_kwargs key {key[:64]!r} is not a plain identifier")
+        if key in CHAT_TEMPLATE_RESERVED:
+            raise ValueError(f"chat_template_kwargs may not set {key!r}")
+    return kwargs
 
 
 class SamplingParams(BaseModel):
@@ -27,8 +53,14 @@ class SamplingParams(BaseModel):
     )
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, le=MAX_INT32, description="0 = off")
+    min_p: float = Field(
+        0.0, ge=0.0, le=1.0, description="drop tokens below min_p x the top token's probability"
+    )
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="a 64-bit unsigned seed")
     stop: list[str] = Field(default_factory=list)
+    include_stop_str_in_output: bool = Field(
+        False, description="keep the matched stop string (or stop token's text) in the output"
+    )
     stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_INT32)]] = Field(
         default_factory=list, max_length=64, description="ids inside the vocabulary"
     )
@@ -133,6 +165,15 @@ class GenerationRequest(BaseModel):
         max_length=256,
         description="who sent it: part of every KV block's cache key and of the fair share",
     )
+    chat_template_kwargs: dict[str, ChatTemplateValue] | None = Field(
+        None, max_length=16, description="extra variables for the chat template (enable_thinking)"
+    )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, object] | None) -> dict[str, object] | None:
+        return check_chat_template_kwargs(value)
+
     cache_salt: str | None = Field(
         None,
         min_length=1,
@@ -179,6 +220,7 @@ class GenerationOutput:
     text_delta: str
     finished: bool = False
     finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id matched (finished)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     attribution: list[TokenAttribution] | None = None
@@ -208,6 +250,7 @@ def merge_outputs(outputs: list[GenerationOutput]) -> GenerationOutput:
         text_delta="".join(o.text_delta for o in outputs),
         finished=last.finished,
         finish_reason=last.finish_reason,
+        stop_reason=last.stop_reason,
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
         attribution=attribution,

@@ -7,7 +7,15 @@ import re
 from deployments.ops import dashboard_promql
 from deployments.ops import metric_names as m
 
-HISTOGRAMS = {m.TTFT, m.INTER_TOKEN, m.HOTSET_LOAD_LATENCY, m.LOAD_STAGE_LATENCY, m.GC_PAUSE}
+HISTOGRAMS = {
+    m.TTFT, m.INTER_TOKEN, m.HOTSET_LOAD_LATENCY, m.LOAD_STAGE_LATENCY, m.GC_PAUSE,
+    m.VLLM_QUEUE_TIME, m.VLLM_E2E, m.VLLM_TTFT, m.VLLM_ITL,
+}  # fmt: skip
+
+
+# Counted only when they happen, and Ray exports no counter before its first increment: a short
+# end-to-end run may never see one.
+RARE = {m.scraped(m.VLLM_PREEMPTIONS)}
 
 
 def targets(board: dict) -> list[dict]:
@@ -22,7 +30,7 @@ def metric_names(expr: str) -> set[str]:
 def exported_names() -> set[str]:
     """What Prometheus can see: the project's metrics and Ray Serve's, histograms as _bucket."""
     names = set()
-    for metric in (*m.ALL, *dashboard_promql.SERVE_METRICS):
+    for metric in (*m.ALL, *m.VLLM, *dashboard_promql.SERVE_METRICS):
         suffix = "_bucket" if metric in HISTOGRAMS else ""
         names.add(m.scraped(metric) + suffix)
     return names

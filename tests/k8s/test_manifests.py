@@ -329,3 +329,18 @@ def test_disruption_budget_upgrade_strategy_and_gcs_fault_tolerance(built: list[
     assert ref == {"name": secret["metadata"]["name"], "key": "password"}
     assert set(secret["stringData"]) == {"password"}
     assert ft["redisAddress"].startswith("redis://")
+
+
+def test_api_scrape_targets_the_openai_service(built: list[dict]) -> None:
+    """The API port's /metrics is scraped once, through the Service the RayService creates."""
+    (scrape,) = _by_kind(built, "ScrapeConfig")
+    (rayservice,) = _by_kind(built, "RayService")
+    service = rayservice["spec"]["serveService"]
+    (sd,) = scrape["spec"]["kubernetesSDConfigs"]
+    assert sd["role"] == "Service" and sd["namespaces"] == {"ownNamespace": True}
+    (keep,) = scrape["spec"]["relabelings"]
+    label, port = keep["regex"].split(";")
+    assert keep["action"] == "keep"
+    assert service["metadata"]["labels"]["app.kubernetes.io/name"] == label
+    assert port in {p["name"] for p in service["spec"]["ports"]}
+    assert scrape["spec"]["metricsPath"] == "/metrics"

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from dashboard_queries import exported_names, metric_names, targets
+from dashboard_queries import RARE, exported_names, metric_names, targets
 from start_once import StartOnce
 
 from deployments.ops import dashboard, dashboard_promql
@@ -229,7 +229,7 @@ def _sent_traffic(serving: dict[str, Any]) -> int:
 @pytest.fixture(scope="module")
 def scraped(serving: dict[str, Any], prometheus: str) -> dict[str, Any]:
     requests = _sent_traffic(serving)
-    names = sorted(exported_names())
+    names = sorted(exported_names() - RARE)
 
     def all_present() -> list[str] | None:
         missing = [n for n in names if not _query(prometheus, n)["result"]]

@@ -395,6 +395,8 @@ bodies = st.fixed_dictionaries(
     optional={
         "max_tokens": numbers, "temperature": numbers, "top_p": numbers, "top_k": numbers,
         "seed": numbers, "stop_token_ids": st.lists(numbers, max_size=3), "stream": st.booleans(),
+        "min_p": numbers, "include_stop_str_in_output": st.sampled_from([True, False, 1, None]),
+        "chat_template_kwargs": st.dictionaries(st.sampled_from(["enable_thinking", "messages", "__class__", "x" * 65]), numbers, max_size=2),
         "molora": st.fixed_dictionaries({}, optional={"route": routes, "allow_truncation": st.booleans()}),
     },
 )  # fmt: skip

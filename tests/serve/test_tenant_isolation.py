@@ -253,6 +253,21 @@ def test_metrics_exporter_names_no_private_adapter(ray_cluster, tenants) -> None
         time.sleep(2)
     assert any(ln.startswith(wanted) and 'adapter="private"' in ln for ln in text.splitlines())
     assert PRIVATE_EVIL not in text and PRIVATE_ACME not in text
+    # the API port's /metrics (no key either): the same series, vLLM's too, no private name
+    api = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        resp = httpx.get(f"{tenants['url']}/metrics", timeout=10)
+        assert resp.status_code == 200
+        api = resp.text
+        if 'lora_name="private"' in api:
+            break
+        time.sleep(2)
+    assert any(
+        ln.startswith("vllm:e2e_request_latency_seconds_count") and 'lora_name="private"' in ln
+        for ln in api.splitlines()
+    )
+    assert PRIVATE_EVIL not in api and PRIVATE_ACME not in api
 
 
 async def test_oversized_body_refused_from_its_headers(tenants) -> None:
@@ -343,3 +358,28 @@ def test_another_tenants_adapter_name_is_free_and_reveals_nothing(tenants) -> No
         assert call(who, unload, {"lora_name": PRIVATE_ACME})[0] == 200
         assert call(who, unload, {"lora_name": "nobody-has-this"})[0] == 200
     assert text("acme", PRIVATE_ACME) == text("acme", "math")
+
+
+def test_model_card_and_tokenize_hide_other_tenants_models(tenants) -> None:
+    """/v1/models/{id} and /tokenize see only the caller's catalog: another tenant's private
+    model is the 404 of a name that does not exist; no key is a 401."""
+    url = tenants["url"]
+    own = httpx.get(
+        f"{url}/v1/models/{PRIVATE_ACME}", headers=_headers(tenants, "acme"), timeout=30
+    )
+    assert own.status_code == 200 and own.json()["id"] == PRIVATE_ACME
+    for path, call in (
+        (f"/v1/models/{PRIVATE_ACME}", lambda h: httpx.get(f"{url}/v1/models/{PRIVATE_ACME}", headers=h, timeout=30)),
+        ("/tokenize", lambda h: httpx.post(f"{url}/tokenize", json={"model": PRIVATE_ACME, "prompt": "hi"}, headers=h, timeout=30)),
+    ):  # fmt: skip
+        other = call(_headers(tenants, "evil"))
+        assert other.status_code == 404, (path, other.text)
+        assert PRIVATE_ACME in other.json()["error"]["message"]  # the name asked, nothing more
+        assert call({}).status_code == 401
+    mine = httpx.post(
+        f"{url}/tokenize",
+        json={"model": PRIVATE_ACME, "prompt": "hi"},
+        headers=_headers(tenants, "acme"),
+        timeout=30,
+    )
+    assert mine.status_code == 200 and mine.json()["count"] >= 1

@@ -1,0 +1,84 @@
+"""Dashboard row for the vLLM-named series: scheduler, caches and latency per replica or LoRA.
+
+Prometheus scrapes Ray's exporter (the PodMonitor), where the series carry Ray's prefix:
+`vllm:num_requests_running` on the API port is `ray_vllm_num_requests_running` here.
+"""
+
+from __future__ import annotations
+
+from deployments.ops import metric_names as m
+from deployments.ops.dashboard_panels import Row, timeseries
+from deployments.ops.dashboard_promql import Query, percentiles, rate, sel
+
+
+def rows() -> list[Row]:
+    """The rows of this concern, top to bottom."""
+    hits, queries = (f"sum({rate(n)})" for n in (m.VLLM_PREFIX_HITS, m.VLLM_PREFIX_QUERIES))
+    return [
+        (
+            "vLLM-named series",
+            [
+                timeseries(
+                    "Requests running / waiting",
+                    "vllm:num_requests_running and vllm:num_requests_waiting, per replica.",
+                    "short",
+                    [
+                        Query(f"sum by (replica) ({sel(m.VLLM_RUNNING)})", "running {{replica}}"),
+                        Query(f"sum by (replica) ({sel(m.VLLM_WAITING)})", "waiting {{replica}}"),
+                    ],
+                ),
+                timeseries(
+                    "KV-cache usage",
+                    "vllm:kv_cache_usage_perc: share of KV blocks in use (1 = full), per replica.",
+                    "percentunit",
+                    [Query(f"max by (replica) ({sel(m.VLLM_KV_USAGE)})", "{{replica}}")],
+                ),
+                timeseries(
+                    "Prefix-cache hit rate and preemptions",
+                    "Cached prompt tokens over queried ones; preemptions per second.",
+                    "short",
+                    [
+                        Query(f"{hits} / clamp_min({queries}, 1e-9)", "hit rate"),
+                        Query(f"sum({rate(m.VLLM_PREEMPTIONS)})", "preemptions/s"),
+                    ],
+                ),
+                timeseries(
+                    "Queue time",
+                    "vllm:request_queue_time_seconds: arrival to first scheduled step.",
+                    "s",
+                    percentiles(m.VLLM_QUEUE_TIME, ""),
+                ),
+                timeseries(
+                    "End-to-end latency by LoRA",
+                    "vllm:e2e_request_latency_seconds of finished requests, per LoRA name "
+                    "(an adapter, composition or route name, or the route kind).",
+                    "s",
+                    percentiles(m.VLLM_E2E, "lora_name"),
+                ),
+                timeseries(
+                    "Time to first token and inter-token latency",
+                    "p90 of vllm:time_to_first_token_seconds and vllm:inter_token_latency_seconds.",
+                    "s",
+                    [
+                        Query(percentiles(m.VLLM_TTFT, "")[1].expr, "p90 time to first token"),
+                        Query(percentiles(m.VLLM_ITL, "")[1].expr, "p90 inter-token"),
+                    ],
+                ),
+                timeseries(
+                    "Prompt and generation tokens / s by LoRA",
+                    "vllm:prompt_tokens and vllm:generation_tokens rates per LoRA name.",
+                    "short",
+                    [
+                        Query(
+                            f"sum by (lora_name) ({rate(m.VLLM_PROMPT_TOKENS)})",
+                            "prompt {{lora_name}}",
+                        ),
+                        Query(
+                            f"sum by (lora_name) ({rate(m.VLLM_GENERATION_TOKENS)})",
+                            "generation {{lora_name}}",
+                        ),
+                    ],
+                ),
+            ],
+        )
+    ]

@@ -1,0 +1,127 @@
+"""`GET /metrics` on the API port: the router's and replicas' series merged from Ray's exporter,
+vLLM's names where the meaning is vLLM's, bounded labels (1,000 distinct mixes add no label
+value), nothing of Ray's own."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import pytest
+from serve_helpers import deployed, openai_client, shipped_args
+
+MESSAGES = [{"role": "user", "content": "Count from one to twenty, slowly please."}]
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+VLLM_SERIES = (
+    "vllm:num_requests_running{",
+    "vllm:num_requests_waiting{",
+    "vllm:kv_cache_usage_perc{",
+    "vllm:prefix_cache_queries_total{",
+    "vllm:prefix_cache_hits_total{",
+    "vllm:request_queue_time_seconds_bucket{",
+    "vllm:e2e_request_latency_seconds_bucket{",
+    "vllm:time_to_first_token_seconds_bucket{",
+    "vllm:inter_token_latency_seconds_bucket{",
+    "vllm:prompt_tokens_total{",
+    "vllm:generation_tokens_total{",
+    "molora_requests_total{",
+    "molora_tokens_total{",
+)
+
+
+@pytest.fixture(scope="module")
+def app_url(ray_cluster, tiny_assets):
+    args = shipped_args(tiny_assets, engine={"max_num_seqs": 8}, server={"default_max_tokens": 4})
+    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=64):
+        yield ray_cluster["url"]
+
+
+def _scrape_until(url: str, done, timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        resp = httpx.get(f"{url}/metrics", timeout=10)
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+        text = resp.text
+        if done(text):
+            return text
+        time.sleep(2)
+    return text
+
+
+def _samples(text: str, prefix: str) -> list[tuple[dict[str, str], float]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith(prefix + "{"):
+            labels, value = line[len(prefix) :].rsplit(" ", 1)
+            out.append((dict(LABEL.findall(labels)), float(value)))
+    return out
+
+
+def test_vllm_named_series_on_the_api_port(app_url) -> None:
+    client = openai_client(app_url)
+    for _ in range(2):  # the same prompt twice: the second hits the prefix cache
+        client.chat.completions.create(model="math", messages=MESSAGES, max_tokens=6)
+    stream = client.chat.completions.create(
+        model="mathcode", messages=MESSAGES, max_tokens=6, stream=True
+    )
+    assert sum(1 for _ in stream) > 2
+    text = _scrape_until(app_url, lambda t: all(s in t for s in VLLM_SERIES))
+    missing = [s for s in VLLM_SERIES if s not in text]
+    assert not missing, (missing, text[:3000])
+    assert "ray_" not in text  # Ray's prefix and Ray's own families stay on Ray's exporter
+    types = dict(ln.split(" ")[2:4] for ln in text.splitlines() if ln.startswith("# TYPE"))
+    assert types["vllm:e2e_request_latency_seconds"] == "histogram"
+    assert types["vllm:num_requests_running"] == "gauge"
+    assert types["vllm:prompt_tokens_total"] == "counter"
+    helps = [ln.split(" ")[2] for ln in text.splitlines() if ln.startswith("# HELP")]
+    assert len(helps) == len(set(helps))  # one family header however many nodes / processes
+    e2e = _samples(text, "vllm:e2e_request_latency_seconds_count")
+    by_lora = {s[0]["lora_name"]: s[1] for s in e2e}
+    assert by_lora.get("math", 0) >= 2 and by_lora.get("mathcode", 0) >= 1, e2e
+    assert all(s[0]["model_name"] == "tiny-base" for s in e2e)
+    hits = sum(v for _, v in _samples(text, "vllm:prefix_cache_hits_total"))
+    assert hits > 0
+    kv = _samples(text, "vllm:kv_cache_usage_perc")
+    assert kv and all(0.0 <= v <= 1.0 for _, v in kv)
+
+
+async def _mixes(url: str, count: int) -> list[int]:
+    sem = asyncio.Semaphore(8)
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
+        async def one(i: int) -> int:
+            w = (i + 1) / (count + 2)
+            body = {
+                "model": f"math:{w:.6f}+code:{1 - w:.6f}",
+                "prompt": "1 2 3",
+                "max_tokens": 1,
+            }
+            async with sem:
+                return (await client.post("/v1/completions", json=body)).status_code
+
+        return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def test_a_thousand_mixes_add_no_label_values(app_url) -> None:
+    def label_values(text: str) -> set[str]:
+        return {lab["adapter"] for lab, _ in _samples(text, "molora_requests_total")}
+
+    before = _scrape_until(app_url, lambda t: "molora_requests_total{" in t)
+    statuses = asyncio.run(_mixes(app_url, 1000))
+    assert statuses.count(200) == 1000, {s: statuses.count(s) for s in set(statuses)}
+
+    def counted(text: str) -> bool:
+        mix = [v for lab, v in _samples(text, "molora_requests_total") if lab["adapter"] == "mix"]
+        return sum(mix) >= 1000
+
+    after = _scrape_until(app_url, counted)
+    assert counted(after)
+    catalog = {"base", "math", "code", "poem", "chat", "mathcode", "mix", "vocab", "private"}
+    assert label_values(after) <= catalog
+    assert label_values(after) - label_values(before) <= {"mix"}
+    for name in ("vllm:e2e_request_latency_seconds_count", "vllm:prompt_tokens_total"):
+        loras = {lab["lora_name"] for lab, _ in _samples(after, name)}
+        assert loras <= catalog | {""}, loras
