@@ -244,8 +244,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--work", default=None, help="keep the tiny model and logs here")
+    parser.add_argument("--cells", default=None, help="concurrencies, e.g. 32,64 (must hold 64)")
+    parser.add_argument("--out", default=str(RESULTS), help="where the JSON goes")
     args = parser.parse_args()
     cells = [64] if args.quick else [32, 64, 128]
+    if args.cells:
+        cells = sorted({int(c) for c in args.cells.split(",")} | {64})
     rounds_n = 1 if args.quick else args.rounds
     work = Path(args.work or tempfile.mkdtemp(prefix="serve-ceiling-"))
     tiny = work / "tiny"
@@ -266,7 +270,7 @@ def main() -> None:
         rounds.append(rnd)
     table = summarize(rounds, cells)
     print("\n".join(table))
-    write_json(RESULTS, {
+    write_json(Path(args.out), {
         "machine": machine_info(),
         "workload": {"model": "tiny random Llama (hidden 64, 2 layers, 2/1 heads, head_dim 32, "
                      "SmolLM2 tokenizer), fp32", "new_tokens": NEW_TOKENS, "ignore_eos": True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -178,6 +179,23 @@ class GenerationOutput:
     prompt_token_ids: list[int] | None = None  # with prompt_logprobs
     error: str | None = None
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class StepOutputs:
+    """Everything one engine step produced, for every request: the unit the engine hands on.
+
+    One object per step (not one per request) so a consumer routes a whole step's increments
+    in one pass; iterating it yields each request's `GenerationOutput`.
+    """
+
+    outputs: list[GenerationOutput] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[GenerationOutput]:
+        return iter(self.outputs)
+
+    def __len__(self) -> int:
+        return len(self.outputs)
 
 
 def merge_outputs(outputs: list[GenerationOutput]) -> GenerationOutput:
