@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import asdict
@@ -40,10 +41,14 @@ logger = logging.getLogger("ray.serve")
 
 
 def use_assigned_cores() -> int:
-    """Compute on as many threads as this replica was given CPUs (at least one).
+    """Compute on as many threads as this replica was given CPUs (at least one), but leave
+    one core to the serving path when the replica was given every core of its machine.
 
     Ray sets OMP_NUM_THREADS from `num_cpus`, but a fractional or zero share leaves torch on
-    one thread; the CPU count of the replica's resources is the intent, so take that.
+    one thread; the CPU count of the replica's resources is the intent, so take that. The
+    router, the HTTP proxy and Ray's daemons run on the same cores while tokens stream; a
+    step's thread team spanning all of them is preempted at its barriers, and every parallel
+    region then waits (and spins) for the preempted thread.
     """
     import torch
 
@@ -52,8 +57,13 @@ def use_assigned_cores() -> int:
     except Exception:  # outside a Ray worker (unit use)
         cpus = 0.0
     threads = max(1, round(cpus)) if cpus else torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0))
+    if cpus and cores > 1 and threads >= cores:
+        threads = cores - 1
     torch.set_num_threads(threads)
-    logger.info("replica computes on %d torch threads (%.2f CPUs assigned)", threads, cpus)
+    logger.info(
+        "replica computes on %d torch threads (%.2f CPUs assigned, %d cores)", threads, cpus, cores
+    )
     return threads
 
 
