@@ -109,9 +109,7 @@ async def test_batches_follow_arrival_and_stop_at_the_last_item() -> None:
     feeder = asyncio.create_task(feed())
     batches = await asyncio.wait_for(_batches(router, stream), 2)
     await feeder
-    texts = [
-        [_text(i) for i in b if not isinstance(i, InfoItem)] for b in batches
-    ]
+    texts = [[_text(i) for i in b if not isinstance(i, InfoItem)] for b in batches]
     assert texts == [["A"], ["B"], ["C", "usage"]]
 
 
