@@ -4,8 +4,9 @@
 the first output (which replica, were its adapters hot), `delta`s (text, token ids, optional
 attribution), `usage` last; or an `error` — also when the engine ended the request with
 finish_reason "error" (an adapter that cannot load, a sequence that failed its step), so no
-failure ever reaches the client as a 200. A cancelled call (client disconnect) closes the
-engine stream, which aborts the request and frees its KV blocks and slot pins.
+failure ever reaches the client as a 200. The items are formed by `deployments.replica.fanout`
+from the engine's per-step batches. A cancelled call (client disconnect) aborts the request's
+engine requests, which frees their KV blocks and slot pins.
 """
 
 from __future__ import annotations
