@@ -58,3 +58,7 @@ def disk_full(exc: OSError, what: str) -> DiskFullError | None:
     if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
         return None
     return DiskFullError(f"{what}: no space left on the disk ({exc.strerror}); free space there")
+
+
+class RuleError(ValueError):
+    """An adapter or composition breaks a rule; the message names the tensor or key at fault."""

@@ -82,7 +82,7 @@ class AdapterManifest(_Manifest):
     base_model_identity: str | None = Field(
         None,
         pattern=SHA256_RE,
-        description="rules.base_identity of the base config given on push (the architecture "
+        description="base_model.base_identity of the base config given on push (the architecture "
         "fields that decide every shape); servers refuse the adapter on a different base",
     )
     rank: int = Field(ge=1)

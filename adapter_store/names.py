@@ -27,23 +27,22 @@ class Ref(NamedTuple):
         return self.name if self.version is None else f"{self.name}@{self.version}"
 
 
-def check_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in {".", ".."}:
+def _check_label(what: str, value: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or value in {".", ".."}:
         raise InvalidInputError(
-            f"invalid name {name!r}: use 1-64 characters, lowercase letters, digits, '.', '_' "
+            f"invalid {what} {value!r}: use 1-64 characters, lowercase letters, digits, '.', '_' "
             "or '-', starting with a letter or digit"
         )
-    return name
+    return value
+
+
+def check_name(name: str) -> str:
+    return _check_label("name", name)
 
 
 def check_tenant(tenant: str) -> str:
     """Tenant names follow the name rules, so they are safe in logs, labels and paths."""
-    if not isinstance(tenant, str) or not NAME_RE.fullmatch(tenant) or tenant in {".", ".."}:
-        raise InvalidInputError(
-            f"invalid tenant {tenant!r}: use 1-64 characters, lowercase letters, digits, '.', "
-            "'_' or '-', starting with a letter or digit"
-        )
-    return tenant
+    return _check_label("tenant", tenant)
 
 
 def check_version(version: str) -> str:

@@ -22,158 +22,36 @@ Rules (every refusal is a `RuleError` naming the tensor or key at fault):
 - values: finite, |A| <= MAX_ABS_WEIGHT and |scale * B| <= MAX_ABS_WEIGHT elementwise, so a slot
   holds finite values in float16/bfloat16 after scale and cast (`check_values`);
 - base identity: `base_identity(config.json)`, recorded on push, must match the served model's.
-Compositions: `CompositionSpec` (composition.json) and `gate_shapes`.
+The config rules live in `peft_config`, the base-model rules in `base_model`, compositions
+(`CompositionSpec`, `gate_shapes`) in `composition_spec`; this module checks the tensors.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from adapter_store.limits import (
-    MAX_ABS_ALPHA,
-    MAX_ABS_WEIGHT,
-    MAX_CONFIG_BYTES,
-    MAX_CONFIG_DEPTH,
-    MAX_KEY_CHARS,
-    MAX_RANK,
-    check_patterns,
-    json_depth,
+from adapter_store.base_model import BaseShapes
+from adapter_store.errors import RuleError
+from adapter_store.limits import MAX_ABS_WEIGHT, MAX_KEY_CHARS
+from adapter_store.peft_config import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    SERVABLE_MODULES,
+    PeftConfig,
+    lora_scale,
+    module_path,
+    pattern_value,
+    targets_module,
 )
-from adapter_store.names import parse_ref
-from adapter_store.patterns import fullmatch as pattern_fullmatch
-from adapter_store.patterns import suffix_match as pattern_suffix_match
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})
-ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
-SERVABLE_MODULES: tuple[str, ...] = ATTENTION_MODULES + MLP_MODULES
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 TENSOR_KEY = re.compile(
     r"^(?:.*\.)?layers\.(?P<layer>\d+)\.(?:self_attn|mlp)\.(?P<module>\w+)\."
     r"lora_(?P<ab>[AB])(?:\.[\w-]+)?\.weight$"
 )
-MIN_GATE_TEMPERATURE = 0.01
-MAX_GATE_TEMPERATURE = 100.0
-COMPOSITION_CONFIG = "composition.json"
-GATES_FILE = "gates.safetensors"
-COMPOSITION_FORMAT = "molora-composition"
-# The architecture fields that decide every weight shape: the base model's identity.
-IDENTITY_FIELDS = (
-    "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "vocab_size",
-)  # fmt: skip
-
-
-class RuleError(ValueError):
-    """An adapter or composition breaks a rule; the message names the tensor or key."""
-
-
-# ----- adapter_config.json ---------------------------------------------------------------------
-
-
-class PeftConfig(BaseModel):
-    """The keys of PEFT's adapter_config.json that decide how an adapter is served."""
-
-    model_config = ConfigDict(extra="allow")
-
-    peft_type: str = "LORA"
-    r: int = Field(ge=1, le=MAX_RANK)
-    lora_alpha: float = Field(allow_inf_nan=False, ge=-MAX_ABS_ALPHA, le=MAX_ABS_ALPHA)
-    target_modules: list[str] | str
-    base_model_name_or_path: str | None = None
-    rank_pattern: dict[str, int] = Field(default_factory=dict)
-    alpha_pattern: dict[str, float] = Field(default_factory=dict)
-    use_rslora: bool = False
-    use_dora: bool = False
-    fan_in_fan_out: bool = False
-    bias: str = "none"
-    lora_bias: bool = False
-    modules_to_save: list[str] | None = None
-    layer_replication: Any = None
-
-    @model_validator(mode="after")
-    def _servable(self) -> PeftConfig:
-        if self.peft_type.upper() != "LORA":
-            raise ValueError(f"peft_type must be LORA, got {self.peft_type!r}")
-        refusals = [
-            (self.use_dora, "DoRA adapters (use_dora=true) are not supported"),
-            (self.fan_in_fan_out, "fan_in_fan_out (Conv1D) adapters are not supported"),
-            (self.bias != "none", f"trained biases (bias={self.bias!r}) are not supported"),
-            (self.lora_bias, "trained LoRA biases (lora_bias=true) are not supported"),
-            (
-                bool(self.modules_to_save),
-                f"modules_to_save={self.modules_to_save} adds fully trained modules, which "
-                "cannot be served per token",
-            ),
-            (self.layer_replication is not None, "layer_replication is not supported"),
-        ]
-        for refused, why in refusals:
-            if refused:
-                raise ValueError(why)
-        check_patterns(self.target_modules, self.rank_pattern, self.alpha_pattern)
-        return self
-
-
-def parse_peft_config(data: Any) -> PeftConfig:
-    """Validate an adapter_config.json dict; raises RuleError with the first problem."""
-    if not isinstance(data, dict):
-        raise RuleError(f"{ADAPTER_CONFIG} is not a JSON object")
-    try:
-        return PeftConfig.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        raise RuleError(
-            f"{ADAPTER_CONFIG} is not a valid PEFT LoRA config: "
-            + (f"{where}: {msg}" if where else msg)
-        ) from None
-
-
-def read_peft_config_text(text: str) -> PeftConfig:
-    if len(text) > MAX_CONFIG_BYTES:
-        raise RuleError(f"{ADAPTER_CONFIG} is over {MAX_CONFIG_BYTES} bytes")
-    if json_depth(text) > MAX_CONFIG_DEPTH:
-        raise RuleError(f"{ADAPTER_CONFIG} nests deeper than {MAX_CONFIG_DEPTH} levels")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RuleError(
-            f"{ADAPTER_CONFIG} is not a valid PEFT LoRA config: bad JSON: {exc}"
-        ) from None
-    return parse_peft_config(data)
-
-
-def _pattern_value(patterns: Mapping[str, float], key: str, default: float) -> float:
-    for pattern, value in patterns.items():
-        if pattern_suffix_match(pattern, key):  # as peft.utils.other.get_pattern_key, in RE2
-            return value
-    return default
-
-
-def module_path(layer: int, module: str) -> str:
-    """The module's name inside a HF decoder (what rank/alpha patterns are matched against)."""
-    block = "self_attn" if module in ATTENTION_MODULES else "mlp"
-    return f"model.layers.{layer}.{block}.{module}"
-
-
-def lora_scale(cfg: PeftConfig, layer: int, module: str, rank: int) -> float:
-    """alpha / r (or alpha / sqrt(r) with rsLoRA), with alpha_pattern applied."""
-    alpha = _pattern_value(cfg.alpha_pattern, module_path(layer, module), cfg.lora_alpha)
-    return alpha / (math.sqrt(rank) if cfg.use_rslora else rank)
-
-
-# ----- tensors ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -185,14 +63,6 @@ class TensorEntry:
     shape: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class BaseShapes:
-    """Decoder layers and (in, out) of each servable projection of a base model."""
-
-    num_layers: int
-    dims: dict[str, tuple[int, int]]
-
-
 @dataclass
 class AdapterPlan:
     """A checked adapter: per (module, layer) the A/B keys, rank and scale."""
@@ -202,45 +72,6 @@ class AdapterPlan:
     num_layers: int
     dtypes: list[str]
     pairs: dict[tuple[str, int], tuple[str, str, int, float]] = field(default_factory=dict)
-
-
-def base_shapes(cfg: Mapping[str, Any]) -> BaseShapes:
-    """Shapes of a Llama/Qwen/Mistral-style decoder from its HF config.json."""
-    try:
-        hidden, heads, layers = (
-            int(cfg["hidden_size"]),
-            int(cfg["num_attention_heads"]),
-            int(cfg["num_hidden_layers"]),
-        )
-        inter = int(cfg["intermediate_size"])
-    except KeyError as exc:
-        raise RuleError(f"base model config lacks {exc.args[0]!r}") from None
-    kv = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    q, kvd = heads * head_dim, kv * head_dim
-    dims = {
-        "q_proj": (hidden, q), "k_proj": (hidden, kvd), "v_proj": (hidden, kvd), "o_proj": (q, hidden),
-        "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden),
-    }  # fmt: skip
-    return BaseShapes(layers, dims)
-
-
-def base_identity(cfg: Mapping[str, Any]) -> str:
-    """sha256 of the architecture fields that decide every weight shape (IDENTITY_FIELDS)."""
-    heads = cfg.get("num_attention_heads")
-    canon = {k: cfg.get(k) for k in IDENTITY_FIELDS}
-    canon["num_key_value_heads"] = canon["num_key_value_heads"] or heads
-    if not canon["head_dim"] and heads and cfg.get("hidden_size"):
-        canon["head_dim"] = int(cfg["hidden_size"]) // int(heads)
-    return hashlib.sha256(json.dumps(canon, sort_keys=True).encode()).hexdigest()
-
-
-def _targeted(cfg: PeftConfig, layer: int, module: str) -> bool:
-    """A string `target_modules` is matched only against the canonical module path."""
-    targets = cfg.target_modules
-    if isinstance(targets, str):
-        return pattern_fullmatch(targets, module_path(layer, module))
-    return module in targets
 
 
 def check_adapter(
@@ -263,7 +94,7 @@ def check_adapter(
         if len(t.shape) != 2:
             raise RuleError(f"tensor {t.key!r} is not 2-D: {tuple(t.shape)}")
         layer, module = int(m["layer"]), m["module"]
-        if not _targeted(cfg, layer, module):
+        if not targets_module(cfg, layer, module):
             raise RuleError(
                 f"tensor {t.key!r}: {module!r} is not in target_modules {cfg.target_modules}"
             )
@@ -285,7 +116,7 @@ def check_adapter(
         a, b = ab["A"], ab["B"]
         (r_a, d_in), (d_out, r_b) = a.shape, b.shape
         pair = f"{a.key} {tuple(a.shape)} / {b.key} {tuple(b.shape)}"
-        rank = int(_pattern_value(cfg.rank_pattern, module_path(layer, module), cfg.r))
+        rank = int(pattern_value(cfg.rank_pattern, module_path(layer, module), cfg.r))
         if not r_a == r_b == rank:
             raise RuleError(f"{pair} disagree with rank r={rank} from {ADAPTER_CONFIG}")
         if base is not None:
@@ -349,85 +180,3 @@ def check_values(key: str, max_abs: float, scale: float = 1.0) -> None:
             + (f" (x scale {scale:.3g})" if scale != 1.0 else "")
             + f", over the bound {MAX_ABS_WEIGHT:g} on slot contents"
         )
-
-
-# ----- base model ------------------------------------------------------------------------------
-
-
-def _norm_name(name: str) -> str:
-    return name.rstrip("/").rsplit("/", 1)[-1].lower()
-
-
-def check_declared_base(
-    declared_name: str | None,
-    declared_identity: str | None,
-    served_names: Iterable[str],
-    served_identity: str | None,
-) -> None:
-    """Refuse an adapter published for another base model than the served one.
-
-    The identity (recorded when the adapter was pushed with the base's config.json) decides
-    when both sides have one. Otherwise a declared hub id (`org/name`) or alias must match
-    one of the served model's names (case-insensitive, by last path component); a declared
-    local path cannot be checked and passes (its shapes are still checked).
-    """
-    served = [n for n in served_names if n]
-    if declared_identity and served_identity:
-        if declared_identity != served_identity:
-            raise RuleError(
-                f"was published for base model {declared_name!r} (identity "
-                f"{declared_identity[:12]}…) but this server runs {served[0] if served else '?'!r} "
-                f"(identity {served_identity[:12]}…): base-model mismatch"
-            )
-        return
-    if (
-        not declared_name
-        or declared_name.startswith(("/", ".", "~"))
-        or declared_name.count("/") > 1
-    ):
-        return
-    if _norm_name(declared_name) not in {_norm_name(n) for n in served}:
-        raise RuleError(
-            f"declares base model {declared_name!r} but this server runs "
-            f"{served[0] if served else '?'!r}: base-model mismatch"
-        )
-
-
-# ----- compositions ----------------------------------------------------------------------------
-
-
-class CompositionSpec(BaseModel):
-    """composition.json: K adapter references in gate order, top-k, temperature, shapes."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: str = COMPOSITION_FORMAT
-    format_version: int = 1
-    base_model: str = Field(min_length=1, description="base model id the gates were trained on")
-    adapters: list[str] = Field(min_length=1, description="the K expert adapters, in gate order")
-    top_k: int = Field(2, ge=1)
-    temperature: float = Field(1.0, ge=MIN_GATE_TEMPERATURE, le=MAX_GATE_TEMPERATURE)
-    num_layers: int = Field(ge=1)
-    hidden_size: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _check(self) -> CompositionSpec:
-        if self.format != COMPOSITION_FORMAT:
-            raise ValueError(f"format must be {COMPOSITION_FORMAT!r}, got {self.format!r}")
-        if self.format_version != 1:
-            raise ValueError(f"unsupported format_version {self.format_version}")
-        names = [parse_ref(ref).name for ref in self.adapters]
-        if len(set(names)) != len(names):
-            raise ValueError("a composition lists an adapter twice")
-        if self.top_k > len(self.adapters):
-            raise ValueError(f"top_k={self.top_k} exceeds the {len(self.adapters)} adapters")
-        return self
-
-
-def gate_shapes(spec: CompositionSpec) -> dict[str, tuple[int, ...]]:
-    """Required `gate.weight` [L, K, d] and optional `gate.bias` [L, K]."""
-    k = len(spec.adapters)
-    return {
-        "gate.weight": (spec.num_layers, k, spec.hidden_size),
-        "gate.bias": (spec.num_layers, k),
-    }

@@ -16,23 +16,24 @@ from typing import Any
 
 from pydantic import BaseModel
 
-import adapter_store.rules as rules
-from adapter_store.errors import InvalidInputError
+from adapter_store import base_model, composition_spec, peft_config, rules
+from adapter_store.errors import InvalidInputError, RuleError
 from adapter_store.layout import MANIFEST
+from adapter_store.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, json_depth
 from adapter_store.safetensors_header import max_abs_values, nonfinite_tensors, read_header
 
-ADAPTER_CONFIG = rules.ADAPTER_CONFIG
-ADAPTER_WEIGHTS = rules.ADAPTER_WEIGHTS
+ADAPTER_CONFIG = peft_config.ADAPTER_CONFIG
+ADAPTER_WEIGHTS = peft_config.ADAPTER_WEIGHTS
 README = "README.md"
-COMPOSITION_CONFIG = rules.COMPOSITION_CONFIG
-GATES_FILE = rules.GATES_FILE
-COMPOSITION_FORMAT = rules.COMPOSITION_FORMAT
-PICKLE_SUFFIXES = rules.PICKLE_SUFFIXES
+COMPOSITION_CONFIG = composition_spec.COMPOSITION_CONFIG
+GATES_FILE = composition_spec.GATES_FILE
+COMPOSITION_FORMAT = composition_spec.COMPOSITION_FORMAT
+PICKLE_SUFFIXES = peft_config.PICKLE_SUFFIXES
 DEFAULT_MAX_BYTES = 2 * 1024**3
 # Base-config keys that do not change any weight shape (dropped before fingerprinting).
 VOLATILE_CONFIG_KEYS = {"transformers_version", "torch_dtype", "dtype", "_name_or_path"}
 
-CompositionFile = rules.CompositionSpec
+CompositionFile = composition_spec.CompositionSpec
 
 
 class AdapterInfo(BaseModel):
@@ -128,25 +129,27 @@ def validate_adapter(
     folder = Path(folder)
     files = _check_files(folder, [ADAPTER_CONFIG, ADAPTER_WEIGHTS], [README], max_bytes)
     try:
-        cfg = rules.read_peft_config_text((folder / ADAPTER_CONFIG).read_text())
+        cfg = peft_config.read_peft_config_text((folder / ADAPTER_CONFIG).read_text())
         header = read_header(folder / ADAPTER_WEIGHTS)
         entries = [rules.TensorEntry(k, t.dtype, tuple(t.shape)) for k, t in header.items()]
-        base = rules.base_shapes(base_config) if base_config is not None else None
+        base = base_model.base_shapes(base_config) if base_config is not None else None
         plan = rules.check_adapter(cfg, entries, base)
-    except (rules.RuleError, UnicodeDecodeError) as exc:
+    except (RuleError, UnicodeDecodeError) as exc:
         raise InvalidInputError(str(exc)) from exc
     peaks = max_abs_values(folder / ADAPTER_WEIGHTS)
     try:
         for key_a, key_b, _, scale in plan.pairs.values():
             rules.check_values(key_a, peaks[key_a])
             rules.check_values(key_b, peaks[key_b], scale)
-    except rules.RuleError as exc:
+    except RuleError as exc:
         raise InvalidInputError(f"{ADAPTER_WEIGHTS}: {exc}") from None
     return AdapterInfo(
         files=files,
         base_model=cfg.base_model_name_or_path,
         base_model_fingerprint=config_fingerprint(base_config) if base_config is not None else None,
-        base_model_identity=rules.base_identity(base_config) if base_config is not None else None,
+        base_model_identity=base_model.base_identity(base_config)
+        if base_config is not None
+        else None,
         rank=cfg.r,
         alpha=cfg.lora_alpha,
         target_modules=plan.target_modules,
@@ -163,16 +166,15 @@ def read_composition(
     files = _check_files(folder, [COMPOSITION_CONFIG, GATES_FILE], [README], max_bytes)
     try:
         text = (folder / COMPOSITION_CONFIG).read_text()
-        if len(text) > rules.MAX_CONFIG_BYTES or rules.json_depth(text) > rules.MAX_CONFIG_DEPTH:
+        if len(text) > MAX_CONFIG_BYTES or json_depth(text) > MAX_CONFIG_DEPTH:
             raise ValueError(
-                f"over {rules.MAX_CONFIG_BYTES} bytes or nested deeper than "
-                f"{rules.MAX_CONFIG_DEPTH} levels"
+                f"over {MAX_CONFIG_BYTES} bytes or nested deeper than {MAX_CONFIG_DEPTH} levels"
             )
         cfg = CompositionFile.model_validate(json.loads(text))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"invalid {COMPOSITION_CONFIG}: {exc}") from exc
     header = read_header(folder / GATES_FILE)
-    expected = rules.gate_shapes(cfg)
+    expected = composition_spec.gate_shapes(cfg)
     extra = sorted(set(header) - set(expected))
     if extra or "gate.weight" not in header:
         raise InvalidInputError(

@@ -1,4 +1,4 @@
-"""The registry: publish, resolve, list, yank, delete and verify versions in a backend.
+"""The registry: publish, copy, yank and delete versions in a backend (reading: `VersionReader`).
 
 Key layout (identical under a directory root and an S3 prefix):
 
@@ -14,54 +14,27 @@ the winner's files and can remove exactly what it uploaded.
 from __future__ import annotations
 
 import json
-import logging
-import os
 import tempfile
-import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from adapter_store.backends.base import Backend, ObjectMissingError, Progress
+from adapter_store.backends.base import Backend, Progress
 from adapter_store.config import open_backend
-from adapter_store.errors import (
-    IntegrityError,
-    InvalidInputError,
-    NotFoundError,
-    VersionExistsError,
-)
-from adapter_store.layout import MANIFEST, YANKED, AnyManifest, blob_key, kind_prefix, version_dir
-from adapter_store.manifest import (
-    AdapterManifest,
-    CompositionManifest,
-    FileEntry,
-    YankRecord,
-    parse_manifest,
-    utcnow,
-)
-from adapter_store.names import Kind, check_name, check_tenant, check_version, parse_ref
-from adapter_store.staging import (
-    HashingWriter,
-    StagedPublish,
-    file_entries,
-    manifest_fields,
-    new_blob_dir,
-)
+from adapter_store.errors import InvalidInputError, NotFoundError, VersionExistsError
+from adapter_store.layout import MANIFEST, YANKED, AnyManifest, blob_key, version_dir
+from adapter_store.manifest import AdapterManifest, CompositionManifest, YankRecord, utcnow
+from adapter_store.names import Kind, check_name, check_tenant, check_version
+from adapter_store.staging import StagedPublish, file_entries, manifest_fields, new_blob_dir
 from adapter_store.validate import (
     COMPOSITION_CONFIG,
     DEFAULT_MAX_BYTES,
     read_composition,
     validate_adapter,
-    validate_stored,
 )
+from adapter_store.version_reader import VersionReader
 
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class VersionInfo:
-    version: str
-    yanked: bool
+# The composition.json fields a composition's manifest repeats (its adapters are pinned first).
+COMPOSITION_FIELDS = {"base_model", "top_k", "temperature", "num_layers", "hidden_size"}
 
 
 def _check_ref(name: str, version: str, tenant: str | None) -> None:
@@ -72,142 +45,12 @@ def _check_ref(name: str, version: str, tenant: str | None) -> None:
         check_tenant(tenant)
 
 
-class Registry:
-    """Versioned adapters and compositions over one backend."""
+class Registry(VersionReader):
+    """Versioned adapters and compositions over one backend: reading, publishing, removing."""
 
     def __init__(self, backend: Backend, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self.backend = backend
+        super().__init__(backend)
         self.max_bytes = max_bytes
-        self._manifests: dict[tuple[str, str, str], AnyManifest] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return self.backend.url
-
-    # ---- reading -------------------------------------------------------------------------------
-
-    def names(self, kind: Kind) -> list[str]:
-        return self.backend.list_children(kind_prefix(kind))
-
-    def versions(self, kind: Kind, name: str) -> list[VersionInfo]:
-        prefix = kind_prefix(kind) + check_name(name) + "/"
-        keys = set(self.backend.list_keys(prefix))
-        found = []
-        for key in keys:
-            rest = key[len(prefix) :]
-            version, _, leaf = rest.partition("/")
-            if leaf == MANIFEST:
-                found.append(VersionInfo(version, f"{prefix}{version}/{YANKED}" in keys))
-        return sorted(found, key=lambda v: v.version)
-
-    def manifest(self, kind: Kind, name: str, version: str) -> AnyManifest:
-        """One version's manifest (memoized: published manifests never change)."""
-        memo_key = (kind, name, version)
-        with self._lock:
-            if memo_key in self._manifests:
-                return self._manifests[memo_key]
-        key = version_dir(kind, name, version) + MANIFEST
-        try:
-            data = self.backend.read_bytes(key)
-        except ObjectMissingError:
-            raise NotFoundError(
-                f"{kind} {name}@{version} does not exist in store {self.url}"
-            ) from None
-        manifest = parse_manifest(data, f"{self.url}/{key}")
-        if manifest.kind != kind or manifest.name != name or manifest.version != version:
-            raise IntegrityError(
-                f"manifest at {self.url}/{key} describes {manifest.kind} {manifest.ref}"
-            )
-        with self._lock:
-            self._manifests[memo_key] = manifest
-        return manifest
-
-    def forget(self, kind: Kind, name: str, version: str) -> None:
-        with self._lock:
-            self._manifests.pop((kind, name, version), None)
-
-    def latest(self, kind: Kind, name: str) -> AnyManifest:
-        """Newest created, non-yanked version."""
-        infos = self.versions(kind, name)
-        live = [self.manifest(kind, name, v.version) for v in infos if not v.yanked]
-        if not live:
-            hint = " (all versions are yanked)" if infos else ""
-            raise NotFoundError(f"{kind} {name!r} does not exist in store {self.url}{hint}")
-        return max(live, key=lambda m: (m.created, m.version))
-
-    def resolve(self, kind: Kind, ref: str) -> AnyManifest:
-        r = parse_ref(ref)
-        return (
-            self.latest(kind, r.name)
-            if r.version is None
-            else self.manifest(kind, r.name, r.version)
-        )
-
-    def catalog(self, kind: Kind) -> list[AnyManifest]:
-        """Latest manifest of every name of this kind (names with only yanked versions omitted)."""
-        out = []
-        for name in self.names(kind):
-            try:
-                out.append(self.latest(kind, name))
-            except NotFoundError:
-                continue
-        return out
-
-    def fetch(
-        self,
-        manifest: AnyManifest,
-        entry: FileEntry,
-        out: BinaryIO | None,
-        progress: Progress | None = None,
-    ) -> None:
-        """Stream one file into `out` (or nowhere) and verify its size and sha256."""
-        writer = HashingWriter(out)
-        try:
-            self.backend.download(blob_key(manifest, entry.path), writer, progress, entry.size)  # type: ignore[arg-type]
-        except ObjectMissingError:
-            self.forget(manifest.kind, manifest.name, manifest.version)
-            raise NotFoundError(
-                f"{manifest.kind} {manifest.ref}: file {entry.path} is missing from store {self.url} "
-                "(deleted while reading?)"
-            ) from None
-        writer.check(entry, f"{manifest.kind} {manifest.ref}")
-
-    def fetch_to(
-        self, manifest: AnyManifest, entry: FileEntry, path: Path, progress: Progress | None = None
-    ) -> None:
-        """Download one file to `path`, then verify size and sha256 (and flush it to disk)."""
-        try:
-            self.backend.download_to(blob_key(manifest, entry.path), path, progress, entry.size)
-        except ObjectMissingError:
-            self.forget(manifest.kind, manifest.name, manifest.version)
-            raise NotFoundError(
-                f"{manifest.kind} {manifest.ref}: file {entry.path} is missing from store {self.url} "
-                "(deleted while reading?)"
-            ) from None
-        writer = HashingWriter()
-        with path.open("rb") as fh:
-            while block := fh.read(4 * 1024 * 1024):
-                writer.write(block)
-            os.fsync(fh.fileno())
-        writer.check(entry, f"{manifest.kind} {manifest.ref}")
-
-    def verify(self, manifest: AnyManifest, progress: Progress | None = None) -> list[str]:
-        """Re-download every file, compare with the manifest, then check the files against the
-        rulebook (what a server would refuse); returns the problems found."""
-        problems = []
-        with tempfile.TemporaryDirectory(prefix="molora-verify-") as tmp:
-            for entry in manifest.files:
-                try:
-                    self.fetch_to(manifest, entry, Path(tmp) / entry.path, progress)
-                except (IntegrityError, NotFoundError) as exc:
-                    problems.append(str(exc))
-            if not problems:
-                try:
-                    validate_stored(manifest.kind, Path(tmp))
-                except InvalidInputError as exc:
-                    problems.append(f"{manifest.kind} {manifest.ref} breaks the rules: {exc}")
-        return problems
 
     # ---- publishing ----------------------------------------------------------------------------
 
@@ -217,12 +60,6 @@ class Registry:
                 f"{kind} {name}@{version} already exists in store {self.url}; versions are "
                 "immutable, choose a new version"
             )
-
-    def owner(self, kind: Kind, name: str) -> str | None:
-        """The tenant of a name (every version of a name has the same one); None = public."""
-        for info in self.versions(kind, name):
-            return self.manifest(kind, name, info.version).tenant
-        return None
 
     def _check_tenant(self, kind: Kind, name: str, tenant: str | None) -> None:
         """A name belongs to one tenant (or none) for good, so visibility never depends on
@@ -251,6 +88,20 @@ class Registry:
             raise
         return staged
 
+    def _stage(
+        self,
+        manifest_type: type[AdapterManifest] | type[CompositionManifest],
+        files: list[Path],
+        ident: tuple[str, str, str | None, list[str] | None, str | None],
+        progress: Progress | None,
+        fields: dict[str, Any],
+    ) -> StagedPublish:
+        """Hash `files`, build the manifest from `ident` (name, version, description, tags,
+        tenant) and the kind's `fields`, and upload the files."""
+        entries, sources = file_entries(files)
+        manifest = manifest_type(**manifest_fields(*ident[:2], entries, *ident[2:]), **fields)
+        return self._upload(manifest, sources, progress)
+
     def _check_free(self, kind: Kind, name: str, version: str, tenant: str | None) -> None:
         """The version is new and the name's owner (public or a tenant) is `tenant`."""
         self._check_new(kind, name, version)
@@ -277,14 +128,9 @@ class Registry:
                 "adapter_config.json names no base_model_name_or_path: pass --base-model"
             )
         self._check_free("adapter", name, version, tenant)
-        entries, sources = file_entries(info.files)
-        common = manifest_fields(name, version, entries, description, tags, tenant)
-        manifest = AdapterManifest(
-            **common, base_model=base, base_model_fingerprint=info.base_model_fingerprint,
-            base_model_identity=info.base_model_identity, rank=info.rank, alpha=info.alpha,
-            target_modules=info.target_modules, num_layers=info.num_layers, dtype=info.dtype,
-        )  # fmt: skip
-        return self._upload(manifest, sources, progress)
+        fields = info.model_dump(exclude={"files", "base_model"}) | {"base_model": base}
+        ident = (name, version, description, tags, tenant)
+        return self._stage(AdapterManifest, info.files, ident, progress, fields)
 
     def publish_adapter(
         self, folder: str | Path, name: str, version: str, **kwargs: Any
@@ -338,13 +184,9 @@ class Registry:
                 json.dumps(cfg.model_dump() | {"adapters": pinned}, indent=2) + "\n"
             )
             files = [stored_cfg if p.name == COMPOSITION_CONFIG else p for p in files]
-            entries, sources = file_entries(files)
-            common = manifest_fields(name, version, entries, description, tags, tenant)
-            manifest = CompositionManifest(
-                **common, base_model=cfg.base_model, adapters=pinned, top_k=cfg.top_k,
-                temperature=cfg.temperature, num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
-            )  # fmt: skip
-            return self._upload(manifest, sources, progress)
+            fields = cfg.model_dump(include=COMPOSITION_FIELDS) | {"adapters": pinned}
+            ident = (name, version, description, tags, tenant)
+            return self._stage(CompositionManifest, files, ident, progress, fields)
 
     def publish_composition(
         self, folder: str | Path, name: str, version: str, **kwargs: Any
@@ -383,17 +225,6 @@ class Registry:
             return self._upload(copied, sources, progress).commit(), True
 
     # ---- removing ------------------------------------------------------------------------------
-
-    def users_of(self, adapter_ref: str) -> list[str]:
-        """Composition versions that pin this adapter version."""
-        users = []
-        for name in self.names("composition"):
-            for info in self.versions("composition", name):
-                m = self.manifest("composition", name, info.version)
-                if adapter_ref in m.adapters:  # type: ignore[union-attr]
-                    users.append(m.ref)
-        return users
-
     def delete(self, kind: Kind, name: str, version: str, *, force: bool = False) -> AnyManifest:
         """Remove a version: manifest first (readers stop seeing it), then its files."""
         manifest = self.manifest(kind, name, version)

@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 import torch
+from ray import serve
 from safetensors.torch import save_file
 
 from adapter_store import open_registry
@@ -40,7 +41,10 @@ from adapter_store.errors import VersionExistsError
 from benchmarks.report import write_json
 from benchmarks.serve_load import Sample, pct, zipf_sequence
 from benchmarks.serve_load import drive as load_drive
+from deployments.app import build
+from deployments.config import ServeConfig
 from molora_runtime.model.model_paths import resolve_model_path
+from tests.support.local_ray import start_local_cluster, stop_local_cluster
 from tests.support.seaweedfs import SeaweedFS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,11 +144,6 @@ def serve_cell(
     cluster_url: str, store: dict[str, str], names: list[str], policy: str,
     args: argparse.Namespace, cache_dir: Path, resident: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    from ray import serve
-
-    from deployments.app import build
-    from deployments.config import ServeConfig
-
     cfg = ServeConfig.from_args(
         {
             "engine": {
@@ -265,8 +264,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     args.requests = args.requests or (64 if args.quick else 320)
-
-    from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
     work = args.work or Path(tempfile.mkdtemp(prefix="molora-churn-"))
     model_dir = Path(resolve_model_path(MODEL))

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from ray import serve
 
 from benchmarks.report import write_json
 from benchmarks.serve_load import Sample, one_request, pct, zipf_sequence
@@ -79,8 +80,6 @@ async def load(url: str, models: list[str], concurrency: int, max_tokens: int) -
 
 def replica_report(mn: MultiNodeCluster) -> list[dict[str, Any]]:
     """Each model replica's node and residency (what `/v1/admin/stats` answers per replica)."""
-    from ray import serve
-
     nodes = {nid: name for name, nid in mn.node_ids().items()}
     where = {r["replica_id"]: nodes.get(r["node_id"], "?") for r in mn.replicas()}
     handle = serve.get_deployment_handle("ModelReplica", app_name="molora")
@@ -104,8 +103,6 @@ def replica_report(mn: MultiNodeCluster) -> list[dict[str, Any]]:
 
 
 def placement(mn: MultiNodeCluster, model: Path, store: dict, args: argparse.Namespace) -> dict:
-    from ray import serve
-
     names = [f"a{i:02d}" for i in range(24)]
     out: dict[str, Any] = {}
     for policy in ("default", "affinity"):
@@ -253,8 +250,6 @@ async def _rolling(mn: MultiNodeCluster, app: dict, concurrency: int) -> dict[st
 
 
 def autoscale(mn: MultiNodeCluster, model: Path, store: dict, args: argparse.Namespace) -> dict:
-    from ray import serve
-
     serve.delete("molora")
     auto = {
         "min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 2,

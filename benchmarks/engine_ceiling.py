@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from molora_runtime.model.registry import resolve_model_path
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from benchmarks.machine import machine_info
 from benchmarks.report import write_json
 from molora_runtime import LLM, SamplingParams
+from molora_runtime.model.model_paths import resolve_model_path
 
 BATCHES = (32, 64)
 PROMPTS = 128
@@ -43,8 +44,6 @@ TOKENIZER_FILES = (
 
 def make_tiny(folder: Path) -> Path:
     """SmolLM2's config shrunk to hidden 64 / 2 layers / 2 heads / 1 KV head, random weights."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     src = resolve_model_path("smollm2-135m-instruct")
     cfg = AutoConfig.from_pretrained(src)
     cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers = 64, 128, 2

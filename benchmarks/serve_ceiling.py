@@ -28,16 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 import yaml
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from benchmarks.chat_stream import Sample, one, pct
 from benchmarks.machine import machine_info
 from benchmarks.report import write_json
-from benchmarks.serve_vs_vllm import (
+from benchmarks.server_process import (
+    MOLORA_PORT,
     CpuMeter,
-    Sample,
     molora_binding,
-    one,
-    pct,
     priorities,
     replica_layout,
     start_molora,
@@ -46,6 +47,8 @@ from benchmarks.serve_vs_vllm import (
     wait_up,
 )
 from benchmarks.vllm_env import vllm_cpu_env
+from molora_runtime import LLM, SamplingParams
+from molora_runtime.model.model_paths import resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_ceiling.json"
@@ -53,7 +56,6 @@ NEW_TOKENS = 128
 MAX_NUM_SEQS = 64
 MAX_MODEL_LEN = 1024
 VLLM_PORT = 18432
-MOLORA_PORT = 18500  # start_molora waits on this port
 DIRECT_PORTS = (30000, 30100)  # Serve's direct-ingress HTTP ports
 OFFLINE_PROMPTS = 128
 TOKENIZER_FILES = ("generation_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -61,10 +63,6 @@ TOKENIZER_FILES = ("generation_config.json", "special_tokens_map.json", "chat_te
 
 def make_tiny(out: Path) -> Path:
     """The tiny random Llama: SmolLM2's config shrunk, its tokenizer and chat template."""
-    import torch
-    from molora_runtime.model.registry import resolve_model_path
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     src = Path(resolve_model_path("smollm2-135m-instruct"))
     cfg = AutoConfig.from_pretrained(src)
     cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers = 64, 128, 2
@@ -208,10 +206,6 @@ def run_molora(tiny: Path, work: Path, cells: list[int], direct: bool = False) -
 
 def run_offline(tiny: Path) -> dict[str, Any]:
     """The engine alone on the replica's threads: 128 chat prompts at b=64, 128 tokens each."""
-    import torch
-
-    from molora_runtime import LLM, SamplingParams
-
     layout = replica_layout()
     torch.set_num_threads(max(1, round(float(layout.get("num_cpus", 1)))))
     llm = LLM(model=str(tiny), dtype="float32", device="cpu", max_model_len=MAX_MODEL_LEN,

@@ -29,10 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from ray import serve
 
 from benchmarks.report import write_json
 from benchmarks.sse import sse_events
+from deployments.app import build
+from deployments.config import ServeConfig
 from molora_runtime.model.model_paths import resolve_model_path
+from tests.serve.serve_assets import make_store, make_tiny_model
+from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"
@@ -174,9 +179,6 @@ async def run_load(url: str, names: list[str], args: argparse.Namespace) -> dict
 
 
 def build_assets(args: argparse.Namespace, work: Path) -> tuple[str, Path, list[str]]:
-    sys.path.insert(0, str(ROOT / "tests" / "serve"))  # the tests' real-asset builder
-    from serve_assets import make_store, make_tiny_model
-
     names = [f"skill{i}" for i in range(args.adapters)]
     if args.tiny:
         (work / "model").mkdir()
@@ -189,12 +191,6 @@ def build_assets(args: argparse.Namespace, work: Path) -> tuple[str, Path, list[
 
 
 def launch_and_compare(args: argparse.Namespace) -> dict[str, Any]:
-    from ray import serve
-
-    from deployments.app import build
-    from deployments.config import ServeConfig
-    from tests.support.local_ray import start_local_cluster, stop_local_cluster
-
     work = Path(tempfile.mkdtemp(prefix="molora-bench-"))
     model, store, names = build_assets(args, work)
     # Ray on loopback with token auth; Serve's port from tests.support.ports, retried if lost.

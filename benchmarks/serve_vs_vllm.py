@@ -28,19 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import httpx
 import torch
@@ -48,9 +42,28 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from benchmarks import serve_offline
+from benchmarks.chat_stream import one, request_body, run_cell
 from benchmarks.machine import machine_info
 from benchmarks.report import write_json
-from benchmarks.sse import sse_events
+from benchmarks.serve_rounds import (
+    adapters_applied,
+    agreement,
+    best_of_rounds,
+    per_round_ratios,
+    round_order,
+    summarize,
+)
+from benchmarks.server_process import (
+    MOLORA_PORT,
+    CpuMeter,
+    molora_binding,
+    priorities,
+    replica_layout,
+    start_molora,
+    stop,
+    vllm_binding,
+    wait_up,
+)
 from benchmarks.vllm_env import vllm_cpu_env
 from benchmarks.workload import (
     ADAPTERS,
@@ -69,7 +82,6 @@ from molora_runtime.model.model_paths import resolve_model_path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "serve_vs_vllm.json"
 VLLM_PORT = 18431
-MOLORA_PORT = 18500
 
 
 # ---- assets ---------------------------------------------------------------------------------
@@ -158,44 +170,6 @@ def prepare_assets(work_arg: str | None, prefix: str) -> tuple[Path, Path, Path,
     return model_dir, work, store, load_arch(model_dir).vocab_size // 3
 
 
-def wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before {url} answered")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"{url} did not answer within {timeout_s} s")
-
-
-def stop(proc: subprocess.Popen, grace_s: float = 20, linger_s: float = 30) -> None:
-    """SIGINT the server's process group (serve run shuts Ray down on it), then SIGKILL; then
-    wait for the rest of its session. Ray's workers outlive `serve run` for a while, and an HTTP
-    proxy still on the port would answer the next server's health check and then vanish (a
-    MoLoRA round right after a MoLoRA round once measured 0 tok/s: connection refused)."""
-    if proc.poll() is None:
-        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    deadline = time.monotonic() + linger_s
-    while (left := session_processes(proc, alive_only=True)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for p in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p.pid, signal.SIGKILL)
-
-
 def start_vllm(python: Path, model_dir: Path, work: Path, dtype: str, log: Path):
     env = vllm_cpu_env()  # threads bound to every core
     modules = [f"{n}={work / 'adapters' / n}" for n in ADAPTERS]
@@ -209,12 +183,6 @@ def start_vllm(python: Path, model_dir: Path, work: Path, dtype: str, log: Path)
                             start_new_session=True)  # fmt: skip
     wait_up(f"http://127.0.0.1:{VLLM_PORT}/v1/models", proc)
     return proc
-
-
-def vllm_binding(log: Path) -> list[str]:
-    """The lines where vLLM says which cores its OpenMP threads are bound to."""
-    lines = log.read_text(errors="replace").splitlines()
-    return [ln.strip()[-200:] for ln in lines if re.search(r"core ids|OMP threads|bind", ln)][:6]
 
 
 def molora_config(store: Path, dtype: str, path: Path) -> Path:
@@ -244,36 +212,6 @@ def molora_config(store: Path, dtype: str, path: Path) -> Path:
     return path
 
 
-def start_molora(
-    config: Path, log: Path, extra_env: dict[str, str] | None = None
-) -> subprocess.Popen:
-    """`serve run config` in a session of its own; `extra_env` reaches the cluster it starts
-    (Serve's controller reads some settings only from there)."""
-    # Ray starts its workers at nice 15 by default; vLLM runs at the caller's priority. Both
-    # servers compute at the same priority, else any other process on the box (the client
-    # included) takes its CPU from MoLoRA first.
-    env = {
-        **os.environ,
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-        "PYTHONPATH": str(ROOT),
-        "RAY_worker_niceness": "0",
-        **(extra_env or {}),
-    }
-    serve = Path(sys.executable).parent / "serve"
-    out = log.open("w")
-    proc = subprocess.Popen([str(serve), "run", str(config)], env=env, stdout=out,
-                            stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)  # fmt: skip
-    wait_up(f"http://127.0.0.1:{MOLORA_PORT}/health", proc)
-    return proc
-
-
-def replica_layout() -> dict[str, Any]:
-    """The shipped ModelReplica layout the benchmark serves on."""
-    app = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
-    dep = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
-    return {"num_replicas": dep["num_replicas"], **dep["ray_actor_options"]}
-
-
 def measure_offline(
     store: Path, dtype: str, cells: list[tuple[int, int]], mode_names: list[str]
 ) -> list[dict[str, Any]]:
@@ -284,169 +222,7 @@ def measure_offline(
     return serve_offline.measure(store, dtype, cells, mode_names, replicas, threads)
 
 
-class SessionProcess(NamedTuple):
-    label: str  # "name pid"; a Ray worker is named by its command's first word (ray::...)
-    pid: int
-    cpu_s: float  # CPU seconds so far
-    nice: int
-
-
-def session_processes(proc: subprocess.Popen, alive_only: bool = False) -> list[SessionProcess]:
-    """Every process in the server's session: `serve run`, Ray's daemons and its workers
-    (`alive_only`: not the exited ones no parent has reaped yet)."""
-    out = []
-    tick = os.sysconf("SC_CLK_TCK")
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-            fields = text[text.rindex(")") + 2 :].split()
-            if int(fields[3]) != proc.pid:  # another session: its command line is not read
-                continue
-            if alive_only and fields[0] in ("Z", "X"):
-                continue
-            word = (
-                (stat.parent / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
-            )
-        except OSError:
-            continue
-        name = (
-            word[:60] if word.startswith("ray::") else text[text.index("(") + 1 : text.rindex(")")]
-        )
-        cpu_s = (int(fields[11]) + int(fields[12])) / tick
-        pid = int(stat.parent.name)
-        out.append(SessionProcess(f"{name} {pid}", pid, cpu_s, int(fields[16])))
-    return out
-
-
-def priorities(proc: subprocess.Popen) -> dict[str, int]:
-    """Nice value of each busy process the server started (its session), as evidence that both
-    servers computed at the same priority: {"name pid": nice} for processes with >1 s of CPU."""
-    return {p.label: p.nice for p in session_processes(proc) if p.cpu_s > 1}
-
-
-class CpuMeter:
-    """Where a cell's CPU went: each server process's CPU seconds over the cell, and the
-    client's own (it shares the box's cores with the server)."""
-
-    def __init__(self, proc: subprocess.Popen | None) -> None:
-        self.proc = proc
-        self._start: dict[str, float] = {}
-        self._client = 0.0
-        self.client_s = 0.0  # the benchmark process's CPU over the cell (it is the client)
-        self.server_s: dict[str, float] = {}  # "label pid" -> CPU seconds, >= 0.1 s only
-
-    def __enter__(self) -> CpuMeter:
-        self._start = self._server()
-        self._client = time.process_time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.client_s = round(time.process_time() - self._client, 2)
-        end = self._server()
-        spent = {k: v - self._start.get(k, 0.0) for k, v in end.items()}
-        self.server_s = {k: round(v, 2) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
-                         if v >= 0.1}  # fmt: skip
-
-    def _server(self) -> dict[str, float]:
-        if self.proc is None:
-            return {}
-        return {p.label: p.cpu_s for p in session_processes(self.proc)}
-
-
-def molora_binding(log: Path) -> list[str]:
-    lines = log.read_text(errors="replace").splitlines()
-    return [ln.strip()[-160:] for ln in lines if "torch threads" in ln][:4]
-
-
 # ---- client ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Sample:
-    ttft: float | None = None
-    itl: list[float] = field(default_factory=list)
-    tokens: int = 0
-    text: str = ""
-    error: str | None = None
-
-
-def request_body(model: str, prompt: str, route: dict[str, Any] | None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": NEW_TOKENS,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if route is not None:
-        body["molora"] = {"route": route}
-    return body
-
-
-async def one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sample:
-    s = Sample()
-    start = last = time.perf_counter()
-    try:
-        async with client.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                s.error = f"{resp.status_code}: {(await resp.aread())[:200]!r}"
-                return s
-            async for event in sse_events(resp):
-                for choice in event.get("choices") or []:
-                    content = (choice.get("delta") or {}).get("content")
-                    if content:
-                        now = time.perf_counter()
-                        if s.ttft is None:
-                            s.ttft = now - start
-                        else:
-                            s.itl.append(now - last)
-                        last = now
-                        s.text += content
-                if event.get("usage"):
-                    s.tokens = event["usage"]["completion_tokens"]
-    except httpx.HTTPError as exc:
-        s.error = f"{type(exc).__name__}: {exc}"
-    return s
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
-
-
-async def run_cell(port: int, models: list[tuple[str, dict | None]], conc: int, n: int) -> dict:
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
-    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
-        sem = asyncio.Semaphore(conc)
-
-        async def task(i: int) -> Sample:
-            model, route = models[i % len(models)]
-            async with sem:
-                return await one(client, url, request_body(model, PROMPTS[i % 8], route))
-
-        start = time.perf_counter()
-        samples = await asyncio.gather(*(task(i) for i in range(n)))
-        seconds = time.perf_counter() - start
-    tokens = sum(s.tokens for s in samples)
-    ttfts = [s.ttft for s in samples if s.ttft is not None]
-    itls = [x for s in samples for x in s.itl]
-    return {
-        "concurrency": conc,
-        "requests": n,
-        "errors": [s.error for s in samples if s.error][:3],
-        "completion_tokens": tokens,
-        "seconds": round(seconds, 2),
-        "tok_per_s": round(tokens / seconds, 1),
-        "ttft_p50_ms": pct(ttfts, 0.5),
-        "ttft_p99_ms": pct(ttfts, 0.99),
-        "itl_p50_ms": pct(itls, 0.5),
-        "itl_p99_ms": pct(itls, 0.99),
-    }
 
 
 SANITY_PROMPTS = 4  # greedy texts per model in the sanity check (sequential: deterministic)
@@ -465,29 +241,6 @@ async def sanity(port: int) -> dict[str, Any]:
                 s = await one(client, url, request_body(model, prompt, None))
                 texts[model].append(s.text if s.error is None else f"ERROR {s.error}")
     return {"adapters_applied": adapters_applied(texts), "of": len(ADAPTERS), "texts": texts}
-
-
-def adapters_applied(texts: dict[str, list[str]]) -> list[str]:
-    """The adapters whose greedy texts differ from the base model's, both answered without an
-    error (an adapter that failed changed nothing)."""
-    failed = {m for m, ts in texts.items() if any(t.startswith("ERROR") for t in ts)}
-    return [a for a in ADAPTERS if texts[a] != texts["base"] and not failed & {a, "base"}]
-
-
-def agreement(run: dict[str, Any]) -> dict[str, Any] | None:
-    """Which (model, prompt) greedy texts MoLoRA and vLLM produced identically."""
-    ours = run.get("molora", {}).get("sanity", {}).get("texts")
-    theirs = run.get("vllm", {}).get("sanity", {}).get("texts")
-    if not ours or not theirs:
-        return None
-    same, total = [], 0
-    for model, texts in ours.items():
-        for i, text in enumerate(texts):
-            total += 1
-            peer = theirs.get(model, [])
-            if i < len(peer) and peer[i] == text and not text.startswith("ERROR"):
-                same.append(f"{model}/{i}")
-    return {"identical": len(same), "of": total, "which": same}
 
 
 def drive(
@@ -526,73 +279,6 @@ def phase(
         run[server]["priorities"] = priorities(proc)
     finally:
         stop(proc)
-
-
-def round_order(round_no: int, skip_vllm: bool, skip_offline: bool) -> list[str]:
-    """vLLM, MoLoRA, offline in even rounds and the reverse in odd ones (ABC then CBA): the box's
-    speed drifts over minutes, and a fixed order would hand the drift to whoever runs last."""
-    order = [s for s, skip in (("vllm", skip_vllm), ("molora", False), ("offline", skip_offline))
-             if not skip]  # fmt: skip
-    return order if round_no % 2 == 0 else order[::-1]
-
-
-def per_round_ratios(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each cell's MoLoRA ÷ vLLM and MoLoRA ÷ offline within one round (one window of the box's
-    drift), beside the best-of-rounds table that pairs each side's best window."""
-    rows = []
-    for k, ours in enumerate(run.get("molora", {}).get("rounds", [])):
-        others = {}
-        for server in ("vllm", "offline"):
-            rounds = run.get(server, {}).get("rounds", [])
-            if k < len(rounds):
-                others[server] = {(r["mode"], r["concurrency"]): r for r in rounds[k]}
-        for row in ours:
-            key = (row["mode"], row["concurrency"])
-            out: dict[str, Any] = {"round": k, "mode": key[0], "concurrency": key[1]}
-            for server, label in (("vllm", "vs_vllm"), ("offline", "kept")):
-                other = others.get(server, {}).get(key)
-                if other and other["tok_per_s"]:
-                    out[label] = round(row["tok_per_s"] / other["tok_per_s"], 2)
-            rows.append(out)
-    return rows
-
-
-def best_of_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Each cell's best round by tok/s (in first-round order). The box's speed drifts over
-    minutes, so each server gets its cells in alternating windows, each judged at its best."""
-    best: dict[tuple[str, int], dict[str, Any]] = {}
-    for cells in rounds:
-        for row in cells:
-            key = (row["mode"], row["concurrency"])
-            if key not in best or row["tok_per_s"] > best[key]["tok_per_s"]:
-                best[key] = row
-    return list(best.values())
-
-
-def summarize(runs: dict[str, Any]) -> list[str]:
-    lines = [
-        "| dtype | mode | c | vLLM tok/s | MoLoRA tok/s | ratio | offline tok/s | kept | "
-        "TTFT p50 v/m ms | ITL p99 v/m ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for dtype, run in runs.items():
-        vllm = {(r["mode"], r["concurrency"]): r for r in run.get("vllm", {}).get("cells", [])}
-        offline = {
-            (r["mode"], r["concurrency"]): r for r in run.get("offline", {}).get("cells", [])
-        }
-        for r in run["molora"]["cells"]:
-            v = vllm.get((r["mode"], r["concurrency"]))
-            o = offline.get((r["mode"], r["concurrency"]))
-            ratio = f"{r['tok_per_s'] / v['tok_per_s']:.2f}" if v and v["tok_per_s"] else "-"
-            kept = f"{r['tok_per_s'] / o['tok_per_s']:.2f}" if o and o["tok_per_s"] else "-"
-            lines.append(
-                f"| {dtype} | {r['mode']} | {r['concurrency']} | "
-                f"{v['tok_per_s'] if v else '-'} | {r['tok_per_s']} | {ratio} | "
-                f"{o['tok_per_s'] if o else '-'} | {kept} | "
-                f"{v['ttft_p50_ms'] if v else '-'}/{r['ttft_p50_ms']} | "
-                f"{v['itl_p99_ms'] if v else '-'}/{r['itl_p99_ms']} |"
-            )
-    return lines
 
 
 def main() -> None:

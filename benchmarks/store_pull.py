@@ -15,6 +15,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,6 +32,9 @@ from adapter_store import AdapterStoreSource, LocalCache, Registry
 from adapter_store.backends.s3 import S3Backend
 from adapter_store.layout import blob_key
 from benchmarks.report import write_json
+from molora_runtime.config import HotSetConfig
+from molora_runtime.lora.hotset import HotSet
+from molora_runtime.model.loader import load_model
 from molora_runtime.model.model_paths import prepared_model_dir
 from tests.support.seaweedfs import SeaweedFS
 
@@ -52,17 +56,8 @@ def make_adapter(out: Path) -> Path:
     return out
 
 
-def hotset_factory():  # type: ignore[no-untyped-def]
-    """A builder of real HotSets on the 135M model if the runtime provides one, else None."""
-    try:
-        import torch
-
-        from molora_runtime.config import HotSetConfig
-        from molora_runtime.lora.hotset import HotSet
-        from molora_runtime.model.loader import load_model
-    except ImportError as exc:
-        print(f"no runtime hot-set ({exc}); timing store → cache → parse only")
-        return None
+def hotset_factory() -> Callable[[AdapterStoreSource], HotSet]:
+    """A builder of real HotSets on the 135M model (empty slots: every load is real)."""
     model = load_model(model_dir())
     config = HotSetConfig(num_slots=2, max_rank=16, target_modules=TARGETS, host_bytes=0)
     return lambda source: HotSet(model, config, source, torch.device("cpu"), torch.float32)
@@ -118,11 +113,10 @@ def main() -> None:
             stages["resolve"].append(t1 - t0)
             stages["pull"].append(t2 - t1)
             stages["parse"].append(t3 - t2)
-            if make_hotset is not None:
-                hotset = make_hotset(source)  # empty slots: a real load on every rep
-                t4 = time.perf_counter()
-                hotset.ensure(["smol-r16@1"])  # adapter_path (cache hit) + parse + copy to slot
-                stages["slot"].append(time.perf_counter() - t4)
+            hotset = make_hotset(source)  # empty slots: a real load on every rep
+            t4 = time.perf_counter()
+            hotset.ensure(["smol-r16@1"])  # adapter_path (cache hit) + parse + copy to slot
+            stages["slot"].append(time.perf_counter() - t4)
 
         # Throughput, warm clients on both sides, interleaved to share the machine's noise.
         warm = Registry(S3Backend(bucket, "bench"))

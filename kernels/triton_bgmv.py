@@ -14,7 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import pad3, rank_block, select_int, select_ptr, sm_count
+from kernels.triton_common import (
+    flat_strides,
+    pad3,
+    pair_shape,
+    select_int,
+    select_ptr,
+    select_strides,
+    sm_count,
+)
 
 
 @triton.jit
@@ -32,9 +40,9 @@ def _bgmv_shrink_kernel(
     s = tl.load(slot_ptr + pair).to(tl.int64)
     if s > 0:
         a_ptr = select_ptr(o, a0, a1, a2, NUM_OUT)
-        sa_s = select_int(o, sa0_s, sa1_s, sa2_s, NUM_OUT)
-        sa_r = select_int(o, sa0_r, sa1_r, sa2_r, NUM_OUT)
-        sa_d = select_int(o, sa0_d, sa1_d, sa2_d, NUM_OUT)
+        sa_s, sa_r, sa_d = select_strides(
+            o, sa0_s, sa0_r, sa0_d, sa1_s, sa1_r, sa1_d, sa2_s, sa2_r, sa2_d, NUM_OUT
+        )
         t = (pair // K).to(tl.int64)
         offs_r = tl.arange(0, BLOCK_R)
         r_mask = offs_r < r
@@ -69,9 +77,9 @@ def _bgmv_expand_kernel(
     d_out = select_int(o, n0, n1, n2, NUM_OUT)
     if pid_n * BLOCK_N < d_out:
         b_ptr = select_ptr(o, b0, b1, b2, NUM_OUT)
-        sb_s = select_int(o, sb0_s, sb1_s, sb2_s, NUM_OUT)
-        sb_n = select_int(o, sb0_n, sb1_n, sb2_n, NUM_OUT)
-        sb_r = select_int(o, sb0_r, sb1_r, sb2_r, NUM_OUT)
+        sb_s, sb_n, sb_r = select_strides(
+            o, sb0_s, sb0_n, sb0_r, sb1_s, sb1_n, sb1_r, sb2_s, sb2_n, sb2_r, NUM_OUT
+        )
         y_ptr = select_ptr(o, y0, y1, y2, NUM_OUT)
         sy_t = select_int(o, sy0_t, sy1_t, sy2_t, NUM_OUT)
         sy_n = select_int(o, sy0_n, sy1_n, sy2_n, NUM_OUT)
@@ -119,26 +127,21 @@ def bgmv(
     split: int | None = None,
 ) -> None:
     """Write Σ_j w · B_o[s] A_o[s] x into each `outs[o]` (up to three outputs, same rank)."""
-    T, K = slot_ids.shape
-    num_out = len(As)
-    _, r, d_in = As[0].shape
-    P = T * K
-    block_r = rank_block(r)
+    T, K, num_out, _, r, d_in, P, block_r = pair_shape(slot_ids, As)
     block_k = max(16, min(triton.next_power_of_2(d_in), 8192 // block_r))
     if split is None:
         split = _choose_split(x, P * num_out, d_in, block_k)
     chunk = triton.cdiv(triton.cdiv(d_in, split), block_k) * block_k
     h = torch.empty(num_out, P, split, block_r, dtype=torch.float32, device=x.device)
     a3, b3, y3 = pad3(As), pad3(Bs), pad3(outs)
-    sa = [st for a in a3 for st in a.stride()]
+    sa = flat_strides(a3)
     _bgmv_shrink_kernel[(P, split, num_out)](
         x, x.stride(0), x.stride(1), slot_ids, K, *a3, *sa, h, P, d_in, r, chunk,
         NUM_OUT=num_out, SPLIT=split, BLOCK_R=block_r, BLOCK_K=block_k,
     )  # fmt: skip
     d_outs = [b.shape[1] for b in b3]
     block_n = max(16, min(triton.next_power_of_2(max(d_outs)), 8192 // block_r))
-    sb = [st for b in b3 for st in b.stride()]
-    sy = [st for y in y3 for st in y.stride()]
+    sb, sy = flat_strides(b3), flat_strides(y3)
     grid = (T, triton.cdiv(max(d_outs), block_n), num_out)
     _bgmv_expand_kernel[grid](
         h, slot_ids, weights, K, P, r, *b3, *sb, *y3, *sy, *d_outs,

@@ -6,6 +6,8 @@ importing `kernels` never imports triton (tests set `TRITON_INTERPRET=1` before 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -46,6 +48,40 @@ def select_int(o, v0, v1, v2, NUM_OUT: tl.constexpr):
     else:
         v = tl.where(o == 0, v0, tl.where(o == 1, v1, v2))
     return v
+
+
+@triton.jit
+def select_strides(o, s0a, s0b, s0c, s1a, s1b, s1c, s2a, s2b, s2c, NUM_OUT: tl.constexpr):
+    """Output `o`'s three strides, from the per-output (a, b, c) strides laid out in order."""
+    return (
+        select_int(o, s0a, s1a, s2a, NUM_OUT),
+        select_int(o, s0b, s1b, s2b, NUM_OUT),
+        select_int(o, s0c, s1c, s2c, NUM_OUT),
+    )
+
+
+class PairShape(NamedTuple):
+    """The sizes both grouped-GEMV launches start from: T tokens x K (slot, weight) pairs."""
+
+    tokens: int
+    k: int
+    num_out: int
+    slots: int
+    rank: int
+    d_in: int
+    pairs: int
+    block_r: int
+
+
+def pair_shape(slot_ids: torch.Tensor, As: list[torch.Tensor]) -> PairShape:
+    T, K = slot_ids.shape
+    S, r, d_in = As[0].shape
+    return PairShape(T, K, len(As), S, r, d_in, T * K, rank_block(r))
+
+
+def flat_strides(tensors: list[torch.Tensor]) -> list[int]:
+    """Every tensor's strides, one after the other (the kernels' per-output stride arguments)."""
+    return [st for t in tensors for st in t.stride()]
 
 
 def rank_block(r: int) -> int:

@@ -20,7 +20,15 @@ import triton
 import triton.language as tl
 
 from kernels.device_plan import PairGroups, group_pairs
-from kernels.triton_common import is_interpreted, pad3, rank_block, select_int, select_ptr
+from kernels.triton_common import (
+    flat_strides,
+    is_interpreted,
+    pad3,
+    pair_shape,
+    select_int,
+    select_ptr,
+    select_strides,
+)
 
 
 @triton.jit
@@ -40,9 +48,9 @@ def _sgmv_shrink_kernel(
     count = tl.load(count_ptr + seg)
     if (s > 0) & (pid_m * BLOCK_M < count):
         a_ptr = select_ptr(o, a0, a1, a2, NUM_OUT)
-        sa_s = select_int(o, sa0_s, sa1_s, sa2_s, NUM_OUT)
-        sa_r = select_int(o, sa0_r, sa1_r, sa2_r, NUM_OUT)
-        sa_d = select_int(o, sa0_d, sa1_d, sa2_d, NUM_OUT)
+        sa_s, sa_r, sa_d = select_strides(
+            o, sa0_s, sa0_r, sa0_d, sa1_s, sa1_r, sa1_d, sa2_s, sa2_r, sa2_d, NUM_OUT
+        )
         start = tl.load(start_ptr + seg)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < count
@@ -91,9 +99,9 @@ def _sgmv_expand_kernel(
     d_out = select_int(o, n0, n1, n2, NUM_OUT)
     if (s > 0) & (pid_m * BLOCK_M < count) & (pid_n * BLOCK_N < d_out):
         b_ptr = select_ptr(o, b0, b1, b2, NUM_OUT)
-        sb_s = select_int(o, sb0_s, sb1_s, sb2_s, NUM_OUT)
-        sb_n = select_int(o, sb0_n, sb1_n, sb2_n, NUM_OUT)
-        sb_r = select_int(o, sb0_r, sb1_r, sb2_r, NUM_OUT)
+        sb_s, sb_n, sb_r = select_strides(
+            o, sb0_s, sb0_n, sb0_r, sb1_s, sb1_n, sb1_r, sb2_s, sb2_n, sb2_r, NUM_OUT
+        )
         y_ptr = select_ptr(o, y0, y1, y2, NUM_OUT)
         sy_t = select_int(o, sy0_t, sy1_t, sy2_t, NUM_OUT)
         sy_n = select_int(o, sy0_n, sy1_n, sy2_n, NUM_OUT)
@@ -139,11 +147,7 @@ def sgmv(
     groups: PairGroups | None = None,
 ) -> None:
     """Write Σ_j w · B_o[s] A_o[s] x into each `outs[o]` (up to three outputs, same rank)."""
-    T, K = slot_ids.shape
-    num_out = len(As)
-    S, r, d_in = As[0].shape
-    P = T * K
-    block_r = rank_block(r)
+    T, K, num_out, S, r, d_in, P, block_r = pair_shape(slot_ids, As)
     if block_m is None:
         block_m = 16 if T <= 16 else (32 if T <= 128 else 64)
     block_k = 64 if block_r <= 64 else 32
@@ -155,7 +159,7 @@ def sgmv(
     tokens, sorted_w, starts, counts = groups
     h = torch.empty(num_out, P, block_r, dtype=torch.float32, device=x.device)
     a3 = pad3(As)
-    sa = [st for a in a3 for st in a.stride()]
+    sa = flat_strides(a3)
     m_tiles = triton.cdiv(T, block_m)
     _sgmv_shrink_kernel[(K * S, m_tiles, num_out)](
         x, x.stride(0), x.stride(1), tokens, starts, counts, S, *a3, *sa, h, P, d_in, r,
@@ -168,8 +172,7 @@ def sgmv(
             o.zero_()
         targets = outs
     y3 = pad3(targets)
-    sb = [st for b in pad3(Bs) for st in b.stride()]
-    sy = [st for y in y3 for st in y.stride()]
+    sb, sy = flat_strides(pad3(Bs)), flat_strides(y3)
     n_tiles = triton.cdiv(max(d_outs), block_n)
     for j in range(K):
         _sgmv_expand_kernel[(S, m_tiles, n_tiles * num_out)](

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from adapter_store.rules import SERVABLE_MODULES
+from adapter_store.peft_config import SERVABLE_MODULES
 from molora_runtime.routes import RouteLimits
 from molora_runtime.sizes import parse_bytes
 

@@ -25,9 +25,9 @@ from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adapter_store.composition_spec import MAX_GATE_TEMPERATURE, MIN_GATE_TEMPERATURE
 from adapter_store.errors import InvalidInputError
 from adapter_store.names import parse_ref
-from adapter_store.rules import MAX_GATE_TEMPERATURE, MIN_GATE_TEMPERATURE
 
 MAX_MIX_WEIGHT = 100.0
 MAX_VOCAB_ID = 2**31 - 1

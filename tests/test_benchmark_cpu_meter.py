@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serve_vs_vllm import CpuMeter, priorities
+from benchmarks.server_process import CpuMeter, priorities
 
 BUSY = "import time\nend = time.process_time() + float(__import__('sys').argv[1])\n" + (
     "while time.process_time() < end:\n    pass\ninput()\n"

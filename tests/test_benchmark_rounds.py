@@ -6,15 +6,14 @@ from __future__ import annotations
 import subprocess
 import time
 
-from benchmarks.serve_vs_vllm import (
+from benchmarks.serve_rounds import (
     adapters_applied,
     agreement,
     best_of_rounds,
     per_round_ratios,
     round_order,
-    session_processes,
-    stop,
 )
+from benchmarks.server_process import session_processes, stop
 
 
 def _cell(mode: str, c: int, tok_s: float) -> dict:

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from deployments.access.auth import KeyRing, Principal, bearer_key
 from deployments.access.quotas import QuotaConfig
-from deployments.api.protocol import error_payload
+from deployments.api.response_models import error_payload
 from molora_runtime.config import StrictModel
 
 Scope = MutableMapping[str, Any]

@@ -25,7 +25,7 @@ from deployments.access.auth import ANONYMOUS, KeyFileError, KeyRing, Principal,
 from deployments.access.overload import WaitEstimator
 from deployments.access.quotas import QuotaBook, QuotaExceeded, retry_after_header
 from deployments.access.tenancy import visible_catalog
-from deployments.api.protocol import error_payload
+from deployments.api.response_models import error_payload
 from deployments.catalog.admin import AdminNotFound, YankBody, set_yanked
 from deployments.catalog.model_names import Catalog
 from deployments.config import ServerConfig, StoreConfig

@@ -8,7 +8,8 @@ from pydantic import ValidationError
 
 from deployments.api.http_errors import ApiError, validation_message
 from deployments.api.images import wants_images
-from deployments.api.protocol import ChatCompletionRequest, CompletionRequest, new_id
+from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
+from deployments.api.response_models import new_id
 from deployments.api.shaping import choices_asked
 from deployments.catalog.model_names import Resolved
 from molora_runtime.engine.types import GenerationRequest, SamplingParams

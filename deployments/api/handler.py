@@ -26,7 +26,8 @@ from deployments.api.engine_request import Body, check_echo_size, engine_request
 from deployments.api.http_errors import ApiError, error_response, validation_message
 from deployments.api.images import ImagePartError, request_images
 from deployments.api.json_guard import BodyError, parse_body
-from deployments.api.protocol import ChatCompletionRequest, CompletionRequest, error_payload
+from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
+from deployments.api.response_models import error_payload
 from deployments.api.shaping import Item, Shaper, choices_asked, sse
 from deployments.api.tracking import Tracker
 from deployments.api.upstream import Upstream

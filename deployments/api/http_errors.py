@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.access.gate import AccessError
 from deployments.access.gate import error_response as access_error_response
-from deployments.api.protocol import error_payload
+from deployments.api.response_models import error_payload
 
 
 class ApiError(Exception):

@@ -24,7 +24,7 @@ from deployments.api.handler import RequestHandler
 from deployments.api.http_errors import ApiError, install_handlers
 from deployments.api.model_cards import model_list
 from deployments.api.openapi_docs import body_docs
-from deployments.api.protocol import ChatCompletionRequest, CompletionRequest
+from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
 from deployments.api.upstream import Upstream
 from deployments.catalog.admin import YankBody, scope_stats
 from deployments.catalog.lora_admin import LoadLoraBody, UnloadLoraBody

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deployments.access.tenancy import visible_routes
-from deployments.api.protocol import ModelCard, ModelList
+from deployments.api.response_models import ModelCard, ModelList
 from deployments.catalog.model_names import Resolver
 from molora_runtime.routes import RouteSpec
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from deployments.api.protocol import ErrorResponse
+from deployments.api.response_models import ErrorResponse
 
 
 def inline_schema(model: type[BaseModel]) -> dict[str, Any]:

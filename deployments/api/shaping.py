@@ -12,7 +12,7 @@ from typing import Any
 
 from deployments.api.images import ImageOutput
 from deployments.api.logprobs import chat_logprobs, completion_logprobs, mean_logprob
-from deployments.api.protocol import (
+from deployments.api.response_models import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from deployments.ops import kube
+
 
 def _render(args: argparse.Namespace) -> int:
-    from deployments.ops import kube
-
     root = Path(args.root)
     if args.check:
         stale = kube.stale(root)
@@ -22,8 +22,6 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from deployments.ops import kube
-
     parser = subparsers.add_parser("k8s", help="Kubernetes (KubeRay) manifests")
     commands = parser.add_subparsers(dest="k8s_command", required=True)
     render = commands.add_parser(

@@ -10,10 +10,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from deployments.access.auth import (
+    KeyFile,
+    dump_entry_json,
+    new_key,
+    read_key_file,
+    write_key_file,
+)
+
 
 def _create(args: argparse.Namespace) -> int:
-    from deployments.access.auth import KeyFile, new_key, read_key_file, write_key_file
-
     path = Path(args.file)
     keys = read_key_file(path)
     key, entry = new_key(args.tenant, admin=args.admin)
@@ -26,8 +32,6 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from deployments.access.auth import dump_entry_json, read_key_file
-
     for entry in read_key_file(Path(args.file)).keys:
         if args.json:
             print(dump_entry_json(entry))
@@ -39,8 +43,6 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    from deployments.access.auth import KeyFile, read_key_file, write_key_file
-
     path = Path(args.file)
     keys = read_key_file(path)
     kept = [k for k in keys.keys if k.key_id != args.key_id]

@@ -17,11 +17,11 @@ from pydantic import ValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from adapter_store import rules
+from adapter_store import composition_spec
 
-COMPOSITION_CONFIG = rules.COMPOSITION_CONFIG
-GATES_FILE = rules.GATES_FILE
-FORMAT_NAME = rules.COMPOSITION_FORMAT
+COMPOSITION_CONFIG = composition_spec.COMPOSITION_CONFIG
+GATES_FILE = composition_spec.GATES_FILE
+FORMAT_NAME = composition_spec.COMPOSITION_FORMAT
 
 
 class CompositionError(ValueError):
@@ -29,7 +29,7 @@ class CompositionError(ValueError):
 
 
 # The format's rules live in the rulebook the store validates with (one definition).
-CompositionConfig = rules.CompositionSpec
+CompositionConfig = composition_spec.CompositionSpec
 
 
 @dataclass
@@ -66,7 +66,7 @@ def load_composition(name: str, folder: str | Path) -> Composition:
         tensors = load_file(str(gates_path))
     except (SafetensorError, OSError) as exc:
         raise CompositionError(f"composition {name!r}: cannot read {GATES_FILE}: {exc}") from exc
-    shapes = rules.gate_shapes(config)
+    shapes = composition_spec.gate_shapes(config)
     extra = sorted(set(tensors) - set(shapes))
     if extra or "gate.weight" not in tensors:
         raise CompositionError(

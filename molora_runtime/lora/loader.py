@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from adapter_store import rules
+from adapter_store import base_model
+from adapter_store.errors import RuleError
 from molora_runtime.config import HotSetConfig
 from molora_runtime.errors import AdapterLoadError
 from molora_runtime.lora.host_tier import HostTier
@@ -81,11 +82,11 @@ class AdapterLoader:
             except Exception:  # the manifest is advisory here; the files are already checked
                 identity = None
         try:
-            rules.check_declared_base(
+            base_model.check_declared_base(
                 declared, identity, self.served_names or [self.arch.name_or_path],
                 arch_identity(self.arch),
             )  # fmt: skip
-        except rules.RuleError as exc:
+        except RuleError as exc:
             raise AdapterLoadError(
                 f"adapter {name!r} {exc} (hot_set.allow_base_mismatch=true serves it anyway)"
             ) from None

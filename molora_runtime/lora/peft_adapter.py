@@ -15,13 +15,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from adapter_store import rules
+from adapter_store import base_model, peft_config, rules
+from adapter_store.errors import RuleError
 from molora_runtime.errors import AdapterLoadError
 from molora_runtime.model.arch import ModelArch
 
-CONFIG_FILE = rules.ADAPTER_CONFIG
-WEIGHTS_FILE = rules.ADAPTER_WEIGHTS
-PICKLE_SUFFIXES = tuple(sorted(rules.PICKLE_SUFFIXES))
+CONFIG_FILE = peft_config.ADAPTER_CONFIG
+WEIGHTS_FILE = peft_config.ADAPTER_WEIGHTS
+PICKLE_SUFFIXES = tuple(sorted(peft_config.PICKLE_SUFFIXES))
 _ST_DTYPES = {
     torch.float64: "F64",
     torch.float32: "F32",
@@ -47,15 +48,15 @@ class AdapterWeights:
         )
 
 
-def base_shapes(arch: ModelArch) -> rules.BaseShapes:
-    return rules.BaseShapes(
-        arch.num_layers, {m: arch.linear_shape(m) for m in rules.SERVABLE_MODULES}
+def base_shapes(arch: ModelArch) -> base_model.BaseShapes:
+    return base_model.BaseShapes(
+        arch.num_layers, {m: arch.linear_shape(m) for m in peft_config.SERVABLE_MODULES}
     )
 
 
 def arch_identity(arch: ModelArch) -> str:
     """The rulebook's base identity of a loaded model (same fields as its config.json)."""
-    return rules.base_identity(
+    return base_model.base_identity(
         {
             "model_type": arch.model_type,
             "hidden_size": arch.hidden_size,
@@ -69,7 +70,7 @@ def arch_identity(arch: ModelArch) -> str:
     )
 
 
-def read_peft_config(name: str, folder: Path) -> rules.PeftConfig:
+def read_peft_config(name: str, folder: Path) -> peft_config.PeftConfig:
     if not folder.is_dir():
         raise AdapterLoadError(f"adapter {name!r}: folder {folder} does not exist")
     cfg_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
@@ -84,8 +85,8 @@ def read_peft_config(name: str, folder: Path) -> rules.PeftConfig:
     if not cfg_path.is_file():
         raise AdapterLoadError(f"adapter {name!r}: missing file {CONFIG_FILE} in {folder}")
     try:
-        return rules.read_peft_config_text(cfg_path.read_text())
-    except (rules.RuleError, UnicodeDecodeError) as exc:
+        return peft_config.read_peft_config_text(cfg_path.read_text())
+    except (RuleError, UnicodeDecodeError) as exc:
         raise AdapterLoadError(f"adapter {name!r}: {exc}") from exc
 
 
@@ -109,7 +110,7 @@ def read_peft_adapter(
     ]
     try:
         plan = rules.check_adapter(config, entries, base_shapes(arch))
-    except rules.RuleError as exc:
+    except RuleError as exc:
         raise AdapterLoadError(f"adapter {name!r}: {exc}") from exc
     adapter = AdapterWeights(name=name, rank=plan.rank, base_model=config.base_model_name_or_path)
     for (module, layer), (key_a, key_b, r, scale) in plan.pairs.items():

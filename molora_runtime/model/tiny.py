@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Literal
 
 import torch
+from safetensors.torch import save_file
 
+from molora_runtime.model.arch import arch_from_config, load_arch
+from molora_runtime.model.decoder import CausalLM
 from molora_runtime.model.model_paths import resolve_model_path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -71,13 +75,6 @@ def make_native_tiny_model(
     intermediate_size: int | None = None,
 ) -> Path:
     """Like `make_tiny_model` but without transformers (for the bare GPU check machine)."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from molora_runtime.model.arch import arch_from_config
-    from molora_runtime.model.decoder import CausalLM
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {
@@ -125,12 +122,6 @@ def make_random_adapter(
     scale: float = 0.05,
 ) -> Path:
     """Write a random PEFT-format LoRA folder for `model_folder` (no peft needed)."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from molora_runtime.model.arch import load_arch
-
     arch = load_arch(model_folder)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

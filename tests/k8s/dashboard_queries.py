@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from deployments.ops import dashboard
+from deployments.ops import dashboard_promql
 from deployments.ops import metric_names as m
 
 HISTOGRAMS = {m.TTFT, m.INTER_TOKEN, m.HOTSET_LOAD_LATENCY, m.LOAD_STAGE_LATENCY, m.GC_PAUSE}
@@ -22,7 +22,7 @@ def metric_names(expr: str) -> set[str]:
 def exported_names() -> set[str]:
     """What Prometheus can see: the project's metrics and Ray Serve's, histograms as _bucket."""
     names = set()
-    for metric in (*m.ALL, *dashboard.SERVE_METRICS):
+    for metric in (*m.ALL, *dashboard_promql.SERVE_METRICS):
         suffix = "_bucket" if metric in HISTOGRAMS else ""
         names.add(m.scraped(metric) + suffix)
     return names

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.ops import kube
+from deployments.ops import kube, kube_profile
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -89,6 +89,6 @@ def test_dockerignore_keeps_the_context_minimal() -> None:
 def test_overlay_pushes_the_image_the_manifests_name() -> None:
     kust = yaml.safe_load((REPO / "k8s" / "overlays" / "dev" / "kustomization.yaml").read_text())
     (image,) = kust["images"]
-    assert image["name"] == kube.BASE.image.split(":")[0]
+    assert image["name"] == kube_profile.BASE.image.split(":")[0]
     text = (REPO / "k8s" / "overlays" / "dev" / "kustomization.yaml").read_text()
     assert f"docker push {image['newName']}:{image['newTag']}" in text

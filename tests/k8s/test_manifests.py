@@ -24,7 +24,7 @@ from k8s_schemas import (
     rayservice_schema,
 )
 
-from deployments.ops import kube
+from deployments.ops import kube, kube_plan, kube_profile
 
 BASE = REPO / "k8s" / "base"
 DEV = REPO / "k8s" / "overlays" / "dev"
@@ -111,7 +111,7 @@ def test_podmonitor_schema_and_selector(built: list[dict]) -> None:
         (container,) = template["spec"]["containers"]
         named = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert ports <= named.keys()
-        assert named["metrics"] == kube.METRICS_PORT
+        assert named["metrics"] == kube_profile.METRICS_PORT
 
 
 def test_rayservice_shape(built: list[dict]) -> None:
@@ -126,7 +126,7 @@ def test_rayservice_shape(built: list[dict]) -> None:
         assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1"
         assert gpu["resources"]["requests"]["nvidia.com/gpu"] == "1"
         probe = gpu["readinessProbe"]["httpGet"]
-        assert (probe["path"], probe["port"]) == ("/-/healthz", kube.SERVE_PORT)
+        assert (probe["path"], probe["port"]) == ("/-/healthz", kube_profile.SERVE_PORT)
         gpu_type = worker["groupName"].removeprefix("gpu-")
         resources = json.loads(worker["rayStartParams"]["resources"].strip("'"))
         assert resources == {f"gpu_{gpu_type}": 1}
@@ -142,7 +142,7 @@ def test_rayservice_shape(built: list[dict]) -> None:
     assert "AWS_ENDPOINT_URL" in configmap["data"]
     assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     ports = rayservice["spec"]["serveService"]["spec"]["ports"]
-    assert [p["port"] for p in ports] == [kube.SERVE_PORT]
+    assert [p["port"] for p in ports] == [kube_profile.SERVE_PORT]
 
 
 def test_secret_example_holds_placeholders_only() -> None:
@@ -181,7 +181,7 @@ def test_serve_autoscaling_fits_the_worker_group(built: list[dict]) -> None:
     worker_cpus = int(worker["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
     assert cpus_needed <= max(1, worker["maxReplicas"]) * worker_cpus
     assert serve["http_options"]["host"] == "0.0.0.0"
-    assert serve["http_options"]["port"] == kube.SERVE_PORT
+    assert serve["http_options"]["port"] == kube_profile.SERVE_PORT
 
 
 def test_embedded_serve_config_validates(built: list[dict]) -> None:
@@ -199,7 +199,7 @@ def test_embedded_serve_config_validates(built: list[dict]) -> None:
 
 def test_embedded_serve_config_is_the_gpu_config() -> None:
     """Same application as serve_config.gpu.yaml: only host/port and autoscaling may differ."""
-    gpu = kube.load_serve_config(REPO / kube.GPU_SERVE_CONFIG)
+    gpu = kube_plan.load_serve_config(REPO / kube.GPU_SERVE_CONFIG)
     (rayservice,) = load_all(BASE / "rayservice.yaml")
     cluster = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
     assert len(cluster["applications"]) == len(gpu["applications"])

@@ -23,7 +23,7 @@ import torch
 from dashboard_queries import exported_names, metric_names, targets
 from start_once import StartOnce
 
-from deployments.ops import dashboard
+from deployments.ops import dashboard, dashboard_promql
 from deployments.ops import metric_names as m
 from tests.support.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
 from tests.support.ports import free_port, retry_on_address_in_use
@@ -263,7 +263,7 @@ def test_project_metrics_have_values(scraped: dict[str, Any]) -> None:
     assert _value(prom, f"sum({m.scraped(m.HOTSET_EVICTIONS)})") >= 1
     assert _value(prom, f"sum({m.scraped(m.HOTSET_LOADS)})") >= len(ADAPTERS)
     assert _value(prom, f"sum({m.scraped(m.GATE_TOKENS)})") > 0
-    assert _value(prom, f"sum({m.scraped(dashboard.SERVE_REPLICAS_HEALTHY)})") >= 2
+    assert _value(prom, f"sum({m.scraped(dashboard_promql.SERVE_REPLICAS_HEALTHY)})") >= 2
 
 
 def test_every_panel_expression_evaluates(scraped: dict[str, Any]) -> None:
@@ -280,6 +280,7 @@ def test_every_panel_expression_evaluates(scraped: dict[str, Any]) -> None:
         assert metric_names(expr), expr
         _query(prom, expr)
     hit_rate = _value(
-        prom, dashboard._hit_rate().replace("$__rate_interval", "5m").replace("$application", APP)
+        prom,
+        dashboard_promql.hit_rate().replace("$__rate_interval", "5m").replace("$application", APP),
     )
     assert 0 <= hit_rate <= 1

@@ -13,7 +13,8 @@ from deployments.api.images import (
     route_draws,
     wants_images,
 )
-from deployments.api.protocol import ChatCompletionRequest, ChatCompletionResponse
+from deployments.api.request_models import ChatCompletionRequest
+from deployments.api.response_models import ChatCompletionResponse
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.multimodal import png, tokens
 from molora_runtime.multimodal.digits import split

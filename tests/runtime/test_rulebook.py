@@ -14,6 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from adapter_store import InvalidInputError
+from adapter_store.base_model import base_identity, check_declared_base
+from adapter_store.errors import RuleError
 from adapter_store.validate import validate_adapter
 from molora_runtime.errors import AdapterLoadError
 from molora_runtime.lora.peft_adapter import read_peft_adapter
@@ -104,8 +106,6 @@ def test_base_mismatch_override(tiny_engine_factory, tiny_adapters, foreign) -> 
 
 
 def test_identity_decides_when_recorded(tiny_llama: Path) -> None:
-    from adapter_store.rules import RuleError, base_identity, check_declared_base
-
     cfg = json.loads((tiny_llama / "config.json").read_text())
     mine = base_identity(cfg)
     check_declared_base("anything", mine, ["served"], mine)  # identity equal: names don't matter

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from adapter_store.rules import MAX_ABS_WEIGHT
+from adapter_store.limits import MAX_ABS_WEIGHT
 from molora_runtime.engine.types import SamplingParams
 from tests.runtime.rt_util import build_engine, random_prompts, request, run_to_completion
 

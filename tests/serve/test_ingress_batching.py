@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from deployments.api.handler import RequestHandler
-from deployments.api.protocol import ChatCompletionRequest
+from deployments.api.request_models import ChatCompletionRequest
 from deployments.api.shaping import Shaper
 from deployments.api.tracking import Tracker
 from deployments.api.upstream import Upstream

@@ -8,12 +8,8 @@ from typing import Any
 
 import pytest
 
-from deployments.api.protocol import (
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    CompletionChunk,
-    CompletionRequest,
-)
+from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
+from deployments.api.response_models import ChatCompletionChunk, CompletionChunk
 from deployments.api.shaping import Shaper
 from deployments.catalog.model_names import Resolved
 from molora_runtime.routes import BaseRoute

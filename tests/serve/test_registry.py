@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.api.http_errors import validation_message
-from deployments.api.protocol import ChatCompletionRequest, CompletionRequest, error_payload
+from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
+from deployments.api.response_models import error_payload
 from deployments.catalog.model_names import (
     AdapterEntry,
     BadModelName,

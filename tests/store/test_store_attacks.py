@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from adapter_store import InvalidInputError, open_registry, rules
+from adapter_store import InvalidInputError, open_registry
+from adapter_store.limits import MAX_ABS_WEIGHT
 
 Q_B = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
 Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
@@ -107,8 +108,8 @@ def test_bounds_at_the_edge_are_served(alpha: Path, tmp_path: Path) -> None:
     """Exactly at the bounds passes: the rules refuse attacks, not unusual adapters."""
     registry = open_registry(str(tmp_path / "store"), create=True)
     _config(alpha, lora_alpha=4.0, rank_pattern={r"layers\.0\.self_attn\.q_proj": 4})
-    _tensor(alpha, Q_B, lambda t: np.full_like(t, rules.MAX_ABS_WEIGHT))  # scale 4/4 = 1
-    _tensor(alpha, Q_A, lambda t: np.full_like(t, -rules.MAX_ABS_WEIGHT))
+    _tensor(alpha, Q_B, lambda t: np.full_like(t, MAX_ABS_WEIGHT))  # scale 4/4 = 1
+    _tensor(alpha, Q_A, lambda t: np.full_like(t, -MAX_ABS_WEIGHT))
     registry.publish_adapter(alpha, "edge", "1")
     assert registry.names("adapter") == ["edge"]
 

@@ -152,7 +152,7 @@ def test_missing_base_model_id(registry: Registry, alpha: Path, tmp_path: Path) 
 
 
 def test_base_identity_recorded(registry: Registry, alpha: Path, base_config: dict) -> None:
-    from adapter_store.rules import base_identity
+    from adapter_store.base_model import base_identity
 
     m = registry.publish_adapter(alpha, "ident", "1", base_config=base_config)
     assert m.base_model_identity == base_identity(base_config)

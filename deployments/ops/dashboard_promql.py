@@ -1,0 +1,69 @@
+"""PromQL for the dashboard, written from the exported metric names so a rename breaks the build.
+
+Selectors scope every query to the `$application` variable; Ray adds the `ray_` prefix when it
+scrapes (`metric_names.scraped`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deployments.ops import metric_names as m
+
+# Ray Serve's own controller gauges (Ray 2.60, `ray/serve/_private/deployment_state.py`,
+# `autoscaling_state.py`), tagged {application, deployment}; Ray adds the `ray_` prefix.
+SERVE_REPLICAS_HEALTHY = "serve_deployment_replica_healthy"
+SERVE_TARGET_REPLICAS = "serve_autoscaling_target_replicas"
+SERVE_DESIRED_REPLICAS = "serve_autoscaling_desired_replicas"
+SERVE_METRICS: tuple[str, ...] = (
+    SERVE_REPLICAS_HEALTHY,
+    SERVE_TARGET_REPLICAS,
+    SERVE_DESIRED_REPLICAS,
+)
+
+RATE = "[$__rate_interval]"
+APP = 'application=~"$application"'
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def sel(metric: str, *matchers: str, suffix: str = "") -> str:
+    """`ray_<metric><suffix>{application=~"$application", ...}`."""
+    return m.scraped(metric) + suffix + "{" + ", ".join((APP, *matchers)) + "}"
+
+
+def rate(metric: str, *matchers: str, suffix: str = "") -> str:
+    return f"rate({sel(metric, *matchers, suffix=suffix)}{RATE})"
+
+
+def quantile(q: float, histogram: str, by: str = "") -> str:
+    labels = ", ".join(("le", by)) if by else "le"
+    return f"histogram_quantile({q}, sum by ({labels}) ({rate(histogram, suffix='_bucket')}))"
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL target and how its series are labelled in the legend."""
+
+    expr: str
+    legend: str
+
+
+def percentiles(histogram: str, by: str) -> list[Query]:
+    return [Query(quantile(q, histogram, by), f"p{round(q * 100)} {{{{{by}}}}}") for q in QUANTILES]
+
+
+def hit_rate() -> str:
+    hits = f"sum({rate(m.HOTSET_HITS)})"
+    misses = f"sum({rate(m.HOTSET_MISSES)})"
+    return f"{hits} / clamp_min({hits} + {misses}, 1e-9)"
+
+
+def full_collections() -> str:
+    """Generation-2 collections per second (the histogram's `+Inf` bucket counts them all)."""
+    return rate(m.GC_PAUSE, 'generation="2"', 'le="+Inf"', suffix="_bucket")
+
+
+def tier_hit_rate() -> str:
+    hits = f"sum by (tier) ({rate(m.TIER_HITS)})"
+    misses = f"sum by (tier) ({rate(m.TIER_MISSES)})"
+    return f"{hits} / clamp_min({hits} + {misses}, 1e-9)"

@@ -1,0 +1,136 @@
+"""Dashboard rows for adapters: the hot-set, the memory and disk tiers, the learned router."""
+
+from __future__ import annotations
+
+from deployments.ops import metric_names as m
+from deployments.ops.dashboard_panels import Row, timeseries
+from deployments.ops.dashboard_promql import (
+    QUANTILES,
+    Query,
+    hit_rate,
+    percentiles,
+    quantile,
+    rate,
+    sel,
+    tier_hit_rate,
+)
+
+
+def rows() -> list[Row]:
+    """The rows of this concern, top to bottom."""
+    return [
+        (
+            "Adapter hot-set",
+            [
+                timeseries(
+                    "Hit rate",
+                    "hits / (hits + misses) over all replicas.",
+                    "percentunit",
+                    [Query(hit_rate(), "hit rate")],
+                    width=8,
+                ),
+                timeseries(
+                    "Loads and evictions",
+                    "Adapters brought into a slot and pushed out of one (LRU).",
+                    "ops",
+                    [
+                        Query(f"sum({rate(m.HOTSET_LOADS)})", "loads"),
+                        Query(f"sum({rate(m.HOTSET_EVICTIONS)})", "evictions"),
+                    ],
+                    width=8,
+                ),
+                timeseries(
+                    "Slots in use",
+                    "Occupied adapter slots per replica.",
+                    "short",
+                    [Query(f"sum by (replica) ({sel(m.HOTSET_SLOTS_USED)})", "{{replica}}")],
+                    width=8,
+                ),
+                timeseries(
+                    "Adapter load latency",
+                    "p50 / p90 / p99 time to bring an adapter from the store cache into a slot.",
+                    "s",
+                    [
+                        Query(quantile(q, m.HOTSET_LOAD_LATENCY), f"p{round(q * 100)}")
+                        for q in QUANTILES
+                    ],
+                    width=24,
+                ),
+            ],
+        ),
+        (
+            "Adapter tiers",
+            [
+                timeseries(
+                    "Hit rate by tier",
+                    "hits / (hits + misses) of the slot, host-memory and disk tiers.",
+                    "percentunit",
+                    [Query(tier_hit_rate(), "{{tier}}")],
+                    width=8,
+                ),
+                timeseries(
+                    "Tier loads and evictions",
+                    "Adapters brought into and pushed out of each tier (LRU; pinned stay).",
+                    "ops",
+                    [
+                        Query(f"sum by (tier) ({rate(m.TIER_LOADS)})", "loads {{tier}}"),
+                        Query(f"sum by (tier) ({rate(m.TIER_EVICTIONS)})", "evictions {{tier}}"),
+                    ],
+                    width=8,
+                ),
+                timeseries(
+                    "Tier bytes",
+                    "Bytes each tier holds, summed over replicas.",
+                    "bytes",
+                    [Query(f"sum by (tier) ({sel(m.TIER_BYTES)})", "{{tier}}")],
+                    width=8,
+                ),
+                timeseries(
+                    "Adapters by residency",
+                    "How many adapters are in a slot, parsed in host memory, loading, or only "
+                    "on disk, summed over replicas.",
+                    "short",
+                    [Query(f"sum by (state) ({sel(m.TIER_ADAPTERS)})", "{{state}}")],
+                    width=12,
+                ),
+                timeseries(
+                    "Load latency by stage",
+                    "p50 / p90 / p99 of each load stage: fetch (store to disk), parse, copy.",
+                    "s",
+                    percentiles(m.LOAD_STAGE_LATENCY, "stage"),
+                    width=12,
+                ),
+            ],
+        ),
+        (
+            "Learned router",
+            [
+                timeseries(
+                    "Gate share per adapter",
+                    "Share of routed tokens each expert adapter receives, per composition "
+                    "(summed over layers).",
+                    "percentunit",
+                    [
+                        Query(
+                            f"sum by (composition, adapter) ({rate(m.GATE_TOKENS)})"
+                            " / ignoring(adapter) group_left "
+                            f"sum by (composition) ({rate(m.GATE_TOKENS)})",
+                            "{{composition}} / {{adapter}}",
+                        )
+                    ],
+                    stack=True,
+                ),
+                timeseries(
+                    "Gate tokens per layer",
+                    "Routed tokens per second by layer, to spot layers whose gate collapsed.",
+                    "short",
+                    [
+                        Query(
+                            f"sum by (composition, layer) ({rate(m.GATE_TOKENS)})",
+                            "{{composition}} / layer {{layer}}",
+                        )
+                    ],
+                ),
+            ],
+        ),
+    ]

@@ -1,0 +1,66 @@
+"""Dashboard rows for the cluster: replicas against the autoscaler, garbage-collector pauses."""
+
+from __future__ import annotations
+
+from deployments.ops import metric_names as m
+from deployments.ops.dashboard_panels import Row, timeseries
+from deployments.ops.dashboard_promql import (
+    SERVE_DESIRED_REPLICAS,
+    SERVE_REPLICAS_HEALTHY,
+    SERVE_TARGET_REPLICAS,
+    Query,
+    full_collections,
+    percentiles,
+    sel,
+)
+
+
+def rows() -> list[Row]:
+    """The rows of this concern, top to bottom."""
+    return [
+        (
+            "Replicas and autoscaling",
+            [
+                timeseries(
+                    "Replicas vs. autoscaling target",
+                    "Healthy replicas next to the target the Serve autoscaler is moving to, "
+                    "and its raw decision before min/max bounds.",
+                    "short",
+                    [
+                        Query(
+                            f"sum by (deployment) ({sel(SERVE_REPLICAS_HEALTHY)})",
+                            "healthy {{deployment}}",
+                        ),
+                        Query(
+                            f"max by (deployment) ({sel(SERVE_TARGET_REPLICAS)})",
+                            "target {{deployment}}",
+                        ),
+                        Query(
+                            f"max by (deployment) ({sel(SERVE_DESIRED_REPLICAS)})",
+                            "desired {{deployment}}",
+                        ),
+                    ],
+                    width=24,
+                ),
+            ],
+        ),
+        (
+            "Garbage collector",
+            [
+                timeseries(
+                    "GC pause",
+                    "p50 / p90 / p99 of one garbage collection in a router or model replica, "
+                    "by generation; the process holds the GIL throughout (no step, no token).",
+                    "s",
+                    percentiles(m.GC_PAUSE, "generation"),
+                ),
+                timeseries(
+                    "Full collections",
+                    "Generation-2 collections per second, per replica. Each replica's first is "
+                    "Ray Serve's own at start-up, before it freezes the start-up heap.",
+                    "ops",
+                    [Query(f"sum by (replica) ({full_collections()})", "{{replica}}")],
+                ),
+            ],
+        ),
+    ]
