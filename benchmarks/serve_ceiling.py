@@ -56,6 +56,7 @@ NEW_TOKENS = 128
 MAX_NUM_SEQS = 64
 MAX_MODEL_LEN = 1024
 VLLM_PORT = 18432
+DIRECT_PORTS = (30000, 30100)  # Serve's direct-ingress HTTP ports
 OFFLINE_PROMPTS = 128
 TOKENIZER_FILES = ("generation_config.json", "special_tokens_map.json", "chat_template.jinja")
 
@@ -75,12 +76,14 @@ def make_tiny(out: Path) -> Path:
     return out
 
 
-def molora_config(tiny: Path, path: Path) -> Path:
-    """serve_config.yaml's layout serving the tiny model as `base`, 64 sequences per replica."""
+def molora_config(tiny: Path, path: Path, direct: bool = False) -> Path:
+    """serve_config.yaml's layout serving the tiny model as `base`, 64 sequences per replica
+    (`direct`: with Serve's direct ingress, the router serving HTTP itself)."""
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     cfg["http_options"]["port"] = MOLORA_PORT
     cfg["logging_config"]["enable_access_log"] = False
     app = cfg["applications"][0]
+    app["runtime_env"]["env_vars"]["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1" if direct else "0"
     args = app["args"]
     args["engine"].update(model=str(tiny), dtype="float32", max_num_seqs=MAX_NUM_SEQS,
                           max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=2048,
@@ -175,15 +178,30 @@ def run_vllm(python: Path, tiny: Path, work: Path, cells: list[int]) -> dict[str
     return {**out, "binding": vllm_binding(log)}
 
 
-def run_molora(tiny: Path, work: Path, cells: list[int]) -> dict[str, Any]:
-    log = work / "molora.log"
+def direct_port(proc: subprocess.Popen) -> int:
+    """The port Serve gave the router's own HTTP server (direct ingress: 30000 and up)."""
+    for port in range(DIRECT_PORTS[0], DIRECT_PORTS[1]):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return port
+        except httpx.HTTPError:
+            continue
+    raise RuntimeError("no direct-ingress port answered /health")
+
+
+def run_molora(tiny: Path, work: Path, cells: list[int], direct: bool = False) -> dict[str, Any]:
+    name = "molora_direct" if direct else "molora"
+    log = work / f"{name}.log"
+    config = molora_config(tiny, work / f"{name}.yaml", direct)
     # A cluster of its own: `serve run` would otherwise join any Ray cluster on the box.
-    proc = start_molora(molora_config(tiny, work / "molora.yaml"), log, {"RAY_ADDRESS": "local"})
+    env = {"RAY_ADDRESS": "local", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1" if direct else "0"}
+    proc = start_molora(config, log, env)
     try:
-        out = serve_cells("molora", proc, MOLORA_PORT, cells)
+        port = direct_port(proc) if direct else MOLORA_PORT
+        out = serve_cells(name, proc, port, cells)
     finally:
         stop(proc)
-    return {**out, "binding": molora_binding(log)}
+    return {**out, "binding": molora_binding(log), "port": port}
 
 
 def run_offline(tiny: Path) -> dict[str, Any]:
@@ -208,8 +226,8 @@ def run_offline(tiny: Path) -> dict[str, Any]:
     return row
 
 
-def round_order(round_no: int) -> list[str]:
-    order = ["vllm", "molora", "offline"]
+def round_order(round_no: int, direct: bool = False) -> list[str]:
+    order = ["vllm", "molora", *(["molora_direct"] if direct else []), "offline"]
     return order if round_no % 2 == 0 else order[::-1]
 
 
@@ -227,6 +245,14 @@ def summarize(rounds: list[dict[str, Any]], cells: list[int]) -> list[str]:
                 f"{m['server_cpu_ms_per_token']} | {m['ttft_p50_ms']}/{m['ttft_p99_ms']} | "
                 f"{m['itl_p50_ms']}/{m['itl_p99_ms']} | {m['tok_per_s'] / offline:.2f} |"
             )
+        for j, c in enumerate(cells if "molora_direct" in rnd else []):
+            v, m = rnd["vllm"]["cells"][j], rnd["molora_direct"]["cells"][j]
+            lines.append(
+                f"| {i} direct ingress | {c} | {v['tok_per_s']} | {m['tok_per_s']} | "
+                f"{m['tok_per_s'] / v['tok_per_s']:.2f} | {v['server_cpu_ms_per_token']} | "
+                f"{m['server_cpu_ms_per_token']} | {m['ttft_p50_ms']}/{m['ttft_p99_ms']} | "
+                f"{m['itl_p50_ms']}/{m['itl_p99_ms']} | {m['tok_per_s'] / offline:.2f} |"
+            )
         lines.append(f"| {i} | offline b=64 | | {offline} | vs vLLM c=64: "
                      f"{offline / rnd['vllm']['cells'][cells.index(64)]['tok_per_s']:.2f} | | | | | |")  # fmt: skip
     return lines
@@ -238,8 +264,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--vllm-python", default=str(VLLM_PYTHON))
     parser.add_argument("--work", default=None, help="keep the tiny model and logs here")
+    parser.add_argument("--cells", default=None, help="concurrencies, e.g. 32,64 (must hold 64)")
+    parser.add_argument("--out", default=str(RESULTS), help="where the JSON goes")
+    parser.add_argument("--direct-ingress", action="store_true",
+                        help="also MoLoRA with Serve's direct ingress (router serves HTTP)")  # fmt: skip
     args = parser.parse_args()
     cells = [64] if args.quick else [32, 64, 128]
+    if args.cells:
+        cells = sorted({int(c) for c in args.cells.split(",")} | {64})
     rounds_n = 1 if args.quick else args.rounds
     work = Path(args.work or tempfile.mkdtemp(prefix="serve-ceiling-"))
     tiny = work / "tiny"
@@ -248,19 +280,19 @@ def main() -> None:
         make_tiny(tiny)
     rounds = []
     for r in range(rounds_n):
-        rnd: dict[str, Any] = {"order": round_order(r)}
+        rnd: dict[str, Any] = {"order": round_order(r, args.direct_ingress)}
         for side in rnd["order"]:
             print(f"round {r}: {side}", flush=True)
             if side == "vllm":
                 rnd[side] = run_vllm(Path(args.vllm_python), tiny, work, cells)
-            elif side == "molora":
-                rnd[side] = run_molora(tiny, work, cells)
+            elif side.startswith("molora"):
+                rnd[side] = run_molora(tiny, work, cells, side == "molora_direct")
             else:
                 rnd[side] = run_offline(tiny)
         rounds.append(rnd)
     table = summarize(rounds, cells)
     print("\n".join(table))
-    write_json(RESULTS, {
+    write_json(Path(args.out), {
         "machine": machine_info(),
         "workload": {"model": "tiny random Llama (hidden 64, 2 layers, 2/1 heads, head_dim 32, "
                      "SmolLM2 tokenizer), fp32", "new_tokens": NEW_TOKENS, "ignore_eos": True,

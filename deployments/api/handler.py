@@ -39,7 +39,7 @@ from deployments.catalog.model_names import (
     Resolver,
 )
 from deployments.config import ServeConfig
-from deployments.replica.wire import ErrorItem
+from deployments.replica.wire import ErrorItem, decode
 
 logger = logging.getLogger("ray.serve")
 
@@ -160,7 +160,7 @@ class RequestHandler:
                         if isinstance(item, ErrorItem):
                             tracker.done(str(item.status))
                             return error_response(item.status, item.message, item.param)
-                        items.append(item)
+                        items.append(decode(item) if isinstance(item, dict) else item)
         except asyncio.CancelledError:
             tracker.done("cancelled")
             raise
@@ -187,7 +187,7 @@ class RequestHandler:
                             status, failed = str(item.status), True
                             out.append(sse(error_payload(item.status, item.message, item.param)))
                             break
-                        out.extend(sse(chunk) for chunk in shaper.chunks(item))
+                        out.append(shaper.sse(item))
                     if out:
                         yield "".join(out)
                     if failed:

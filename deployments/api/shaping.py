@@ -7,6 +7,7 @@ ranking) and adapter attribution are shaped here, for both chat and text complet
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from deployments.api.images import ImageOutput
@@ -34,6 +35,7 @@ from deployments.replica.wire import (
     ReplicaItem,
     TokenAttributionItem,
     UsageItem,
+    decode,
 )
 
 Item = ReplicaItem
@@ -81,6 +83,15 @@ class Shaper:
         self.offsets: dict[int, int] = {}  # completions' text_offset per choice (streaming)
         self.echo = bool(getattr(body, "echo", False))
         self.tools = ToolCallShaping.for_body(body, chat)  # tool calls read out of the text
+        # Text-only deltas (no images, logprobs, attribution or tool calls asked) after a
+        # choice's first chunk are written straight to SSE text from the wire dict: no model
+        # per token.
+        self.plain = self.images is None and not self.want_logprobs and self.tools is None
+        self.plain = self.plain and not body.molora.return_attribution
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        self._head = f'data: {{"id":{json.dumps(request_id)},"object":"{kind}","created":'
+        self._middle = f',"model":{json.dumps(self.model)},"choices":[{{"index":'
+        self._text_key = ',"delta":{"content":' if chat else ',"text":'
 
     def _echo(self, deltas: list[DeltaItem]) -> tuple[str, list[LogprobItem]]:
         """Echo's prompt text and its logprob items (from the choice's first delta)."""
@@ -185,6 +196,32 @@ class Shaper:
         return CompletionResponse(
             id=self.id, model=self.model, choices=text_choices, usage=self.usage, molora=info
         ).model_dump(exclude_none=True)
+
+    def sse(self, item: Item | dict[str, Any]) -> str:
+        """The SSE text of one item: a wire dict (a delta left undecoded on the hot path) or a
+        typed item."""
+        if isinstance(item, dict):
+            if (
+                self.plain
+                and item["type"] == "delta"
+                and item["finish_reason"] is None
+                and item["index"] in self.sent_role
+            ):
+                return self._plain_delta(item)
+            item = decode(item)
+        return "".join(sse(chunk) for chunk in self.chunks(item))
+
+    def _plain_delta(self, raw: dict[str, Any]) -> str:
+        """`chunks`' output for a text-only, unfinished delta of a choice already started, as
+        SSE text (a choice's last chunk, with its finish and stop reasons, takes `chunks`)."""
+        text = raw["text"]
+        if not text:
+            return ""
+        close = "}" if self.chat else ""
+        return (
+            f"{self._head}{int(time.time())}{self._middle}{raw['index']}{self._text_key}"
+            f"{json.dumps(text)}{close}}}]}}\n\n"
+        )
 
     def chunks(self, item: Item) -> list[dict[str, Any]]:
         if isinstance(item, InfoItem):

@@ -45,15 +45,21 @@ class Tracker:
         self.completion_tokens = 0
         self.on_done: list[Any] = []  # callbacks (tokens_used, ok): quota lease, load estimate
 
-    def on_item(self, item: ReplicaItem) -> None:
-        if isinstance(item, UsageItem):
+    def on_item(self, item: ReplicaItem | dict[str, Any]) -> None:
+        """Count one item: a typed item, or a delta still in its wire dict."""
+        if isinstance(item, dict):
+            n = len(item["token_ids"])
+        elif isinstance(item, UsageItem):
             self.prompt_tokens = item.prompt_tokens
             self.completion_tokens = item.completion_tokens
             return
-        if not isinstance(item, DeltaItem) or not item.token_ids:
+        elif isinstance(item, DeltaItem):
+            n = len(item.token_ids)
+        else:
+            return
+        if not n:
             return
         now = time.perf_counter()
-        n = len(item.token_ids)
         self.completion_tokens += n
         with contextlib.suppress(Exception):
             kind = {"route_kind": self.kind}

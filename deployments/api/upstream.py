@@ -117,11 +117,12 @@ class Upstream:
 
     async def items(
         self, stream: Any, head: list[Item], tracker: Tracker, key: str
-    ) -> AsyncIterator[list[Item]]:
+    ) -> AsyncIterator[list[Item | dict[str, Any]]]:
         """A started stream's items up to `usage` or `error`, in batches: the head, then what
         had arrived by the time the consumer asked (from the stream channel when the replica
         routed them there), so a router that fell behind catches up in one write per request,
-        not one per token. Cancelling the consumer cancels the replica call."""
+        not one per token; deltas past the head come as wire dicts. Cancelling the consumer
+        cancels the replica call."""
         try:
             for item in head:
                 tracker.on_item(item)
@@ -135,7 +136,9 @@ class Upstream:
                 async for batch in raws:
                     items: list[Item] = []
                     for raw in batch:
-                        item = decode(raw)
+                        # Deltas stay wire dicts (shaped straight to SSE text); the rest,
+                        # once per request, are decoded into typed items.
+                        item = raw if raw.get("type") == "delta" else decode(raw)
                         tracker.on_item(item)
                         items.append(item)
                         if isinstance(item, UsageItem | ErrorItem):

@@ -4,8 +4,9 @@
 the first output (which replica, were its adapters hot), `delta`s (text, token ids, optional
 attribution), `usage` last; or an `error` — also when the engine ended the request with
 finish_reason "error" (an adapter that cannot load, a sequence that failed its step), so no
-failure ever reaches the client as a 200. A cancelled call (client disconnect) closes the
-engine stream, which aborts the request and frees its KV blocks and slot pins.
+failure ever reaches the client as a 200. The items are formed by `deployments.replica.fanout`
+from the engine's per-step batches. A cancelled call (client disconnect) aborts the request's
+engine requests, which frees their KV blocks and slot pins.
 """
 
 from __future__ import annotations
@@ -13,90 +14,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import asdict
-from typing import Any, cast
+from typing import Any
 
 import ray
 from ray import serve
 
-from deployments.api.errors import error_item, output_error, stopped_item
-from deployments.api.logprobs import logprob_items, prompt_items
+from deployments.api.errors import error_item, stopped_item
 from deployments.catalog.store import open_source
 from deployments.config import ServeConfig
 from deployments.ops import metrics
 from deployments.placement.affinity import base_name
 from deployments.replica import tokenize_ops
-from deployments.replica.choices import choice_requests, merged_choices
+from deployments.replica.choices import choice_requests
+from deployments.replica.fanout import Fanout, Job
 from deployments.replica.heap import GcPauseMeter
 from deployments.replica.replica_metrics import ReplicaMetrics
 from deployments.replica.scheduling import compute_at_normal_policy
 from deployments.replica.stream_channel import Outboxes
-from deployments.replica.wire import (
-    ITEM_BYTES,
-    DeltaItem,
-    ErrorItem,
-    InfoItem,
-    TokenAttributionItem,
-    UsageItem,
-    approx_size,
-    encode,
-)
-from molora_runtime.engine.types import (
-    EngineStats,
-    GenerationOutput,
-    GenerationRequest,
-)
-from molora_runtime.errors import EngineStoppedError
+from deployments.replica.wire import InfoItem, encode
+from molora_runtime.engine.types import EngineStats, GenerationRequest
 from molora_runtime.lora.tiers import ResidencyReport, residency_counts
 
 logger = logging.getLogger("ray.serve")
 
 
-def delta_item(out: GenerationOutput, index: int = 0, tokenizer: Any = None) -> DeltaItem:
-    """One engine increment (one or more tokens) of choice `index` as a delta; errors never
-    come through here."""
-    attribution = None
-    if out.attribution is not None:
-        attribution = [
-            TokenAttributionItem(token_id=a.token_id, adapters=a.adapters) for a in out.attribution
-        ]
-    reason = out.finish_reason if out.finished else None
-    logprobs = None if out.logprobs is None else logprob_items(out.logprobs, tokenizer)
-    prompt = None
-    if out.prompt_logprobs is not None and out.prompt_token_ids is not None:
-        prompt = prompt_items(out.prompt_token_ids, out.prompt_logprobs, tokenizer)
-    return DeltaItem(
-        index=index,
-        logprobs=logprobs,
-        prompt_logprobs=prompt,
-        text=out.text_delta,
-        token_ids=list(out.new_token_ids),
-        attribution=attribution,
-        finish_reason=cast(Any, reason),
-        stop_reason=out.stop_reason if out.finished else None,
-    )
-
-
-def bounded(item: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """The item and its size, or a 400 for its own request when it is too large to send."""
-    size = approx_size(item)
-    if size <= ITEM_BYTES:
-        return item, size
-    error = ErrorItem(
-        status=400,
-        message=f"one response item would take ~{size} bytes, over the {ITEM_BYTES}-byte "
-        "limit: ask fewer logprobs, fewer choices or a shorter echoed prompt",
-    )
-    return encode(error), 0
-
-
 def use_assigned_cores() -> int:
-    """Compute on as many threads as this replica was given CPUs (at least one).
+    """Compute on as many threads as this replica was given CPUs (at least one), but leave
+    one core to the serving path when the replica was given every core of its machine.
 
     Ray sets OMP_NUM_THREADS from `num_cpus`, but a fractional or zero share leaves torch on
-    one thread; the CPU count of the replica's resources is the intent, so take that.
+    one thread; the CPU count of the replica's resources is the intent, so take that. The
+    router, the HTTP proxy and Ray's daemons run on the same cores while tokens stream; a
+    step's thread team spanning all of them is preempted at its barriers, and every parallel
+    region then waits (and spins) for the preempted thread.
     """
     import torch
 
@@ -105,8 +59,13 @@ def use_assigned_cores() -> int:
     except Exception:  # outside a Ray worker (unit use)
         cpus = 0.0
     threads = max(1, round(cpus)) if cpus else torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0))
+    if cpus and cores > 1 and threads >= cores:
+        threads = cores - 1
     torch.set_num_threads(threads)
-    logger.info("replica computes on %d torch threads (%.2f CPUs assigned)", threads, cpus)
+    logger.info(
+        "replica computes on %d torch threads (%.2f CPUs assigned, %d cores)", threads, cpus, cores
+    )
     return threads
 
 
@@ -186,8 +145,9 @@ class ModelReplica:
             self._replica_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # outside Serve (unit use)
             self._replica_id = "local"
-        self._stopped: str | None = None
         self._outboxes = Outboxes()
+        self._fanout = Fanout(self._engine.tokenizer)
+        self._engine.add_sink(self._fanout)
         self._metrics = ReplicaMetrics(self._engine, self._source, self._config.base_model_name())
         self._metrics_task = asyncio.get_running_loop().create_task(self._metrics.run())
         self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
@@ -203,7 +163,9 @@ class ModelReplica:
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream one request of `n` choices; `placement` (the adapter set) is read by the
         router, not here. With `channel` (the calling router's channel id) attached here, the
-        items after the first output go through that channel; `info.channel` says so."""
+        items after the first output go through that channel; `info.channel` says so. The
+        engine's step batches reach the request through `Fanout`, not through this call's
+        task: it only carries the head and waits for the end (or its cancellation)."""
         try:
             req = GenerationRequest.model_validate(request)
             if not isinstance(n, int) or not 1 <= n <= 64:
@@ -219,72 +181,27 @@ class ModelReplica:
             tier=self._tier_of(req),
             channel=box is not None,
         )
-        # The engine validates (tokenizes) once, off the event loop; its errors arrive here
-        # before any output. Outputs that queued up while Ray sent the previous item travel
-        # together as one delta.
-        stream = merged_choices(self._engine, reqs)
-        key = req.request_id
-        routed = False  # past the first output: items go through the channel (if any)
-        ended = False  # the request's last item (usage or error) is out
+        job = Job(req.request_id, len(reqs), encode(info), box)
+        ids = [r.request_id for r in reqs]
+        self._fanout.add(job, ids)
         try:
-            async with contextlib.aclosing(self._items(stream, info, len(reqs))) as items:
-                async for raw in items:
-                    item, size = bounded(raw)
-                    ended = item["type"] in ("usage", "error")
-                    if routed:
-                        if not box.put(key, item, size):  # type: ignore[union-attr]
-                            return  # the channel is gone (its router too): abort
-                    else:
-                        yield item
-                        routed = box is not None and item["type"] != "info"
-                    if ended:
-                        return
+            try:
+                await self._engine.submit(reqs)  # validates (tokenizes) off the event loop
+            except Exception as exc:
+                job.fail(error_item(exc))
+            while (item := await job.head.get()) is not None:
+                yield item
         except asyncio.CancelledError:
-            if routed and not ended:  # the router hears it on the channel, not this call
-                box.put(key, encode(stopped_item()))  # type: ignore[union-attr]
+            if job.routed and not job.ended:  # the router hears it on the channel, not this call
+                box.put(job.key, encode(stopped_item()))  # type: ignore[union-attr]
             raise
         finally:
+            self._fanout.remove(ids)
             if box is not None:
                 box.active -= 1
-            # Closing the engine stream aborts the request; abort again in case it never started.
-            with contextlib.suppress(Exception):
-                await stream.aclose()
-            for r in reqs:
+            for rid in ids:
                 with contextlib.suppress(Exception):
-                    await self._engine.abort(r.request_id)
-
-    async def _items(
-        self, stream: Any, info: InfoItem, choices: int
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The request's wire items: `info` before the first output, deltas, `usage` last;
-        or an `error` (an engine error output, or the stream failing)."""
-        tokenizer = self._engine.tokenizer
-        sent_info = False
-        completion: dict[int, int] = {}
-        try:
-            async for index, out in stream:
-                if out.finish_reason == "error":
-                    yield encode(output_error(out))
-                    return
-                if not sent_info:
-                    yield encode(info)
-                    sent_info = True
-                yield encode(delta_item(out, index, tokenizer))
-                if out.finished:
-                    completion[index] = out.completion_tokens
-                    if len(completion) == choices:
-                        yield encode(
-                            UsageItem(
-                                prompt_tokens=out.prompt_tokens,
-                                completion_tokens=sum(completion.values()),
-                            )
-                        )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if isinstance(exc, EngineStoppedError) and not self._engine.healthy:
-                self._stopped = str(exc)
-            yield encode(error_item(exc))
+                    await self._engine.abort(rid)
 
     async def channel(
         self, channel_id: str, target_replica: str | None = None
@@ -365,8 +282,8 @@ class ModelReplica:
         }
 
     async def check_health(self) -> None:
-        if self._stopped is not None or not self._engine.healthy:
-            raise RuntimeError(f"engine stopped: {self._stopped or 'step loop died'}")
+        if not self._engine.healthy:
+            raise RuntimeError("engine stopped: step loop died")
 
     async def __del__(self) -> None:
         """Graceful shutdown: Serve drains requests first, then stops the step loop."""

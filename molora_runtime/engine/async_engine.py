@@ -4,8 +4,10 @@ The model step runs in one dedicated, long-lived thread, and that thread also bu
 engine (loads the weights): every parallel torch op of the replica then runs from one thread, so
 there is one OpenMP thread team. A second team (the event loop's, left over from loading the
 model there) makes libgomp count more threads than cores and stop spinning between parallel
-regions; each of the thousands of regions per step then waits on a futex wake. The event loop
-only moves finished outputs into per-request queues: one loop callback per step.
+regions; each of the thousands of regions per step then waits on a futex wake. Each step's
+outputs reach the event loop as one `StepOutputs` in one loop callback: a `StepSink` (the
+serving replica) takes the whole batch at once; `stream`/`generate` consumers get theirs through
+per-request queues.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -25,6 +27,7 @@ from molora_runtime.engine.types import (
     EngineStats,
     GenerationOutput,
     GenerationRequest,
+    StepOutputs,
 )
 from molora_runtime.errors import EngineStoppedError, InvalidRequestError
 from molora_runtime.lora.source import AdapterSource
@@ -37,6 +40,15 @@ IDLE_WAIT_S = 1.0  # the step thread re-checks for work (and shutdown) at least 
 MAX_STEP_FAILURES = 3
 
 
+class StepSink(Protocol):
+    """Takes every step's outputs in one call on the event loop (requests it does not know
+    are not its own: it skips them)."""
+
+    def on_step(self, step: StepOutputs) -> None: ...
+
+    def on_failure(self, exc: BaseException) -> None: ...
+
+
 class AsyncEngine:
     """`async for out in engine.generate(req)`; closing the iterator aborts the request."""
 
@@ -44,6 +56,7 @@ class AsyncEngine:
 
     def __init__(self, config: EngineConfig, source: AdapterSource) -> None:
         self._streams: dict[str, asyncio.Queue[GenerationOutput | BaseException]] = {}
+        self._sinks: list[StepSink] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._work = threading.Event()
         self._stopping = False
@@ -106,6 +119,8 @@ class AsyncEngine:
             self._thread = None
         for queue in self._streams.values():
             queue.put_nowait(EngineStoppedError("the engine shut down"))
+        for sink in self._sinks:
+            sink.on_failure(EngineStoppedError("the engine shut down"))
 
     @property
     def healthy(self) -> bool:
@@ -161,15 +176,45 @@ class AsyncEngine:
         with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
             self._loop.call_soon_threadsafe(fn, arg)
 
-    def _publish(self, outputs: list[GenerationOutput]) -> None:
-        for out in outputs:
-            queue = self._streams.get(out.request_id)
-            if queue is not None:
-                queue.put_nowait(out)
+    def _publish(self, step: StepOutputs) -> None:
+        for sink in self._sinks:
+            sink.on_step(step)
+        if self._streams:
+            for out in step.outputs:
+                queue = self._streams.get(out.request_id)
+                if queue is not None:
+                    queue.put_nowait(out)
 
     def _fail_all(self, _: BaseException) -> None:
         for queue in self._streams.values():
             queue.put_nowait(EngineStoppedError("the engine failed; retry on another replica"))
+        for sink in self._sinks:
+            sink.on_failure(EngineStoppedError("the engine failed; retry on another replica"))
+
+    # ----- whole-step consumers -------------------------------------------------------------
+    def add_sink(self, sink: StepSink) -> None:
+        """Hand every step's outputs to `sink` (on the event loop, one call per step)."""
+        self._sinks.append(sink)
+
+    async def submit(self, reqs: list[GenerationRequest]) -> None:
+        """Validate (tokenize, off the event loop) and queue requests whose outputs a sink
+        takes; all or none are queued, together, so n > 1 choices share one prefill."""
+        if self._stopping or self._failure is not None:
+            raise EngineStoppedError("the engine is not accepting requests")
+        if self._loop is None:
+            await self.start()
+        prompts = await asyncio.to_thread(lambda: [self.engine.validate_request(r) for r in reqs])
+        added: list[str] = []
+        try:
+            for req, prompt_ids in zip(reqs, prompts, strict=True):
+                self.engine.add_request(req, prompt_ids)
+                added.append(req.request_id)
+        except BaseException:
+            for request_id in added:
+                self.engine.abort(request_id)
+            raise
+        finally:
+            self._work.set()
 
     # ----- requests -------------------------------------------------------------------------
     async def generate(self, req: GenerationRequest) -> AsyncIterator[GenerationOutput]:

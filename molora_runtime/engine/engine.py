@@ -31,7 +31,13 @@ from molora_runtime.engine.scheduler import Scheduler
 from molora_runtime.engine.sequence import Sequence
 from molora_runtime.engine.step_batch import StepBatch
 from molora_runtime.engine.structured import GrammarCompiler
-from molora_runtime.engine.types import BlockStats, EngineStats, GenerationOutput, GenerationRequest
+from molora_runtime.engine.types import (
+    BlockStats,
+    EngineStats,
+    GenerationOutput,
+    GenerationRequest,
+    StepOutputs,
+)
 from molora_runtime.errors import EngineOverloadedError, SequenceStepError
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.source import AdapterSource
@@ -255,14 +261,15 @@ class LLMEngine:
         return self.outputs.gate_stats.pop()
 
     # ----- the step -------------------------------------------------------------------------
-    def step(self) -> list[GenerationOutput]:
+    def step(self) -> StepOutputs:
+        """One schedule -> run -> process round; every request's increments in one batch."""
         outputs: list[GenerationOutput] = []
         self._drain_incoming(outputs)
         self.scheduler.admit(lambda seq, exc: self.outputs.fail_waiting(seq, exc, outputs))
         if not self.running:
             if self.waiting:  # their adapters are loading in the background: sleep, not spin
                 self.hot_set.host.wait(0.05)
-            return outputs
+            return StepOutputs(outputs)
         run_isolated(
             self._form_batch(),
             size=lambda b: len(b.segments),
@@ -275,7 +282,7 @@ class LLMEngine:
             self.scheduler.binder.prefetch(self.waiting)
         except Exception:  # prefetch is an optimisation: a store hiccup must not fail the step
             log.debug("prefetch failed", exc_info=True)
-        return outputs
+        return StepOutputs(outputs)
 
     def _form_batch(self) -> StepBatch:
         return self.scheduler.schedule()
@@ -295,7 +302,7 @@ class LLMEngine:
         for seq in [s for s in self.running if s.request_id in aborted]:
             self.outputs.finish(seq, "abort", outputs)
 
-    def fail_running(self, message: str) -> list[GenerationOutput]:
+    def fail_running(self, message: str) -> StepOutputs:
         """Last resort after a step failed outside any one sequence: end every running and
         waiting request with `message` (never another request's error text)."""
         outputs: list[GenerationOutput] = []
@@ -310,4 +317,4 @@ class LLMEngine:
             seq.exception = SequenceStepError(message)
             seq.error = message
             outputs.append(self.outputs.final(seq, "error"))
-        return outputs
+        return StepOutputs(outputs)

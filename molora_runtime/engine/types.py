@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -232,33 +233,21 @@ class GenerationOutput:
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
-def merge_outputs(outputs: list[GenerationOutput]) -> GenerationOutput:
-    """Several consecutive increments of one request as one (a stream that fell behind)."""
-    if len(outputs) == 1:
-        return outputs[0]
-    last = outputs[-1]
-    attribution = None
-    if any(o.attribution is not None for o in outputs):
-        attribution = [a for o in outputs for a in o.attribution or []]
-    prompt_logprobs = next((o.prompt_logprobs for o in outputs if o.prompt_logprobs), None)
-    logprobs = None
-    if any(o.logprobs is not None for o in outputs):
-        logprobs = [lp for o in outputs for lp in o.logprobs or []]
-    return GenerationOutput(
-        request_id=last.request_id,
-        new_token_ids=[t for o in outputs for t in o.new_token_ids],
-        text_delta="".join(o.text_delta for o in outputs),
-        finished=last.finished,
-        finish_reason=last.finish_reason,
-        stop_reason=last.stop_reason,
-        prompt_tokens=last.prompt_tokens,
-        completion_tokens=last.completion_tokens,
-        attribution=attribution,
-        logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs,
-        prompt_token_ids=next((o.prompt_token_ids for o in outputs if o.prompt_token_ids), None),
-        error=last.error,
-    )
+@dataclass
+class StepOutputs:
+    """Everything one engine step produced, for every request: the unit the engine hands on.
+
+    One object per step (not one per request) so a consumer routes a whole step's increments
+    in one pass; iterating it yields each request's `GenerationOutput`.
+    """
+
+    outputs: list[GenerationOutput] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[GenerationOutput]:
+        return iter(self.outputs)
+
+    def __len__(self) -> int:
+        return len(self.outputs)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from molora_runtime.engine.async_engine import AsyncEngine
+from molora_runtime.engine.types import StepOutputs
 from molora_runtime.lora.source import DirectorySource
 from molora_runtime.routes import LearnedRoute, MixRoute
 from tests.runtime.rt_util import build_engine, engine_config, request, run_to_completion
@@ -114,3 +115,53 @@ async def test_attribution_per_token(tiny_async) -> None:
     gate_stats = eng.pop_gate_stats()
     assert set(gate_stats) == {"moe"}
     assert len(gate_stats["moe"]) == eng.engine.arch.num_layers
+
+
+class _Recorder:
+    """A step sink that keeps every batch it was handed (what the replica's fanout gets)."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepOutputs] = []
+        self.failures: list[BaseException] = []
+
+    def on_step(self, step: StepOutputs) -> None:
+        self.steps.append(step)
+
+    def on_failure(self, exc: BaseException) -> None:
+        self.failures.append(exc)
+
+
+async def test_a_sink_gets_each_step_as_one_batch(chat_async, tiny_chat_model: Path) -> None:
+    eng, ad = chat_async
+    sink = _Recorder()
+    eng.add_sink(sink)
+    reqs = [
+        request("s1", None, "a", 10, prompt="Batches carry"),
+        request("s2", None, None, 14, messages=[{"role": "user", "content": "Hi!"}]),
+    ]
+    await eng.submit(reqs)
+    await _wait_idle(eng)
+    for _ in range(200):  # the last step's callback runs on the loop after the thread idles
+        if sum(o.finished for s in sink.steps for o in s) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert all(isinstance(s, StepOutputs) for s in sink.steps)
+    # one object per step for every request: while both decode, each step holds both
+    assert any({o.request_id for o in s} == {"s1", "s2"} for s in sink.steps)
+    assert all(len({o.request_id for o in s}) == len(s) for s in sink.steps)
+    offline = run_to_completion(build_engine(tiny_chat_model, ad, max_num_seqs=4), reqs)
+    for req in reqs:
+        outs = [o for s in sink.steps for o in s if o.request_id == req.request_id]
+        assert sum(o.finished for o in outs) == 1 and outs[-1].finished
+        assert "".join(o.text_delta for o in outs) == offline[req.request_id]["text"]
+        assert [t for o in outs for t in o.new_token_ids] == offline[req.request_id]["tokens"]
+    assert not sink.failures
+
+
+async def test_submit_refuses_a_bad_request_and_queues_none(chat_async) -> None:
+    eng, _ = chat_async
+    good = request("g", None, None, 4, prompt="fine")
+    bad = request("b", None, "no-such-adapter", 4, prompt="fine")
+    with pytest.raises(Exception, match="no-such-adapter"):
+        await eng.submit([good, bad])
+    assert not eng.engine.waiting and not eng.engine.running

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from adapter_store.errors import IntegrityError, NotFoundError, StoreUnavailableError
 from deployments.api.errors import error_item, output_error, status_of
 from deployments.api.json_guard import BodyError, parse_body
-from deployments.replica.deployment import delta_item
+from deployments.replica.fanout import delta_wire
 from deployments.replica.wire import (
     DeltaItem,
     ErrorItem,
@@ -76,7 +76,7 @@ def test_delta_of_a_multi_token_increment() -> None:
         finish_reason="stop",
         attribution=[TokenAttribution(token_id=t, adapters={"a": 1.0}) for t in (1, 2, 3)],
     )
-    item = decode(encode(delta_item(out)))
+    item = decode(delta_wire(out))
     assert isinstance(item, DeltaItem)
     assert item.token_ids == [1, 2, 3] and item.text == "abc" and item.finish_reason == "stop"
     assert [a.token_id for a in item.attribution or []] == [1, 2, 3]
