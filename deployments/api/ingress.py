@@ -97,8 +97,11 @@ class Router:
         return JSONResponse({"version": server_version()})
 
     @app.get("/metrics")
-    async def prometheus_metrics(self) -> PlainTextResponse:
-        """Prometheus text: our and vLLM-named series of every node, private names hidden."""
+    async def prometheus_metrics(self, request: Request) -> PlainTextResponse:
+        """Prometheus text: our and vLLM-named series of every node, private names hidden.
+        With auth on, an admin key: the series show every tenant's traffic."""
+        if self.access.keys is not None:
+            self.access.require_admin(await self.access.authenticate(request))
         return PlainTextResponse(await self.scraper.text(), media_type=PROMETHEUS_TEXT)
 
     @app.get("/v1/models")

@@ -253,11 +253,19 @@ def test_metrics_exporter_names_no_private_adapter(ray_cluster, tenants) -> None
         time.sleep(2)
     assert any(ln.startswith(wanted) and 'adapter="private"' in ln for ln in text.splitlines())
     assert PRIVATE_EVIL not in text and PRIVATE_ACME not in text
-    # the API port's /metrics (no key either): the same series, vLLM's too, no private name
+    # the API port's /metrics: an admin key's (the series show every tenant's traffic), the
+    # same series, vLLM's too, no private name
+    assert httpx.get(f"{tenants['url']}/metrics", timeout=10).status_code == 401
+    plain_key = httpx.get(
+        f"{tenants['url']}/metrics", headers=_headers(tenants, "evil"), timeout=10
+    )
+    assert plain_key.status_code == 403
     api = ""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        resp = httpx.get(f"{tenants['url']}/metrics", timeout=10)
+        resp = httpx.get(
+            f"{tenants['url']}/metrics", headers=_headers(tenants, "evil_admin"), timeout=10
+        )
         assert resp.status_code == 200
         api = resp.text
         if 'lora_name="private"' in api:
