@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from deployments.ops import metrics
+from deployments.ops.gate_metrics import export_gate_telemetry
 from deployments.placement.affinity import base_name
 from molora_runtime.lora.tiers import residency_counts
 
@@ -63,6 +64,7 @@ class ReplicaMetrics:
             metrics.hotset_load_latency().observe(seconds)
         self._export_tiers()
         self._export_gates(self._engine.pop_gate_stats())
+        export_gate_telemetry(self._engine.pop_gate_telemetry(), self._adapter_names)
 
     def _export_tiers(self) -> None:
         """Per-tier counters and bytes, residency counts and stage latencies: labels are
@@ -87,6 +89,9 @@ class ReplicaMetrics:
             folder = self._source.composition_path(composition)
             self._experts[composition] = list(read_composition_config(composition, folder).adapters)
         return self._experts[composition]
+
+    def _adapter_names(self, composition: str) -> list[str]:
+        return [base_name(n) for n in self._expert_names(composition)]
 
     def _export_gates(self, gate_stats: dict[str, list[list[int]]]) -> None:
         for composition, layers in gate_stats.items():
