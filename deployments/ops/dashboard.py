@@ -22,6 +22,7 @@ from grafana_foundation_sdk.models import common as common_m
 from grafana_foundation_sdk.models import dashboard as dash_m
 
 from deployments.ops import metric_names as m
+from deployments.ops.dashboard_gates import gate_drift_row
 
 DASHBOARD_UID = "molora-serve"
 DASHBOARD_TITLE = "MoLoRA Serve"
@@ -403,6 +404,7 @@ def _rows() -> list[tuple[str, list[ts_b.Panel | stat_b.Panel]]]:
                 ),
             ],
         ),
+        gate_drift_row(),
         (
             "Replicas and autoscaling",
             [
