@@ -283,3 +283,22 @@ def test_every_panel_expression_evaluates(scraped: dict[str, Any]) -> None:
         prom, dashboard._hit_rate().replace("$__rate_interval", "5m").replace("$application", APP)
     )
     assert 0 <= hit_rate <= 1
+
+
+def test_gate_telemetry_reaches_prometheus(scraped: dict[str, Any]) -> None:
+    """The learned requests' gate folds arrive per layer, as cumulative buckets of the composition."""
+    prom = scraped["prometheus"]
+    comp = f'composition="{COMPOSITION}"'
+    entropy = m.scraped(m.GATE_ENTROPY_BUCKETS)
+
+    def settled() -> float | None:  # the top bound is 1 (entropy is normalized): every token
+        tokens = _value(prom, f'sum({entropy}{{{comp}, le="+Inf"}})')
+        below_one = _value(prom, f'sum({entropy}{{{comp}, le="1"}})')
+        return tokens if tokens > 0 and below_one == tokens else None
+
+    tokens = _wait("gate entropy buckets", settled, 30, interval=1)
+    assert _value(prom, f'sum({m.scraped(m.GATE_TOP1_WEIGHT_BUCKETS)}{{{comp}, le="1"}})') > 0
+    mean = _value(prom, f"sum({m.scraped(m.GATE_ENTROPY_SUM)}{{{comp}}})") / tokens
+    assert 0 <= mean <= 1
+    layers = {s["metric"]["layer"] for s in _query(prom, m.scraped(m.GATE_TOP1_TOKENS))["result"]}
+    assert layers == {"0", "1"}  # the tiny model's two layers, nothing else
