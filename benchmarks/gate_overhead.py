@@ -1,12 +1,15 @@
 """What a learned top-k route costs against one adapter alone, on the offline engine.
 
 The default store's `molora` composition (top-k over the 4 reasoning adapters) against
-`arithmetic` alone: 32 prompts x 64 greedy tokens, all 32 in flight, one engine, both modes
-run side by side in ABBA rounds so a busy neighbour slows both alike. Also runs the
-composition at top-1 (the hard-routing fast path). `--profile` prints the torch profiler's
-top operators of one learned round instead.
+`arithmetic` alone, b=32 sequences decoding together: one engine per mode in one process, all
+with the batch in flight, their decode steps interleaved (A B C, then C B A, ...) so a busy
+neighbour slows every mode alike. Each step's wall and process-CPU time is kept; a mode's
+tok/s is its decode tokens over its summed step time. Modes: `single`, `learned` (top-2),
+`learned_top1` (the hard-routing fast path) and `learned_general` (top-2 with the
+one-composition plan withheld: the general per-token gate path).
+`--profile MODE` prints the torch profiler's top operators of one run of MODE instead.
 
-    python -m benchmarks.gate_overhead [--rounds 3] [--dtype float32] [--threads 2] [--profile]
+    python -m benchmarks.gate_overhead [--steps 48] [--dtype float32] [--threads 2]
 
 Prints a table and writes `benchmarks/results/gate_overhead.json`.
 """
@@ -24,9 +27,11 @@ import torch
 from adapter_store.source import AdapterStoreSource
 from benchmarks.report import write_json
 from molora_runtime.config import EngineConfig, HotSetConfig
+from molora_runtime.engine import model_runner
 from molora_runtime.engine.engine import LLMEngine
 from molora_runtime.engine.llm import as_route
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
+from molora_runtime.lora.routing import build_lora_context
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "gate_overhead.json"
@@ -41,7 +46,6 @@ PROMPTS = [
     "Count the vowels in 'serving'.",
     "Reverse the digits of 90817.",
 ]
-CPU_SECONDS: list[float] = []  # process CPU time of each round (the box may be busy)
 MODES: dict[str, Any] = {
     "single": "arithmetic",
     "learned": {"kind": "learned", "composition": "molora"},
@@ -49,10 +53,9 @@ MODES: dict[str, Any] = {
 }
 
 
-def run_round(engine: LLMEngine, mode: str, n: int, new_tokens: int, tag: str) -> tuple[int, float]:
-    """Tokens and seconds of `n` requests of `mode`, all in flight at once."""
+def add_batch(engine: LLMEngine, mode: str, n: int, new_tokens: int, tag: str) -> None:
     sampling = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    route = as_route(MODES[mode])
+    route = as_route(MODES[mode.removesuffix("_general")])
     for i in range(n):
         req = GenerationRequest(
             request_id=f"{tag}-{mode}-{i}",
@@ -61,12 +64,25 @@ def run_round(engine: LLMEngine, mode: str, n: int, new_tokens: int, tag: str) -
             messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
         )
         engine.add_request(req, engine.validate_request(req))
-    tokens, start, cpu = 0, time.perf_counter(), time.process_time()
-    while engine.has_work():
-        for out in engine.step():
-            tokens += len(out.new_token_ids)
-    CPU_SECONDS.append(time.process_time() - cpu)
-    return tokens, time.perf_counter() - start
+
+
+def _without_plan(*args: Any, **kwargs: Any) -> Any:
+    """`build_lora_context` with the one-composition plan withheld (the general gate path)."""
+    ctx = build_lora_context(*args, **kwargs)
+    if ctx is not None:
+        ctx.learned_plan = None
+    return ctx
+
+
+def step(engine: LLMEngine, general: bool) -> tuple[int, float, float]:
+    """One engine step: (tokens, wall seconds, process CPU seconds)."""
+    model_runner.build_lora_context = _without_plan if general else build_lora_context
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        tokens = sum(len(out.new_token_ids) for out in engine.step())
+        return tokens, time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        model_runner.build_lora_context = build_lora_context
 
 
 def make_engine(dtype: str, batch: int) -> LLMEngine:
@@ -82,63 +98,80 @@ def make_engine(dtype: str, batch: int) -> LLMEngine:
     return LLMEngine(config, AdapterStoreSource(store_url=str(STORE)))
 
 
-def profile(engine: LLMEngine, mode: str, n: int, new_tokens: int) -> None:
+def drain(engine: LLMEngine, general: bool) -> None:
+    while engine.has_work():
+        step(engine, general)
+
+
+def profile(engine: LLMEngine, mode: str, batch: int, steps: int) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-        run_round(engine, mode, n, new_tokens, "profile")
+    add_batch(engine, mode, batch, steps + 1, "profile")
+    step(engine, mode.endswith("_general"))  # the prefill
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        drain(engine, mode.endswith("_general"))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=48, help="decode steps timed per mode")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--modes", nargs="+", default=["learned", "learned_top1"])
-    ap.add_argument("--profile", choices=sorted(MODES), help="profile one round of this mode")
+    ap.add_argument(
+        "--modes", nargs="+", default=["single", "learned", "learned_top1", "learned_general"]
+    )
+    ap.add_argument("--profile", help="profile one run of this mode instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    engine = make_engine(args.dtype, args.batch)
-    for mode in MODES:  # warm up every route and the start-up timing of the GEMM paths
-        run_round(engine, mode, 4, 8, "warm")
     if args.profile:
-        profile(engine, args.profile, args.batch, args.tokens)
+        engine = make_engine(args.dtype, args.batch)
+        add_batch(engine, args.profile, 4, 4, "warm")
+        drain(engine, args.profile.endswith("_general"))
+        profile(engine, args.profile, args.batch, args.steps)
         return
-    tps: dict[str, list[float]] = {m: [] for m in ["single", *args.modes]}
-    cpu_tps: dict[str, list[float]] = {m: [] for m in tps}
-    for r in range(args.rounds):
-        for mode in ["single", *args.modes]:  # A B ... then reversed: ABBA per round pair
-            order = ["single", *args.modes]
-            mode = mode if r % 2 == 0 else order[::-1][order.index(mode)]
-            tokens, seconds = run_round(engine, mode, args.batch, args.tokens, f"r{r}")
-            tps[mode].append(tokens / seconds)
-            cpu_tps[mode].append(tokens / CPU_SECONDS[-1])
+    engines = {mode: make_engine(args.dtype, args.batch) for mode in args.modes}
+    for mode, engine in engines.items():  # warm up: routes, start-up GEMM timing, slots
+        add_batch(engine, mode, 4, 4, "warm")
+        drain(engine, mode.endswith("_general"))
+        add_batch(engine, mode, args.batch, args.steps + 1, "run")
+        step(engine, mode.endswith("_general"))  # the batch's prefill, not timed
+    samples: dict[str, list[tuple[int, float, float]]] = {m: [] for m in args.modes}
+    order = list(args.modes)
+    for i in range(args.steps):
+        for mode in order if i % 2 == 0 else order[::-1]:
+            samples[mode].append(step(engines[mode], mode.endswith("_general")))
     rows = []
-    single = statistics.median(tps["single"])
-    cpu_single = statistics.median(cpu_tps["single"])
-    for mode, values in tps.items():
-        ratios = [v / s for v, s in zip(values, tps["single"], strict=True)]
+    base = _rates(samples[order[0]])
+    for mode in order:
+        tok_s, tok_cpu_s, ratio_steps = _rates(samples[mode])
         rows.append({
-            "tok_per_cpu_s": [round(v, 1) for v in cpu_tps[mode]],
-            "cpu_ratio_to_single": round(statistics.median(cpu_tps[mode]) / cpu_single, 3),
-            "mode": mode, "tok_per_s": [round(v, 1) for v in values],
-            "median_tok_per_s": round(statistics.median(values), 1),
-            "ratio_to_single": round(statistics.median(values) / single, 3),
-            "ratio_per_round": [round(x, 3) for x in ratios],
+            "mode": mode, "steps": len(samples[mode]), "tok_per_s": round(tok_s, 1),
+            "tok_per_cpu_s": round(tok_cpu_s, 1),
+            "ratio_to_single": round(tok_s / base[0], 3),
+            "cpu_ratio_to_single": round(tok_cpu_s / base[1], 3),
+            "median_step_ms": round(ratio_steps * 1e3, 2),
         })  # fmt: skip
-    print(f"{'mode':<14}{'median tok/s':>14}{'x single':>10}{'x single (CPU s)':>18}  rounds")
-    for row in rows:
-        print(f"{row['mode']:<14}{row['median_tok_per_s']:>14}{row['ratio_to_single']:>10}"
-              f"{row['cpu_ratio_to_single']:>18}  {row['tok_per_s']}")  # fmt: skip
+    print(f"{'mode':<17}{'tok/s':>9}{'x single':>10}{'tok/CPU-s':>11}{'x single':>10}"
+          f"{'median step ms':>16}")  # fmt: skip
+    for r in rows:
+        print(f"{r['mode']:<17}{r['tok_per_s']:>9}{r['ratio_to_single']:>10}"
+              f"{r['tok_per_cpu_s']:>11}{r['cpu_ratio_to_single']:>10}{r['median_step_ms']:>16}")  # fmt: skip
     write_json(RESULTS, {
         "benchmark": "gate_overhead", "dtype": args.dtype, "threads": args.threads,
-        "batch": args.batch, "new_tokens": args.tokens, "rounds": args.rounds,
-        "composition": "molora", "single": "arithmetic", "rows": rows,
+        "batch": args.batch, "decode_steps": args.steps, "composition": "molora",
+        "single": "arithmetic", "interleaving": "ABC then CBA per step", "rows": rows,
     })  # fmt: skip
+
+
+def _rates(samples: list[tuple[int, float, float]]) -> tuple[float, float, float]:
+    """(tokens per wall second, tokens per CPU second, median step wall seconds)."""
+    tokens = sum(t for t, _, _ in samples)
+    wall = sum(w for _, w, _ in samples)
+    cpu = sum(c for _, _, c in samples)
+    return tokens / wall, tokens / cpu, statistics.median(w for _, w, _ in samples)
 
 
 if __name__ == "__main__":
