@@ -291,12 +291,20 @@ def test_gate_telemetry_reaches_prometheus(scraped: dict[str, Any]) -> None:
     comp = f'composition="{COMPOSITION}"'
     entropy = m.scraped(m.GATE_ENTROPY_BUCKETS)
 
-    def settled() -> float | None:  # the top bound is 1 (entropy is normalized): every token
-        tokens = _value(prom, f'sum({entropy}{{{comp}, le="+Inf"}})')
-        below_one = _value(prom, f'sum({entropy}{{{comp}, le="1"}})')
-        return tokens if tokens > 0 and below_one == tokens else None
+    def counts() -> tuple[float, float]:  # the top bound is 1 (entropy is normalized)
+        series = _query(prom, f"{entropy}{{{comp}}}")["result"]
+        by_le: dict[str, float] = {}
+        for sample in series:
+            le = sample["metric"]["le"]
+            by_le[le] = by_le.get(le, 0.0) + float(sample["value"][1])
+        return by_le.get("+Inf", 0.0), by_le.get("1", 0.0)
 
-    tokens = _wait("gate entropy buckets", settled, 30, interval=1)
+    try:
+        tokens = _wait(
+            "gate entropy buckets", lambda: (c := counts())[0] > 0 and c[0] == c[1] and c[0], 30, 1
+        )
+    except TimeoutError:
+        pytest.fail(f"entropy buckets (+Inf, 1): {counts()}; series: {_query(prom, entropy)}")
     assert _value(prom, f'sum({m.scraped(m.GATE_TOP1_WEIGHT_BUCKETS)}{{{comp}, le="1"}})') > 0
     mean = _value(prom, f"sum({m.scraped(m.GATE_ENTROPY_SUM)}{{{comp}}})") / tokens
     assert 0 <= mean <= 1
