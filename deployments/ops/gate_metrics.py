@@ -45,16 +45,20 @@ def _le(bound: float) -> str:
 
 
 def gate_samples(
-    telemetry: dict[str, list[LayerTelemetry]], experts: Callable[[str], list[str]]
+    telemetry: dict[str, list[LayerTelemetry]],
+    experts: Callable[[str], list[str]],
+    label: Callable[[str], str] = str,
 ) -> list[Sample]:
-    """Every nonzero increment of one interval (`experts`: a composition's adapter names)."""
+    """Every nonzero increment of one interval. `experts`: a composition's adapter names;
+    `label`: its label value (the catalog name without its version, so that publishing
+    versions adds no series)."""
     out: list[Sample] = []
     for comp, layers in telemetry.items():
         adapters = experts(comp)
         for layer, t in enumerate(layers):
             if not t.tokens:
                 continue
-            base = {"composition": comp, "layer": str(layer)}
+            base = {"composition": label(comp), "layer": str(layer)}
             for metric, bounds, counts in (
                 (names.GATE_ENTROPY_BUCKETS, ENTROPY_BUCKETS, t.entropy_buckets),
                 (names.GATE_TOP1_WEIGHT_BUCKETS, TOP1_BUCKETS, t.top1_weight_buckets),
@@ -73,8 +77,10 @@ def gate_samples(
 
 
 def export_gate_telemetry(
-    telemetry: dict[str, list[LayerTelemetry]], experts: Callable[[str], list[str]]
+    telemetry: dict[str, list[LayerTelemetry]],
+    experts: Callable[[str], list[str]],
+    label: Callable[[str], str] = str,
 ) -> None:
-    for metric, tags, value in gate_samples(telemetry, experts):
+    for metric, tags, value in gate_samples(telemetry, experts, label):
         if value > 0:
             counter(metric).inc(value, tags=tags)

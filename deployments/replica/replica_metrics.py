@@ -64,7 +64,7 @@ class ReplicaMetrics:
             metrics.hotset_load_latency().observe(seconds)
         self._export_tiers()
         self._export_gates(self._engine.pop_gate_stats())
-        export_gate_telemetry(self._engine.pop_gate_telemetry(), self._adapter_names)
+        export_gate_telemetry(self._engine.pop_gate_telemetry(), self._adapter_names, base_name)
 
     def _export_tiers(self) -> None:
         """Per-tier counters and bytes, residency counts and stage latencies: labels are

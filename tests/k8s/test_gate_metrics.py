@@ -69,4 +69,8 @@ def test_values_of_one_layer() -> None:
     assert by[(m.GATE_TOP1_TOKENS, (("adapter", "a"), *base))] == 7
     assert by[(m.GATE_TOP1_TOKENS, (("adapter", "c"), *base))] == 3
     assert not any(dict(k[1])["layer"] == "1" for k in by)  # no tokens, no increments
+    versions = {"trio@v1": [layer], "trio@v2": [layer]}
+    experts = {"trio@v1": EXPERTS["trio"], "trio@v2": EXPERTS["trio"]}
+    labelled = gate_samples(versions, experts.__getitem__, lambda ref: ref.split("@")[0])
+    assert {tags["composition"] for _, tags, _ in labelled} == {"trio"}  # versions add no series
     assert (m.GATE_TOP1_TOKENS, (("adapter", "b"), *base)) not in by  # zero: skipped

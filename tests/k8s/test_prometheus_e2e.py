@@ -288,7 +288,7 @@ def test_every_panel_expression_evaluates(scraped: dict[str, Any]) -> None:
 def test_gate_telemetry_reaches_prometheus(scraped: dict[str, Any]) -> None:
     """The learned requests' gate folds arrive per layer, as cumulative buckets of the composition."""
     prom = scraped["prometheus"]
-    comp = f'composition="{COMPOSITION}"'
+    comp = f'composition="{COMPOSITION}"'  # the catalog name: no version in the label
     entropy = m.scraped(m.GATE_ENTROPY_BUCKETS)
 
     def counts() -> tuple[float, float]:  # the top bound is 1 (entropy is normalized)
