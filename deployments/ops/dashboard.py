@@ -18,6 +18,7 @@ from grafana_foundation_sdk.models import dashboard as dash_m
 from deployments.ops import (
     dashboard_rows_adapters,
     dashboard_rows_cluster,
+    dashboard_rows_gates,
     dashboard_rows_serving,
     dashboard_rows_vllm,
 )
@@ -32,6 +33,7 @@ DASHBOARD_PATH = Path("k8s") / "grafana" / "molora-dashboard.json"
 ROW_MODULES = (
     dashboard_rows_serving,
     dashboard_rows_adapters,
+    dashboard_rows_gates,
     dashboard_rows_cluster,
     dashboard_rows_vllm,
 )

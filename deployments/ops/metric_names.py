@@ -21,6 +21,12 @@ HOTSET_LOADS = "molora_hotset_loads_total"  # counter
 HOTSET_LOAD_LATENCY = "molora_hotset_load_latency_seconds"  # histogram
 HOTSET_SLOTS_USED = "molora_hotset_slots_used"  # gauge
 GATE_TOKENS = "molora_router_gate_tokens_total"  # counter {composition, layer, adapter}
+# gate telemetry as cumulative `le` buckets (histogram_quantile reads them; le="+Inf" = tokens)
+GATE_ENTROPY_BUCKETS = "molora_router_gate_entropy_bucket_total"  # counter {composition, layer, le}
+GATE_ENTROPY_SUM = "molora_router_gate_entropy_sum_total"  # counter {composition, layer}
+GATE_TOP1_WEIGHT_BUCKETS = "molora_router_gate_top1_weight_bucket_total"  # {composition, layer, le}
+GATE_TOP1_WEIGHT_SUM = "molora_router_gate_top1_weight_sum_total"  # counter {composition, layer}
+GATE_TOP1_TOKENS = "molora_router_gate_top1_tokens_total"  # counter {composition, layer, adapter}
 # adapter tiers (slot, host, disk): labels are tiers, states and stages only, never adapters
 TIER_HITS = "molora_tier_hits_total"  # counter {tier=slot|host|disk}
 TIER_MISSES = "molora_tier_misses_total"  # counter {tier}
@@ -63,6 +69,11 @@ ALL = (
     HOTSET_LOAD_LATENCY,
     HOTSET_SLOTS_USED,
     GATE_TOKENS,
+    GATE_ENTROPY_BUCKETS,
+    GATE_ENTROPY_SUM,
+    GATE_TOP1_WEIGHT_BUCKETS,
+    GATE_TOP1_WEIGHT_SUM,
+    GATE_TOP1_TOKENS,
     TIER_HITS,
     TIER_MISSES,
     TIER_LOADS,

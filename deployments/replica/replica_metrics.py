@@ -17,6 +17,7 @@ from typing import Any
 
 from deployments.ops import metric_names as names
 from deployments.ops import metrics
+from deployments.ops.gate_metrics import export_gate_telemetry
 from deployments.placement.affinity import base_name
 from molora_runtime.lora.tiers import residency_counts
 
@@ -69,6 +70,7 @@ class ReplicaMetrics:
         self._export_vllm(stats)
         self._export_tiers()
         self._export_gates(self._engine.pop_gate_stats())
+        export_gate_telemetry(self._engine.pop_gate_telemetry(), self._adapter_names, base_name)
 
     def _export_vllm(self, stats: Any) -> None:
         """vLLM's names for the same quantities, so its dashboards and alerts read a replica."""
@@ -113,6 +115,9 @@ class ReplicaMetrics:
             folder = self._source.composition_path(composition)
             self._experts[composition] = list(read_composition_config(composition, folder).adapters)
         return self._experts[composition]
+
+    def _adapter_names(self, composition: str) -> list[str]:
+        return [base_name(n) for n in self._expert_names(composition)]
 
     def _export_gates(self, gate_stats: dict[str, list[list[int]]]) -> None:
         for composition, layers in gate_stats.items():

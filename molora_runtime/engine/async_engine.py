@@ -23,6 +23,7 @@ import torch
 
 from molora_runtime.config import EngineConfig
 from molora_runtime.engine.engine import LLMEngine
+from molora_runtime.engine.gate_telemetry import LayerTelemetry
 from molora_runtime.engine.types import (
     EngineStats,
     GenerationOutput,
@@ -92,6 +93,9 @@ class AsyncEngine:
 
     def pop_gate_stats(self) -> dict[str, list[list[int]]]:
         return self.engine.pop_gate_stats()
+
+    def pop_gate_telemetry(self) -> dict[str, list[LayerTelemetry]]:
+        return self.engine.pop_gate_telemetry()
 
     def pop_load_latencies(self) -> list[float]:
         return self.engine.pop_load_latencies()

@@ -184,4 +184,5 @@ class CudaGraphRunner:
                 logits, static_ctx = self._static_forward(bucket)
         if ctx is not None:
             ctx.layer_tables = [(s[:n], w[:n]) for s, w in static_ctx.layer_tables]
+            ctx.layer_logits = [lg[:n] for lg in static_ctx.layer_logits]
         return logits[:n]

@@ -21,6 +21,7 @@ from molora_runtime.config import EngineConfig
 from molora_runtime.engine.adapter_binding import AdapterBinder
 from molora_runtime.engine.block_manager import BlockManager
 from molora_runtime.engine.device import load_tokenizer, pick_device, pick_dtype
+from molora_runtime.engine.gate_telemetry import LayerTelemetry
 from molora_runtime.engine.isolation import run_isolated
 from molora_runtime.engine.kv_budget import kv_num_blocks
 from molora_runtime.engine.model_runner import ModelRunner
@@ -259,6 +260,11 @@ class LLMEngine:
     def pop_gate_stats(self) -> dict[str, list[list[int]]]:
         """Per composition, [layer][expert] token counts since the last call."""
         return self.outputs.gate_stats.pop()
+
+    def pop_gate_telemetry(self) -> dict[str, list[LayerTelemetry]]:
+        """Per composition and layer, gate entropy / top-1 weight / top-1 expert since the last
+        call (one device read-back per composition)."""
+        return self.outputs.gate_stats.telemetry.pop()
 
     # ----- the step -------------------------------------------------------------------------
     def step(self) -> StepOutputs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from molora_runtime.engine.gate_telemetry import GateTelemetry
 from molora_runtime.engine.types import TokenAttribution
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
@@ -64,6 +65,7 @@ class GateStats:
         self.fold_every = fold_every
         self._counts: dict[str, torch.Tensor] = {}
         self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (comp, [L, K], seen)
+        self.telemetry = GateTelemetry(hot_set)  # entropy, top-1 weight and expert, per layer
 
     def record(self, ctx: LoRAContext) -> None:
         assert ctx.comp_idx is not None and ctx.gates is not None
@@ -79,6 +81,7 @@ class GateStats:
             self._pending.append((comp, hit.sum(dim=(1, 2)), mask.sum()))
         if len(self._pending) >= self.fold_every:
             self._fold()
+        self.telemetry.record(ctx)
 
     def _fold(self) -> None:
         if not self._pending:

@@ -9,6 +9,7 @@ import torch
 from molora_runtime.errors import InvalidRequestError
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
+from molora_runtime.model.learned_gate import LearnedPlan
 from molora_runtime.routes import (
     BaseRoute,
     LearnedRoute,
@@ -60,6 +61,7 @@ def build_lora_context(
     topk_rows: list[torch.Tensor] = []
     temp_rows: list[torch.Tensor] = []
     any_learned = False
+    plans: set[tuple[int, int, int, float]] = set()  # (gate slot, experts, top-k, temperature)
     for seg in segments:
         n = int(seg.token_ids.shape[0])
         slots = torch.zeros(n, width, dtype=torch.long)
@@ -85,6 +87,8 @@ def build_lora_context(
             comp[:] = cslot
             topk[:] = route.top_k or info.top_k
             temp[:] = route.temperature or info.temperature
+            plans.add((cslot, len(info.experts), route.top_k or info.top_k,
+                       route.temperature or info.temperature))  # fmt: skip
         slot_rows.append(slots)
         weight_rows.append(weights)
         comp_rows.append(comp)
@@ -108,6 +112,10 @@ def build_lora_context(
         ctx.top_k = torch.cat(topk_rows).to(device)
         ctx.temperature = torch.cat(temp_rows).to(device)
         ctx.gates = hot_set.gates
+        if len(plans) == 1:
+            ((cslot, n, k, t),) = plans
+            all_learned = all(isinstance(s.route, LearnedRoute) for s in segments)
+            ctx.learned_plan = LearnedPlan(cslot, n, k, float(t), all_learned)
     return ctx
 
 

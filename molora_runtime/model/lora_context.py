@@ -20,6 +20,15 @@ import torch
 
 from kernels.device_plan import DevicePlan, build_device_plan
 from kernels.stacked import SlotGate, slot_gate
+from molora_runtime.model.learned_gate import (
+    LayerGate,
+    LearnedPlan,
+    all_gates,
+    expand_gate,
+    layer_gate,
+    slot_weights,
+    table_of,
+)
 
 
 class Backend(Protocol):
@@ -57,15 +66,21 @@ class LoRAContext:
     temperature: torch.Tensor | None = None  # [T] float32, learned tokens' gate temperature
     # Slots [first, first + count) hold every adapter this step can touch (the stacked backend).
     stacked_slots: tuple[int, int] | None = None
+    # every learned token on one composition (host-known): the layer's gate takes the fast path
+    learned_plan: LearnedPlan | None = None
     record_layers: bool = False  # keep each layer's table (attribution / gate statistics)
     return_gate_logits: bool = False  # keep raw gate logits (router training)
     # outputs of the forward, filled by begin_layer
     layer_tables: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     gate_logits: list[torch.Tensor] = field(default_factory=list)
+    # with record_layers, each layer's tempered gate logits [T, >= n] (gate telemetry)
+    layer_logits: list[torch.Tensor] = field(default_factory=list)
     _static: tuple[torch.Tensor, torch.Tensor] | None = None
     # per table: (slot_ids, weights, {(rank, dtype): SlotGate})
     _gates: tuple[torch.Tensor, torch.Tensor, dict[tuple[int, torch.dtype], SlotGate]] | None = None
     _device_plan: tuple[torch.Tensor, torch.Tensor, DevicePlan] | None = None
+    # the fast path's layer gate, keyed by the table it built (stacked SlotGates come from it)
+    _layer_gate: tuple[torch.Tensor, LayerGate] | None = None
 
     def add_lora(self, y: torch.Tensor, x: torch.Tensor, buffers: Any, layer: int) -> torch.Tensor:
         """`y` plus the routed delta of `x` over `buffers` (in place where autograd allows)."""
@@ -86,7 +101,15 @@ class LoRAContext:
             cached = self._gates = (self.slot_ids, self.weights, {})
         gate = cached[2].get((rank, dtype))
         if gate is None:
-            gate = slot_gate(self.slot_ids, self.weights, first, count, rank, dtype)
+            fast = self._layer_gate
+            if fast is not None and fast[0] is self.slot_ids:
+                plan = self.learned_plan
+                assert plan is not None
+                gate = expand_gate(slot_weights(plan, fast[1], count), rank, dtype)
+                plan.ranks.append((rank, dtype))  # the next layers build it with the rest
+                plan.expander = None
+            else:
+                gate = slot_gate(self.slot_ids, self.weights, first, count, rank, dtype)
             cached[2][(rank, dtype)] = gate
         return gate
 
@@ -109,10 +132,35 @@ class LoRAContext:
         """Compute this layer's per-token table (learned rows from the gates on `normed`)."""
         if self._static is None:
             self._static = (self.slot_ids, self.weights)
-        if self.has_learned:
+        if self.has_learned and self.learned_plan is not None:
+            self._fast_table(layer, normed)
+        elif self.has_learned:
             self.slot_ids, self.weights = self._learned_table(layer, normed)
         if self.record_layers:
             self.layer_tables.append((self.slot_ids, self.weights))
+
+    def _fast_table(self, layer: int, normed: torch.Tensor) -> None:
+        """`learned_gate`'s path: one composition, one top-k, one temperature."""
+        plan, g, static = self.learned_plan, self.gates, self._static
+        assert plan is not None and g is not None and static is not None
+        gate = layer_gate(plan, g.weight, g.bias, layer, normed)
+        experts = g.expert_slots[plan.comp_slot, : plan.num_experts]
+        learned = None if plan.all_learned else self.comp_idx >= 0  # type: ignore[operator]
+        self.slot_ids, self.weights = table_of(gate, experts, static, learned)
+        if self.record_layers or self.return_gate_logits:
+            t = plan.temperature
+            tempered = gate.logits if t == 1.0 else gate.logits / t
+            if self.record_layers:
+                self.layer_logits.append(tempered)
+            if self.return_gate_logits:
+                self.gate_logits.append(tempered)
+        if self.stacked_slots is not None and plan.all_learned:
+            if plan.local_slots is None:
+                plan.local_slots = experts - self.stacked_slots[0]
+            self._layer_gate = (self.slot_ids, gate)
+            self._gates = (
+                self.slot_ids, self.weights, all_gates(plan, gate, self.stacked_slots[1])
+            )  # fmt: skip
 
     def _learned_table(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.comp_idx is not None and self.gates is not None and self._static is not None
@@ -135,6 +183,8 @@ class LoRAContext:
         )
         if self.return_gate_logits:
             self.gate_logits.append(logits)
+        if self.record_layers:
+            self.layer_logits.append(logits)
         k_max = min(W, K)
         top_vals, top_idx = torch.topk(logits, k_max, dim=-1)
         keep = torch.arange(k_max, device=logits.device)[None, :] < self.top_k[:, None]

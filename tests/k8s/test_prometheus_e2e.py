@@ -284,3 +284,30 @@ def test_every_panel_expression_evaluates(scraped: dict[str, Any]) -> None:
         dashboard_promql.hit_rate().replace("$__rate_interval", "5m").replace("$application", APP),
     )
     assert 0 <= hit_rate <= 1
+
+
+def test_gate_telemetry_reaches_prometheus(scraped: dict[str, Any]) -> None:
+    """The learned requests' gate folds arrive per layer, as cumulative buckets of the composition."""
+    prom = scraped["prometheus"]
+    comp = f'composition="{COMPOSITION}"'  # the catalog name: no version in the label
+    entropy = m.scraped(m.GATE_ENTROPY_BUCKETS)
+
+    def counts() -> tuple[float, float]:  # the top bound is 1 (entropy is normalized)
+        series = _query(prom, f"{entropy}{{{comp}}}")["result"]
+        by_le: dict[str, float] = {}
+        for sample in series:
+            le = sample["metric"]["le"]
+            by_le[le] = by_le.get(le, 0.0) + float(sample["value"][1])
+        return by_le.get("+Inf", 0.0), by_le.get("1", 0.0)
+
+    try:
+        tokens = _wait(
+            "gate entropy buckets", lambda: (c := counts())[0] > 0 and c[0] == c[1] and c[0], 30, 1
+        )
+    except TimeoutError:
+        pytest.fail(f"entropy buckets (+Inf, 1): {counts()}; series: {_query(prom, entropy)}")
+    assert _value(prom, f'sum({m.scraped(m.GATE_TOP1_WEIGHT_BUCKETS)}{{{comp}, le="1"}})') > 0
+    mean = _value(prom, f"sum({m.scraped(m.GATE_ENTROPY_SUM)}{{{comp}}})") / tokens
+    assert 0 <= mean <= 1
+    layers = {s["metric"]["layer"] for s in _query(prom, m.scraped(m.GATE_TOP1_TOKENS))["result"]}
+    assert layers == {"0", "1"}  # the tiny model's two layers, nothing else
