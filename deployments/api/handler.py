@@ -16,16 +16,14 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 
 from deployments.access.auth import Principal
 from deployments.access.gate import Access, AccessError
 from deployments.access.gate import error_response as access_error_response
 from deployments.access.tenancy import metric_label
 from deployments.api.engine_request import Body, check_echo_size, engine_request
-from deployments.api.http_errors import ApiError, error_response, validation_message
+from deployments.api.http_errors import ApiError, error_response, read_payload
 from deployments.api.images import ImagePartError, request_images
-from deployments.api.json_guard import BodyError, parse_body
 from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
 from deployments.api.response_models import error_payload
 from deployments.api.shaping import Item, Shaper, choices_asked, sse
@@ -103,21 +101,11 @@ class RequestHandler:
         return await self.collect(stream, first, shaper, tracker)
 
     async def parse(self, request: Request, chat: bool) -> Body:
-        raw = await request.body()
-        if len(raw) > self.cfg.server.max_request_bytes:
-            raise ApiError(413, f"request body exceeds {self.cfg.server.max_request_bytes} bytes")
-        try:
-            data = parse_body(raw, self.cfg.server.max_json_depth)
-        except BodyError as exc:
-            raise ApiError(400, str(exc)) from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "request body must be a JSON object")
+        server = self.cfg.server
         model_cls = ChatCompletionRequest if chat else CompletionRequest
-        try:
-            return model_cls.model_validate(data)
-        except ValidationError as exc:
-            message, param = validation_message(exc)
-            raise ApiError(400, message, param) from None
+        return read_payload(
+            await request.body(), model_cls, server.max_request_bytes, server.max_json_depth
+        )
 
     async def resolve(self, body: Body, principal: Principal) -> Resolved:
         explicit = body.molora.route

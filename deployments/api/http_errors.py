@@ -7,17 +7,18 @@ and 429/503 carry `Retry-After`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from adapter_store.errors import ReadOnlyStoreError
 from deployments.access.gate import AccessError
 from deployments.access.gate import error_response as access_error_response
+from deployments.api.json_guard import BodyError, parse_body
 from deployments.api.request_models import OPENAI_UNSUPPORTED
 from deployments.api.response_models import error_payload
 
@@ -99,3 +100,24 @@ def validation_message(exc: ValidationError) -> tuple[str, str | None]:
         msg = OPENAI_UNSUPPORTED.get(named, "unknown parameter")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param
+
+
+PayloadT = TypeVar("PayloadT", bound=BaseModel)
+
+
+def read_payload(raw: bytes, cls: type[PayloadT], max_bytes: int, max_depth: int) -> PayloadT:
+    """A request body as `cls`: 413 over `max_bytes`, 400 for bad JSON, a non-object or a field
+    that fails validation (naming it)."""
+    if len(raw) > max_bytes:
+        raise ApiError(413, f"request body exceeds {max_bytes} bytes")
+    try:
+        data = parse_body(raw, max_depth)
+    except BodyError as exc:
+        raise ApiError(400, str(exc)) from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise ApiError(400, message, param) from None

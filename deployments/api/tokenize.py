@@ -12,11 +12,10 @@ import asyncio
 from typing import Any
 
 from fastapi import Request
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from deployments.access.gate import Access
-from deployments.api.http_errors import ApiError, validation_message
-from deployments.api.json_guard import BodyError, parse_body
+from deployments.api.http_errors import ApiError, read_payload
 from deployments.api.request_models import MAX_MESSAGES, ChatMessage, _Payload
 from deployments.catalog.model_names import BadModelName, CatalogCache, ModelNotFound, Resolver
 from deployments.config import ServeConfig
@@ -91,20 +90,10 @@ class Tokenization:
 
     async def _body(self, request: Request, cls: type[_Payload]) -> Any:
         principal = await self.access.authenticate(request)
-        raw = await request.body()
-        if len(raw) > self.cfg.server.max_request_bytes:
-            raise ApiError(413, f"request body exceeds {self.cfg.server.max_request_bytes} bytes")
-        try:
-            data = parse_body(raw, self.cfg.server.max_json_depth)
-        except BodyError as exc:
-            raise ApiError(400, str(exc)) from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "request body must be a JSON object")
-        try:
-            body = cls.model_validate(data)
-        except ValidationError as exc:
-            message, param = validation_message(exc)
-            raise ApiError(400, message, param) from None
+        server = self.cfg.server
+        body = read_payload(
+            await request.body(), cls, server.max_request_bytes, server.max_json_depth
+        )
         if body.model is not None:  # all models share the base tokenizer, but must be visible
             resolver = Resolver(self.cfg, self.access.visible(principal, await self.catalog.get()))
             try:

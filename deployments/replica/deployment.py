@@ -43,14 +43,12 @@ logger = logging.getLogger("ray.serve")
 
 
 def use_assigned_cores() -> int:
-    """Compute on as many threads as this replica was given CPUs (at least one), but leave
-    one core to the serving path when the replica was given every core of its machine.
+    """Compute on as many threads as this replica was given CPUs (at least one).
 
     Ray sets OMP_NUM_THREADS from `num_cpus`, but a fractional or zero share leaves torch on
-    one thread; the CPU count of the replica's resources is the intent, so take that. The
-    router, the HTTP proxy and Ray's daemons run on the same cores while tokens stream; a
-    step's thread team spanning all of them is preempted at its barriers, and every parallel
-    region then waits (and spins) for the preempted thread.
+    one thread; the CPU count of the replica's resources is the intent, so take that. Fewer
+    threads than assigned cores is set with `num_cpus`, never guessed here: on a real model
+    the step's GEMMs need every core they were given.
     """
     import torch
 
@@ -60,8 +58,6 @@ def use_assigned_cores() -> int:
         cpus = 0.0
     threads = max(1, round(cpus)) if cpus else torch.get_num_threads()
     cores = len(os.sched_getaffinity(0))
-    if cpus and cores > 1 and threads >= cores:
-        threads = cores - 1
     torch.set_num_threads(threads)
     logger.info(
         "replica computes on %d torch threads (%.2f CPUs assigned, %d cores)", threads, cpus, cores

@@ -20,27 +20,8 @@ from molora_runtime.model.chat_templates import (
     use_chat_template,
 )
 from tests.runtime.rt_util import build_engine, run_to_completion
+from tests.support.tool_schemas import CLOCK, SCHEMAS, TOOLS
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"enum": ["Paris", "Oslo", "Lima"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-CLOCK = {
-    "type": "object",
-    "properties": {"utc": {"type": "boolean"}},
-    "required": ["utc"],
-    "additionalProperties": False,
-}
-SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
-TOOLS = [
-    {"type": "function", "function": {"name": n, "description": f"{n} tool", "parameters": s}}
-    for n, s in SCHEMAS.items()
-]
 BLOCK = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
 
 

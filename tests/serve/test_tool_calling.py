@@ -16,26 +16,8 @@ import pytest
 from pydantic import BaseModel, Field
 from serve_helpers import deployed, openai_client, shipped_args
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-CLOCK = {
-    "type": "object",
-    "properties": {"utc": {"type": "boolean"}},
-    "required": ["utc"],
-    "additionalProperties": False,
-}
-SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
-TOOLS = [
-    {"type": "function", "function": {"name": n, "description": f"{n}.", "parameters": s}}
-    for n, s in SCHEMAS.items()
-]
+from tests.support.tool_schemas import SCHEMAS, TOOLS
+
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 ROUTES = ["tiny-base", "math", "math:0.5+code:0.5", "mathcode"]
 
