@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from adapter_store.source import AdapterStoreSource
-from benchmarks.report import RESULTS_DIR, write_json
+from benchmarks.report import FIGURES_DIR, RESULTS_DIR, write_json
 from molora_runtime.engine.llm import LLM
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.lora.composition import load_composition
@@ -54,7 +54,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--skip-arrow", action="store_true")
     p.add_argument("--out", default=str(RESULTS_DIR / "quality.json"))
-    p.add_argument("--plot", default=str(RESULTS_DIR / "quality_gates.png"))
+    p.add_argument("--plot", default=str(FIGURES_DIR / "quality_gates.png"))
     return p.parse_args()
 
 

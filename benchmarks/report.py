@@ -9,6 +9,7 @@ from typing import Any
 from benchmarks.machine import machine_info
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+FIGURES_DIR = Path(__file__).resolve().parents[1] / "docs" / "figures"  # plots the docs show
 
 
 def write_json(path: str | Path, result: dict[str, Any]) -> Path:

@@ -2,7 +2,7 @@
 # Build the multimodal digits artefacts: the image codebook, the `draw` and `read` adapters
 # (trained apart, on the train split of scikit-learn's digits), their publication in the default
 # store, and the quality table + digit grid (benchmarks/results/multimodal_quality.json,
-# multimodal_digits.png). These are the exact commands and seeds of the committed artefacts.
+# docs/figures/multimodal_digits.png). These are the exact commands and seeds of the committed artefacts.
 # The default store keeps the versions the `digits` route serves (draw@v3, read@v5); the
 # intermediate adapters (draw@v2, read@v3, read@v4) are trained here on the way and published only
 # with PUBLISH_INTERMEDIATE=1, for comparisons. Training notes and timings: benchmarks/HISTORY.md.
