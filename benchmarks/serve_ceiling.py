@@ -4,7 +4,8 @@ the model costs almost nothing (as a fast accelerator makes it), MoLoRA vs vLLM.
 A tiny random Llama is built at run time (hidden 64, 2 layers, 2 heads / 1 KV head, head_dim
 32, fp32; the embedded SmolLM2's tokenizer, chat template and config otherwise) and served by
 vLLM's OpenAI server (threads bound to every core, `--max-num-seqs 64`) and by MoLoRA
-`serve run` on the shipped layout (`max_num_seqs 64`, Ray workers at nice 0). One streaming
+`serve run` on the shipped layout (`max_num_seqs 64`, Ray workers at nice 0; the replica on
+`FREE_MODEL_REPLICA_CPUS`, as a GPU replica computes off its CPU threads). One streaming
 chat client (128 tokens, `ignore_eos`, greedy) drives each at c=32/64/128. Per cell: tok/s,
 TTFT p50/p99, ITL p50/p99 and CPU milliseconds per generated token summed over every process
 of the server (from /proc), plus the client's own CPU; and the offline engine (`LLM`, no Ray,
@@ -76,9 +77,15 @@ def make_tiny(out: Path) -> Path:
     return out
 
 
+# A model whose forward costs nothing needs no compute threads (on a GPU the device computes):
+# its replica takes one core, as a GPU replica's does, and leaves the others to the token path.
+FREE_MODEL_REPLICA_CPUS = 1
+
+
 def molora_config(tiny: Path, path: Path, direct: bool = False) -> Path:
-    """serve_config.yaml's layout serving the tiny model as `base`, 64 sequences per replica
-    (`direct`: with Serve's direct ingress, the router serving HTTP itself)."""
+    """serve_config.yaml's layout serving the tiny model as `base`, 64 sequences per replica on
+    `FREE_MODEL_REPLICA_CPUS` (`direct`: with Serve's direct ingress, the router serving HTTP
+    itself)."""
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     cfg["http_options"]["port"] = MOLORA_PORT
     cfg["logging_config"]["enable_access_log"] = False
@@ -95,6 +102,7 @@ def molora_config(tiny: Path, path: Path, direct: bool = False) -> Path:
             dep.pop("autoscaling_config", None)
             dep["max_ongoing_requests"] = MAX_NUM_SEQS + 1  # + the router's stream channel
             dep["max_queued_requests"] = 512
+            dep.setdefault("ray_actor_options", {})["num_cpus"] = FREE_MODEL_REPLICA_CPUS
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
@@ -298,10 +306,10 @@ def main() -> None:
                      "SmolLM2 tokenizer), fp32", "new_tokens": NEW_TOKENS, "ignore_eos": True,
                      "temperature": 0.0, "cells": cells, "requests_per_cell": "2 x c",
                      "max_num_seqs": MAX_NUM_SEQS},
-        "molora_layout": replica_layout(),
+        "molora_layout": {**replica_layout(), "num_cpus": FREE_MODEL_REPLICA_CPUS},
         "vllm_env": {k: v for k, v in vllm_cpu_env().items() if k.startswith(("VLLM_", "OMP_"))},
         "quick": args.quick,
-        "note": "timings from a shared 2-core box; other work ran beside it (noisy)",
+        "note": "one 2-core box, nothing else running; rounds in reversed order",
         "rounds": rounds,
         "table": table,
     })  # fmt: skip

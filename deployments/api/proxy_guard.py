@@ -44,7 +44,7 @@ LOST_MESSAGE = (
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
-    """The OpenAI error shape (as deployments/api/protocol.py's `error_payload`)."""
+    """The OpenAI error shape (as `deployments.api.response_models.error_payload`)."""
     kinds = {429: "rate_limit_error", 503: "service_unavailable"}
     kind = kinds.get(status, "server_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
