@@ -133,7 +133,9 @@ class GateSummaries:
         return len(self._row)
 
 
-def summarize(data: torch.Tensor, composition: str, experts: list[str], layers: bool) -> GateSummary:
+def summarize(
+    data: torch.Tensor, composition: str, experts: list[str], layers: bool
+) -> GateSummary:
     """The summary of one accumulator row `[L, F]` over the composition's `experts`."""
     L, F = data.shape
     K, n = (F - 2) // 3, len(experts)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from pydantic import ValidationError
 
 from molora_runtime.engine.types import GateSummary
@@ -179,4 +178,3 @@ def test_only_learned_routes_have_a_summary(tiny_engine_factory) -> None:
             engine.validate_request(request("x", prompt, route, 2, return_gate_summary=True))
     with pytest.raises(ValidationError, match="gate_summary_layers needs return_gate_summary"):
         request("x", prompt, LearnedRoute(composition="moe"), 2, gate_summary_layers=True)
-
