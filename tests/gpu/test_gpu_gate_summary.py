@@ -102,9 +102,23 @@ def _summaries(graphs: bool, tmp: Path) -> tuple[dict[str, Any], int, int]:
     return found, calls[0], graph_runs[0]
 
 
+def _raises_in_sync_error_mode(fn: Any) -> bool:
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+    except RuntimeError:
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return False
+
+
 @gpu
 def test_gate_summary_without_host_sync_eager_and_graphs() -> None:
     require_cuda()
+    # the detector sees the syncs `record` avoids: a read-back and a pageable host->device copy
+    assert _raises_in_sync_error_mode(lambda: torch.ones(1, device="cuda").item())
+    assert _raises_in_sync_error_mode(lambda: torch.tensor([1, 2]).to("cuda"))
     with tempfile.TemporaryDirectory() as tmp:
         eager, eager_calls, _ = _summaries(False, Path(tmp) / "e")
         graphed, graph_calls, graph_runs = _summaries(True, Path(tmp) / "g")
