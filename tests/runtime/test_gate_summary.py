@@ -19,6 +19,7 @@ from molora_runtime.engine.types import GateSummary
 from molora_runtime.errors import InvalidRequestError
 from molora_runtime.routes import LearnedRoute, MixRoute
 from tests.runtime.rt_util import make_composition, random_prompts, request, run_to_completion
+from tests.runtime.test_preemption import BS, budget
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +179,29 @@ def test_only_learned_routes_have_a_summary(tiny_engine_factory) -> None:
             engine.validate_request(request("x", prompt, route, 2, return_gate_summary=True))
     with pytest.raises(ValidationError, match="gate_summary_layers needs return_gate_summary"):
         request("x", prompt, LearnedRoute(composition="moe"), 2, gate_summary_layers=True)
+
+
+def test_preempted_requests_count_each_token_once(tiny_engine_factory) -> None:
+    """A preempted sequence's recompute prefill samples only its next token: the summary counts
+    every generated token once, and routes them as the unpreempted run does."""
+    prompts = random_prompts(5, 256, [9, 14, 5, 11, 7], seed=21)
+    route = LearnedRoute(composition="moe")
+    reqs = [
+        request(f"r{i}", p, route, m, return_gate_summary=True, gate_summary_layers=True)
+        for i, (p, m) in enumerate(zip(prompts, [14, 9, 16, 10, 12], strict=True))
+    ]
+    roomy = run_to_completion(tiny_engine_factory(kv_block_size=BS), reqs)
+    tight = tiny_engine_factory(
+        kv_block_size=BS, kv_cache_bytes=budget(tiny_engine_factory, 12), max_num_seqs=5
+    )
+    got = run_to_completion(tight, reqs)
+    assert tight.stats().kv.preemptions > 0
+    for req in reqs:
+        rid = req.request_id
+        assert got[rid]["tokens"] == roomy[rid]["tokens"]
+        a, b = got[rid]["outputs"][-1].gate_summary, roomy[rid]["outputs"][-1].gate_summary
+        assert a.tokens == b.tokens == req.sampling.max_tokens
+        assert a.share == pytest.approx(b.share, abs=1e-5)
+        assert a.mean_weight == pytest.approx(b.mean_weight, abs=1e-5)
+        assert a.mean_entropy == pytest.approx(b.mean_entropy, abs=1e-5)
+    assert tight.outputs.summaries.active == 0
