@@ -287,6 +287,7 @@ class CompletionResult:
     finish_reason: FinishReason | None
     attribution: list[TokenAttribution] | None = None
     logprobs: list[TokenLogprob] | None = None
+    gate_summary: GateSummary | None = None  # with return_gate_summary (learned routes)
 
 
 @dataclass

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from molora_runtime.engine.types import GateSummary
+from molora_runtime.engine.llm import LLM
+from molora_runtime.engine.types import GateSummary, SamplingParams
 from molora_runtime.errors import InvalidRequestError
 from molora_runtime.routes import LearnedRoute, MixRoute
 from tests.runtime.rt_util import make_composition, random_prompts, request, run_to_completion
@@ -205,3 +206,18 @@ def test_preempted_requests_count_each_token_once(tiny_engine_factory) -> None:
         assert a.mean_weight == pytest.approx(b.mean_weight, abs=1e-5)
         assert a.mean_entropy == pytest.approx(b.mean_entropy, abs=1e-5)
     assert tight.outputs.summaries.active == 0
+
+
+def test_offline_llm_returns_summaries(tiny_llama, tiny_adapters, tiny_composition) -> None:
+    llm = LLM(
+        model=tiny_llama, adapters=tiny_adapters, compositions={"moe": tiny_composition},
+        device="cpu", dtype="float32", enable_cuda_graph=False, max_model_len=128,
+    )  # fmt: skip
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    routes = [LearnedRoute(composition="moe"), LearnedRoute(composition="moe", top_k=1)]
+    out = llm.generate([[1, 2, 3], [4, 5]], params, routes=routes, return_gate_summary=True)
+    assert [r.gate_summary.tokens for r in out] == [4, 4]
+    assert out[1].gate_summary.share == pytest.approx(out[1].gate_summary.mean_weight)
+    assert llm.generate([[1, 2]], params, routes="a")[0].gate_summary is None
+    with pytest.raises(InvalidRequestError, match="needs a learned composition"):
+        llm.generate([[1, 2]], params, routes="a", return_gate_summary=True)
