@@ -93,7 +93,7 @@ class GateSummaries:
             self._grow()
         row = self._free.pop()
         self._row[rid] = row
-        self._experts[rid] = list(self.hot_set.composition_info(seq.route.composition).experts)  # type: ignore[union-attr]
+        self._experts[rid] = list(self.hot_set.composition_info(seq.composition or "").experts)
         assert self._acc is not None
         self._acc[row].zero_()
         return row
@@ -119,7 +119,8 @@ class GateSummaries:
         experts = self._experts[rid]
         data = self._acc[row].cpu()
         self.drop(rid)
-        return summarize(data, seq.route.composition, experts, seq.request.gate_summary_layers)  # type: ignore[union-attr]
+        layers = seq.request.gate_summary_layers
+        return summarize(data, seq.composition or "", experts, layers)
 
     def drop(self, request_id: str) -> None:
         """Free a request's row without reading it (abort, error)."""
