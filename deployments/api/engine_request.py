@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from deployments.api.gate_summary import check_gate_summary
 from deployments.api.http_errors import ApiError, validation_message
 from deployments.api.images import wants_images
 from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
@@ -62,6 +63,7 @@ def engine_request(
     tenant: str | None = None,
 ) -> GenerationRequest:
     """The engine request; a value the engine refuses becomes a 400 naming its field."""
+    check_gate_summary(body, resolved)
     try:
         asked = body.requested_max_tokens()
         sampling = SamplingParams(
@@ -111,6 +113,8 @@ def engine_request(
             sampling=sampling,
             response_format=body.engine_format(),
             return_attribution=body.molora.return_attribution,
+            return_gate_summary=body.molora.gate_summary,
+            gate_summary_layers=body.molora.gate_summary_layers,
             tenant=tenant,
             cache_salt=body.cache_salt,
             **prompt,

@@ -4,7 +4,8 @@ Requests forbid unknown keys so a misspelt parameter is a 400 naming it rather t
 ignored setting; parameters OpenAI defines but we do not implement are accepted only at their
 neutral value. Request models are strict: JSON types are not coerced ("5" is not an integer,
 "yes" not a boolean). Every number has a bound (the README's *Request bounds*). The `molora`
-object is our extension: an explicit route, per-token attribution, opt-in truncation.
+object is our extension: an explicit route, per-token attribution, gate summaries, opt-in
+truncation.
 """
 
 from __future__ import annotations
@@ -87,6 +88,20 @@ class MoloraOptions(_Payload):
         "them out of the text; default: when the request has image parts or its route sends "
         "the image-code range to an adapter",
     )
+    gate_summary: bool = Field(
+        False,
+        description="a learned composition's gate over each choice's generated tokens (expert "
+        "shares, mean weights, mean entropy) in `molora.gate_summary`; a 400 on other routes",
+    )
+    gate_summary_layers: bool = Field(
+        False, description="with gate_summary: each layer's top-1 expert shares too"
+    )
+
+    @model_validator(mode="after")
+    def _layers_need_summary(self) -> MoloraOptions:
+        if self.gate_summary_layers and not self.gate_summary:
+            raise ValueError("gate_summary_layers needs gate_summary: true")
+        return self
 
 
 class JsonSchemaSpec(_Payload):

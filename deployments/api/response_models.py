@@ -20,6 +20,31 @@ class TokenAttributionOut(BaseModel):
     adapters: dict[str, float]
 
 
+class ExpertShareOut(BaseModel):
+    adapter: str = Field(description="the expert adapter, as name@version")
+    share: float = Field(description="its part of the (token, layer) top-k selections")
+    mean_weight: float = Field(
+        description="its mixture weight, averaged over every (token, layer), 0 where unselected"
+    )
+
+
+class GateSummaryOut(BaseModel):
+    """How a learned composition's gate routed one choice's generated tokens."""
+
+    index: int = Field(description="the choice")
+    composition: str
+    version: str | None = None
+    tokens: int = Field(description="generated tokens routed (prompt tokens are not counted)")
+    layers: int
+    experts: list[ExpertShareOut]
+    mean_entropy: float = Field(
+        description="gate entropy / log(experts), averaged over (token, layer): 0 one-hot, 1 flat"
+    )
+    layer_top1_share: list[list[float]] | None = Field(
+        None, description="[layer][expert]: tokens that ranked the expert first (gate order)"
+    )
+
+
 class MoloraInfo(BaseModel):
     """What we add to responses: where the request ran and, on request, per-token attribution."""
 
@@ -29,6 +54,7 @@ class MoloraInfo(BaseModel):
     hot_set_hit: bool | None = None
     tier: str | None = None  # where the adapters were on arrival: slot|host|loading|disk|store
     attribution: list[TokenAttributionOut] | None = None
+    gate_summary: list[GateSummaryOut] | None = None  # per choice, when asked (learned routes)
 
 
 class _Envelope(BaseModel):

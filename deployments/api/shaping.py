@@ -10,6 +10,7 @@ import json
 import time
 from typing import Any
 
+from deployments.api.gate_summary import choice_summaries, gate_summary_out
 from deployments.api.images import ImageOutput
 from deployments.api.logprobs import chat_logprobs, completion_logprobs, mean_logprob
 from deployments.api.response_models import (
@@ -189,6 +190,7 @@ class Shaper:
                     )
                 )
         info = self._info(True, attribution)
+        info.gate_summary = choice_summaries(by_index, order)
         if self.chat:
             return ChatCompletionResponse(
                 id=self.id, model=self.model, choices=chat_choices, usage=self.usage, molora=info
@@ -243,6 +245,9 @@ class Shaper:
         info = None
         if (first and not self.sent_role) or item.attribution:
             info = self._info(not self.sent_role, item.attribution)
+        if item.gate_summary is not None:  # on the choice's finishing chunk
+            info = info or self._info(False, None)
+            info.gate_summary = [gate_summary_out(index, item.gate_summary)]
         offset = self.offsets.get(index, 0)
         prompt: list[LogprobItem] = []
         if self.echo and first:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import asdict
 from typing import Any
 
 from deployments.api.errors import error_item, output_error
@@ -41,6 +42,8 @@ def delta_wire(out: GenerationOutput, index: int = 0, tokenizer: Any = None) -> 
         ]
     if out.logprobs is not None:
         item["logprobs"] = [lp.model_dump() for lp in logprob_items(out.logprobs, tokenizer)]
+    if out.gate_summary is not None:
+        item["gate_summary"] = asdict(out.gate_summary)
     if out.prompt_logprobs is not None and out.prompt_token_ids is not None:
         prompt = prompt_items(out.prompt_token_ids, out.prompt_logprobs, tokenizer)
         item["prompt_logprobs"] = [lp.model_dump() for lp in prompt]

@@ -6,7 +6,7 @@ The replica encodes with `encode` (a model, dumped once) and the ingress decodes
   the items after the first output come through the router's stream channel;
 - `delta`: the text and token ids of one or more new tokens (several when the replica coalesces
   an engine step's outputs) of choice `index` (0 .. n-1), their optional attribution and
-  logprobs, and the finish reason on that choice's last;
+  logprobs, and the finish reason (and the asked gate summary) on that choice's last;
 - `usage`: token counts, once, before the stream ends (completion tokens of every choice);
 - `error`: the request failed; status and message are what the client sees.
 
@@ -45,6 +45,19 @@ class TokenAttributionItem(_Item):
     adapters: dict[str, float]
 
 
+class GateSummaryItem(_Item):
+    """A learned route's gate over one choice's generated tokens (`engine.types.GateSummary`)."""
+
+    composition: str
+    experts: list[str]
+    tokens: int = Field(ge=0)
+    layers: int = Field(ge=0)
+    share: list[float]
+    mean_weight: list[float]
+    mean_entropy: float
+    layer_top1_share: list[list[float]] | None = None
+
+
 class TopLogprobItem(_Item):
     token_id: int
     token: str = Field(description="the token's text (decoded alone)")
@@ -77,6 +90,9 @@ class DeltaItem(_Item):
     )
     stop_reason: str | int | None = Field(
         None, description="with finish_reason stop: the stop string or stop token id matched"
+    )
+    gate_summary: GateSummaryItem | None = Field(
+        None, description="on the choice's last delta, when asked (learned routes)"
     )
 
 
@@ -126,6 +142,11 @@ def approx_size(raw: dict[str, object]) -> int:
     size += _logprob_bytes(raw.get("prompt_logprobs"))  # type: ignore[arg-type]
     for entry in raw.get("attribution") or []:  # type: ignore[union-attr]
         size += 32 + sum(24 + len(name) for name in entry.get("adapters", {}))
+    summary = raw.get("gate_summary")
+    if summary:  # experts x (layers + 2) numbers and the names
+        experts = summary["experts"]  # type: ignore[index]
+        size += 256 + sum(24 + 2 * len(e) for e in experts)
+        size += 24 * len(experts) * (3 + len(summary.get("layer_top1_share") or []))  # type: ignore[union-attr]
     return size
 
 

@@ -114,6 +114,7 @@ class LLMEngine:
             self.scheduler,
             self.hot_set,
             self.kv.zero_blocks,
+            config.max_num_seqs,
         )
         use_graphs = config.enable_cuda_graph and self.device.type == "cuda"
         self.runner = ModelRunner(

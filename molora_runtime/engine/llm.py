@@ -65,8 +65,10 @@ class LLM:
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         routes: RouteLike | Seq[RouteLike] = None,
         return_attribution: bool = False,
+        return_gate_summary: bool = False,
     ) -> list[CompletionResult]:
-        """Generate for every prompt (text, token ids or chat messages); results keep order."""
+        """Generate for every prompt (text, token ids or chat messages); results keep order.
+        `return_gate_summary`: every route must be learned (InvalidRequestError otherwise)."""
         prompt_list = _as_prompt_list(prompts)
         n = len(prompt_list)
         params = _broadcast(sampling_params or SamplingParams(), n, "sampling_params")
@@ -87,6 +89,7 @@ class LLM:
                     route=route,
                     sampling=p,
                     return_attribution=return_attribution,
+                    return_gate_summary=return_gate_summary,
                     **kwargs,
                 )
             )
@@ -119,6 +122,7 @@ def _accumulate(result: CompletionResult, out: GenerationOutput) -> None:
         result.logprobs = (result.logprobs or []) + out.logprobs
     if out.finished:
         result.finish_reason = out.finish_reason
+        result.gate_summary = out.gate_summary
         if out.error:
             raise RuntimeError(f"request {out.request_id} failed: {out.error}")
 

@@ -15,13 +15,14 @@ from typing import Any
 import torch
 
 from molora_runtime.engine.detokenizer import IncrementalDetokenizer
+from molora_runtime.engine.gate_summary import GateSummaries
 from molora_runtime.engine.isolation import culprit_error, sample_isolated
 from molora_runtime.engine.logits_processing import RowInput, sample_rows, take_rows, token_logprob
 from molora_runtime.engine.route_stats import GateStats, attribution, attributions, slot_names
 from molora_runtime.engine.scheduler import Scheduler
 from molora_runtime.engine.sequence import SeqStatus, Sequence
 from molora_runtime.engine.step_batch import StepBatch
-from molora_runtime.engine.types import FinishReason, GenerationOutput
+from molora_runtime.engine.types import FinishReason, GateSummary, GenerationOutput
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.multimodal.prompt import HIDDEN_IDS
@@ -40,9 +41,10 @@ class OutputProcessor:
         scheduler: Scheduler,
         hot_set: HotSet,
         wipe: Callable[[list[int]], None],
+        max_num_seqs: int = 1,
     ) -> None:
         """`max_len`: tokens a sequence may reach (context limit and KV budget); `wipe` zeroes
-        KV blocks of a failed sequence."""
+        KV blocks of a failed sequence; `max_num_seqs` sizes the gate summaries' rows."""
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.max_len = max_len
@@ -50,6 +52,7 @@ class OutputProcessor:
         self.hot_set = hot_set
         self.wipe = wipe
         self.gate_stats = GateStats(hot_set)
+        self.summaries = GateSummaries(hot_set, max_num_seqs)
         self._detok: dict[str, IncrementalDetokenizer] = {}
 
     # ----- after a forward ------------------------------------------------------------------
@@ -72,6 +75,7 @@ class OutputProcessor:
             return
         if len(src) != len(batch.logits_seqs):
             logits = logits[torch.tensor(src, dtype=torch.long, device=logits.device)]
+        self.summaries.record(ctx, seqs, [batch.logits_index[i] for i in src])
         logprobs: dict[int, Any] = {}
 
         def sample(lg: torch.Tensor, rows: list[int]) -> list[int]:
@@ -173,7 +177,9 @@ class OutputProcessor:
             self._detok[seq.request_id] = detok
         return detok
 
-    def _increment(self, seq: Sequence, finished: bool) -> GenerationOutput | None:
+    def _increment(
+        self, seq: Sequence, finished: bool, summary: GateSummary | None = None
+    ) -> GenerationOutput | None:
         detok = self._detokenizer(seq)
         safe = detok.safe_length(seq.text, finished)
         delta = seq.text[seq.emitted_chars : safe] if safe > seq.emitted_chars else ""
@@ -208,6 +214,7 @@ class OutputProcessor:
             logprobs=lps,
             prompt_logprobs=prompt_logprobs,
             prompt_token_ids=list(seq.prompt_ids) if prompt_logprobs is not None else None,
+            gate_summary=summary,
             error=seq.error,
             exception=seq.exception,
         )
@@ -218,6 +225,7 @@ class OutputProcessor:
         seq.finish_reason = reason
         seq.status = SeqStatus.FINISHED
         self._detok.pop(seq.request_id, None)
+        self.summaries.drop(seq.request_id)
         return GenerationOutput(
             request_id=seq.request_id,
             new_token_ids=[],
@@ -235,7 +243,7 @@ class OutputProcessor:
         seq.finish_reason = reason
         seq.status = SeqStatus.FINISHED
         if reason not in ("abort", "error"):
-            out = self._increment(seq, finished=True)
+            out = self._increment(seq, finished=True, summary=self.summaries.take(seq))
             if out is not None:
                 outputs.append(out)
         else:

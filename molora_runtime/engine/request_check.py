@@ -163,6 +163,11 @@ class RequestChecker:
 
     def _check_route(self, req: GenerationRequest) -> None:
         route = req.route
+        if req.return_gate_summary and not isinstance(route, LearnedRoute):
+            raise InvalidRequestError(
+                f"a gate summary needs a learned composition; this request's route is "
+                f"{route.kind!r}, which has no gate"
+            )
         try:
             check_route_limits(route, self.limits, self.vocab_size)
         except ValueError as exc:

@@ -143,6 +143,14 @@ class GenerationRequest(BaseModel):
     route: RouteSpec = Field(default_factory=BaseRoute)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     return_attribution: bool = Field(False, description="report the adapters behind each token")
+    return_gate_summary: bool = Field(
+        False,
+        description="a learned route's gate summary over the generated tokens, on the last "
+        "output (a learned route only: InvalidRequestError otherwise)",
+    )
+    gate_summary_layers: bool = Field(
+        False, description="with return_gate_summary: each layer's top-1 expert shares too"
+    )
     response_format: ResponseFormat | None = Field(
         None, description="constrain the output to JSON (optionally matching a JSON Schema)"
     )
@@ -192,6 +200,8 @@ class GenerationRequest(BaseModel):
                 raise ValueError("images go with messages (their U+FFFC slots)")
             if any(len(img) != 64 for img in self.images):
                 raise ValueError("an image has 64 grey levels (8x8)")
+        if self.gate_summary_layers and not self.return_gate_summary:
+            raise ValueError("gate_summary_layers needs return_gate_summary")
         return self
 
 
@@ -213,6 +223,21 @@ class TokenAttribution:
 
 
 @dataclass
+class GateSummary:
+    """How a learned route's gate routed one request's generated tokens (bounded: experts x
+    layers numbers, never per token); `molora_runtime.engine.gate_summary` folds it."""
+
+    composition: str  # the route's composition ref (pinned `name@version` when served)
+    experts: list[str]  # the composition's adapters, in gate order
+    tokens: int  # generated tokens routed
+    layers: int
+    share: list[float]  # per expert: its part of the (token, layer) top-k selections
+    mean_weight: list[float]  # per expert: mean mixture weight over (token, layer), 0 unselected
+    mean_entropy: float  # gate entropy over the experts / log(experts), mean over (token, layer)
+    layer_top1_share: list[list[float]] | None = None  # [layer][expert] ranked first
+
+
+@dataclass
 class GenerationOutput:
     """One streamed increment of a request (the last one has `finished=True`)."""
 
@@ -229,6 +254,7 @@ class GenerationOutput:
     # Once, on the first output that carries tokens; the first prompt token has none (None).
     prompt_logprobs: list[TokenLogprob | None] | None = None
     prompt_token_ids: list[int] | None = None  # with prompt_logprobs
+    gate_summary: GateSummary | None = None  # on the finished output, when asked
     error: str | None = None
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
@@ -261,6 +287,7 @@ class CompletionResult:
     finish_reason: FinishReason | None
     attribution: list[TokenAttribution] | None = None
     logprobs: list[TokenLogprob] | None = None
+    gate_summary: GateSummary | None = None  # with return_gate_summary (learned routes)
 
 
 @dataclass
