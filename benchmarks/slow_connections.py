@@ -34,7 +34,11 @@ from urllib.parse import urlparse
 import httpx
 
 from benchmarks.report import write_json
+from deployments.access.auth import KeyFile, new_key, write_key_file
 from deployments.api.proxy_guard import CAP_ENV
+from tests.serve.serve_assets import make_store, make_tiny_model
+from tests.serve.serve_helpers import deployed, shipped_args
+from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "slow_connections.json"
@@ -310,13 +314,6 @@ async def run(
 
 
 def launch(args: argparse.Namespace) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT / "tests" / "serve"))  # the tests' real-asset builder
-    from serve_assets import make_store, make_tiny_model
-    from serve_helpers import deployed, shipped_args
-
-    from deployments.access.auth import KeyFile, new_key, write_key_file
-    from tests.support.local_ray import start_local_cluster, stop_local_cluster
-
     work = Path(tempfile.mkdtemp(prefix="molora-slowconn-"))
     (work / "model").mkdir()
     (work / "adapters").mkdir()
