@@ -9,7 +9,6 @@ from typing import Literal
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from molora_runtime.model.arch import arch_from_config, load_arch
 from molora_runtime.model.decoder import CausalLM
@@ -30,6 +29,9 @@ def make_tiny_model(
 ) -> Path:
     """Write a random HF checkpoint; `with_tokenizer` borrows the embedded model's tokenizer
     (and sets the vocabulary to its size), so text prompts and chat templates work."""
+    # imported here: the bare GPU box runs make_native_tiny_model without transformers
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tok_src = resolve_model_path("smollm2-135m-instruct") if with_tokenizer else None

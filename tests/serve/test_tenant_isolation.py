@@ -17,10 +17,9 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from serve_helpers import deployed, shipped_args
+from serve_helpers import auth_on, deployed, shipped_args, write_keys
 
 from benchmarks.slow_connections import run as slow_connections
-from deployments.access.auth import KeyFile, new_key, write_key_file
 
 MESSAGES = [{"role": "user", "content": "Write a few words."}]
 PRIVATE_EVIL = "evil-private"
@@ -41,26 +40,23 @@ def tenants(ray_cluster, tiny_assets, tmp_path_factory):
     folder = store / "adapters" / "math" / math.version / math.blob_dir
     registry.publish_adapter(folder, PRIVATE_EVIL, "v1", tenant="evil")
     registry.publish_adapter(folder, PRIVATE_ACME, "v1", tenant="acme")
-    keys: dict[str, str] = {}
-    entries = []
-    for name, tenant, admin in [
-        ("acme", "acme", False),
-        ("acme_admin", "acme", True),
-        ("evil", "evil", False),
-        ("evil_wide", "evil", False),
-        ("evil_tpm", "evil", False),
-        ("evil_admin", "evil", True),
-    ]:
-        key, entry = new_key(tenant, admin=admin)
-        keys[name], keys[f"{name}_id"] = key, entry.key_id
-        entries.append(entry)
-    write_key_file(root / "keys.json", KeyFile(keys=entries))
+    keys = write_keys(
+        root / "keys.json",
+        [
+            ("acme", "acme", False),
+            ("acme_admin", "acme", True),
+            ("evil", "evil", False),
+            ("evil_wide", "evil", False),
+            ("evil_tpm", "evil", False),
+            ("evil_admin", "evil", True),
+        ],
+    )
     args = shipped_args(
         tiny_assets,
         engine={"max_num_seqs": 4, "max_queue_len": 16, "max_model_len": 512},
         server={
             "default_max_tokens": 8,
-            "auth": {"enabled": True, "keys_file": str(root / "keys.json")},
+            "auth": auth_on(root / "keys.json"),
             "admission": {
                 "body_timeout_s": BODY_TIMEOUT_S,
                 "max_connections_per_key": CONNECTION_CAP,
