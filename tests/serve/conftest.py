@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from serve_assets import make_store, make_tiny_model
+from serve_helpers import openai_client
 from start_once import StartOnce
 
 from tests.support.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
@@ -37,3 +38,9 @@ def ray_cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     cluster = RAY.ensure(request.node.nodeid)
     yield {"url": cluster.url, "metrics_port": cluster.metrics_port}
     RAY.stop()
+
+
+@pytest.fixture
+def client(app_url: str) -> Any:
+    """The official OpenAI client against the module's `app_url` app."""
+    return openai_client(app_url)

@@ -107,6 +107,13 @@ def deployed(
         undeploy()
 
 
+def serving(cluster: dict[str, Any], args: dict[str, Any], **options: Any) -> Iterator[str]:
+    """A fixture's body: the app from `args` on `cluster` (`options` as for `deployed`) while
+    the fixture lives; yields its URL."""
+    with deployed(cluster["url"], args, **options):
+        yield cluster["url"]
+
+
 def openai_client(url: str, api_key: str = "unused") -> Any:
     """The official client against a test app (no retries: a test sees every failure)."""
     import openai

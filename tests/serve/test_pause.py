@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from serve_helpers import deployed, replica_pid, shipped_args
+from serve_helpers import replica_pid, serving, shipped_args
 
 PAUSE_S = 20.0
 MESSAGES = [{"role": "user", "content": "Tell a story."}]
@@ -21,8 +21,7 @@ MESSAGES = [{"role": "user", "content": "Tell a story."}]
 @pytest.fixture(scope="module")
 def paused_app(ray_cluster, tiny_assets):
     args = shipped_args(tiny_assets, engine={"max_num_seqs": 4, "max_model_len": 256})
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=32):
-        yield ray_cluster["url"]
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=32)
 
 
 async def _stream(http: httpx.AsyncClient, tokens: int) -> tuple[int, str]:

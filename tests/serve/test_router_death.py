@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from serve_helpers import deployed, replica_pid, shipped_args
+from serve_helpers import replica_pid, serving, shipped_args
 
 from deployments.api.proxy_guard import LOST_MESSAGE, ROUTER_LOST
 
@@ -25,8 +25,7 @@ STREAM = {"model": "code", "messages": MESSAGES, "max_tokens": 900, "ignore_eos"
 @pytest.fixture(scope="module")
 def router_app(ray_cluster, tiny_assets):
     args = shipped_args(tiny_assets, engine={"max_num_seqs": 4, "max_model_len": 1024})
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=32):
-        yield ray_cluster["url"]
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=32)
 
 
 async def _open(http: httpx.AsyncClient) -> tuple[object, httpx.Response, object, list[str]]:

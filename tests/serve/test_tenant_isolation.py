@@ -208,16 +208,21 @@ async def test_aborted_stream_pays_its_prompt(tenants) -> None:
     assert statuses.count(200) <= 2 and statuses.count(429) >= 6, statuses
 
 
-def test_admin_stats_show_only_the_callers_tenant(tenants) -> None:
-    url = tenants["url"]
+def _chat_as_each_private_owner(tenants) -> None:
+    """`evil` and `acme` each chat with their own private adapter, successfully."""
     for who, model in (("evil", PRIVATE_EVIL), ("acme", PRIVATE_ACME)):
         resp = httpx.post(
-            f"{url}/v1/chat/completions",
+            f"{tenants['url']}/v1/chat/completions",
             json={"model": model, "messages": MESSAGES, "max_tokens": 2},
             headers=_headers(tenants, who),
             timeout=60,
         )
         assert resp.status_code == 200, resp.text
+
+
+def test_admin_stats_show_only_the_callers_tenant(tenants) -> None:
+    url = tenants["url"]
+    _chat_as_each_private_owner(tenants)
     stats = httpx.get(f"{url}/v1/admin/stats", headers=_headers(tenants, "acme_admin"), timeout=60)
     assert stats.status_code == 200
     body = stats.json()
@@ -231,14 +236,7 @@ def test_metrics_exporter_names_no_private_adapter(ray_cluster, tenants) -> None
     requests are counted under adapter="private"."""
     from deployments.ops import metric_names
 
-    for who, model in (("evil", PRIVATE_EVIL), ("acme", PRIVATE_ACME)):
-        resp = httpx.post(
-            f"{tenants['url']}/v1/chat/completions",
-            json={"model": model, "messages": MESSAGES, "max_tokens": 2},
-            headers=_headers(tenants, who),
-            timeout=60,
-        )
-        assert resp.status_code == 200, resp.text
+    _chat_as_each_private_owner(tenants)
     wanted = metric_names.scraped(metric_names.REQUESTS)
     deadline = time.monotonic() + 60
     text = ""
