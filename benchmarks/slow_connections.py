@@ -35,7 +35,7 @@ import httpx
 
 from benchmarks.report import write_json
 from deployments.api.proxy_guard import CAP_ENV
-from tests.serve.serve_assets import make_store, make_tiny_model
+from tests.serve.serve_assets import make_assets
 from tests.serve.serve_helpers import auth_on, deployed, shipped_args, write_keys
 from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
@@ -309,17 +309,10 @@ async def run(
     }
 
 
-# ---- launching a served app ----------------------------------------------------------------
-
-
 def launch(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="molora-slowconn-"))
-    (work / "model").mkdir()
-    (work / "adapters").mkdir()
-    model = make_tiny_model(work / "model")
-    store = make_store(model, work / "store", work / "adapters")
+    assets = make_assets(work)
     keys = write_keys(work / "keys.json", [("acme", "acme", False), ("evil", "evil", False)])
-    assets = {"model": model, "store": store, "cache": work / "cache"}
     serve_args = shipped_args(
         assets,
         engine={"max_num_seqs": 4, "max_queue_len": 16, "max_model_len": 512},

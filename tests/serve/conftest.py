@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_assets import make_store, make_tiny_model
+from serve_assets import make_assets
 from serve_helpers import openai_client
 from start_once import StartOnce
 
@@ -25,12 +25,7 @@ RAY = StartOnce(
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("serve-assets")
-    (root / "model").mkdir()
-    (root / "work").mkdir()
-    model = make_tiny_model(root / "model")
-    store = make_store(model, root / "store", root / "work")
-    return {"model": model, "store": store, "cache": root / "cache"}
+    return make_assets(tmp_path_factory.mktemp("serve-assets"))
 
 
 @pytest.fixture(scope="session")
