@@ -36,7 +36,7 @@ import httpx
 from benchmarks.report import write_json
 from deployments.api.proxy_guard import CAP_ENV
 from tests.serve.serve_assets import make_assets
-from tests.serve.serve_helpers import auth_on, deployed, shipped_args, write_keys
+from tests.serve.serve_helpers import auth_on, deployed, issue_keys, shipped_args
 from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,7 +312,7 @@ async def run(
 def launch(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="molora-slowconn-"))
     assets = make_assets(work)
-    keys = write_keys(work / "keys.json", [("acme", "acme", False), ("evil", "evil", False)])
+    keys = issue_keys(work / "keys.json", [("acme", "acme", False), ("evil", "evil", False)])
     serve_args = shipped_args(
         assets,
         engine={"max_num_seqs": 4, "max_queue_len": 16, "max_model_len": 512},

@@ -147,7 +147,7 @@ def replica_pid(deployment: str) -> int:
     return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=60))
 
 
-def write_keys(path: Path, holders: list[tuple[str, str, bool]]) -> dict[str, str]:
+def issue_keys(path: Path, holders: list[tuple[str, str, bool]]) -> dict[str, str]:
     """A key file at `path` with one key per (name, tenant, admin) holder; returns each holder's
     key and key id (`name`, `name_id`)."""
     keys: dict[str, str] = {}

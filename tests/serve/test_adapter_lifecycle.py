@@ -20,7 +20,7 @@ import httpx
 import pytest
 import torch
 from serve_assets import COMPOSITION
-from serve_helpers import auth_on, deployed, shipped_args, write_keys
+from serve_helpers import auth_on, deployed, issue_keys, shipped_args
 
 from molora_runtime.lora.composition import CompositionConfig, save_composition
 from tests.support.seaweedfs import SeaweedFS
@@ -70,7 +70,7 @@ def lifecycle(request, ray_cluster, tiny_assets, tmp_path_factory) -> Iterator[d
         dst.publish_composition(folder, COMPOSITION, "v1")
     for name in ("math", "code", "poem"):
         _folder(tiny, name, load_dir / f"w-{name}")
-    key = write_keys(root / "keys.json", [("ops", "ops", True)])["ops"]
+    key = issue_keys(root / "keys.json", [("ops", "ops", True)])["ops"]
     args = shipped_args(
         tiny_assets,
         engine={"max_num_seqs": 8, "max_queue_len": 64, "max_model_len": 512},

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import auth_on, deployed, shipped_args, write_keys
+from serve_helpers import auth_on, deployed, issue_keys, shipped_args
 
 from deployments.catalog.lora_admin import (
     LoadLoraBody,
@@ -138,7 +138,7 @@ def secured_lora(ray_cluster, tiny_assets, tmp_path_factory):
     load_dir = root / "loras"
     load_dir.mkdir()
     shutil.copytree(_adapter_folder(store, "poem"), load_dir / "poem-copy")
-    keys = write_keys(root / "keys.json", [("admin", "ops", True), ("user", "ops", False)])
+    keys = issue_keys(root / "keys.json", [("admin", "ops", True), ("user", "ops", False)])
     args = shipped_args(
         tiny_assets,
         engine={"max_num_seqs": 2, "max_queue_len": 8, "max_model_len": 256},

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 import torch
-from serve_helpers import auth_on, deployed, shipped_args, write_keys
+from serve_helpers import auth_on, deployed, issue_keys, shipped_args
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 PRIVATE_ACME = "acme-math"
@@ -50,7 +50,7 @@ def secured(ray_cluster, tiny_assets, tmp_path_factory):
     root = tmp_path_factory.mktemp("security")
     store = _tenant_store(tiny_assets, root)
     key_file = root / "keys.json"
-    keys = write_keys(
+    keys = issue_keys(
         key_file,
         [
             ("acme", "acme", False),

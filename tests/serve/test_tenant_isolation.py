@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from serve_helpers import auth_on, deployed, shipped_args, write_keys
+from serve_helpers import auth_on, deployed, issue_keys, shipped_args
 
 from benchmarks.slow_connections import run as slow_connections
 
@@ -40,7 +40,7 @@ def tenants(ray_cluster, tiny_assets, tmp_path_factory):
     folder = store / "adapters" / "math" / math.version / math.blob_dir
     registry.publish_adapter(folder, PRIVATE_EVIL, "v1", tenant="evil")
     registry.publish_adapter(folder, PRIVATE_ACME, "v1", tenant="acme")
-    keys = write_keys(
+    keys = issue_keys(
         root / "keys.json",
         [
             ("acme", "acme", False),
