@@ -31,12 +31,25 @@ class Ref(NamedTuple):
         return self.name if self.version is None else f"{self.name}@{self.version}"
 
 
+NAME_RULE = (
+    "use 1-64 characters, lowercase letters, digits, '.', '_' or '-', starting with a letter or "
+    "digit"
+)
+VERSION_RULE = (
+    "use 1-64 characters, letters, digits, '.', '_' or '-', starting with a letter or digit"
+)
+
+
+def _matching(what: str, value: str, pattern: re.Pattern[str], rule: str) -> str:
+    """`value` when it is a string `pattern` matches whole, else the error that states `rule`."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidInputError(f"invalid {what} {value!r}: {rule}")
+    return value
+
+
 def _check_label(what: str, value: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or value in {".", ".."}:
-        raise InvalidInputError(
-            f"invalid {what} {value!r}: use 1-64 characters, lowercase letters, digits, '.', '_' "
-            "or '-', starting with a letter or digit"
-        )
+    if _matching(what, value, NAME_RE, NAME_RULE) in {".", ".."}:
+        raise InvalidInputError(f"invalid {what} {value!r}: {NAME_RULE}")
     return value
 
 
@@ -47,11 +60,7 @@ def check_plain_name(name: str) -> str:
 
 def check_name(name: str) -> str:
     """A store name: a plain name, or `tenant~name` in a tenant's namespace."""
-    if not isinstance(name, str) or not STORE_NAME_RE.fullmatch(name):
-        raise InvalidInputError(
-            f"invalid name {name!r}: use 1-64 characters, lowercase letters, digits, '.', '_' "
-            "or '-', starting with a letter or digit (optionally after 'tenant~')"
-        )
+    _matching("name", name, STORE_NAME_RE, f"{NAME_RULE} (optionally after 'tenant~')")
     namespace, _, plain = name.rpartition(NAMESPACE_SEP)
     if plain in {".", ".."} or namespace in {".", ".."}:
         raise InvalidInputError(f"invalid name {name!r}")
@@ -90,12 +99,7 @@ def check_tenant(tenant: str) -> str:
 
 
 def check_version(version: str) -> str:
-    if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
-        raise InvalidInputError(
-            f"invalid version {version!r}: use 1-64 characters, letters, digits, '.', '_' or "
-            "'-', starting with a letter or digit"
-        )
-    return version
+    return _matching("version", version, VERSION_RE, VERSION_RULE)
 
 
 def parse_ref(ref: str) -> Ref:

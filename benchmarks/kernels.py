@@ -133,6 +133,7 @@ def variants(device: str, p: dict, shape: dict, elem: int) -> dict[str, Callable
         fn = REFERENCE_VARIANTS[name]
         fns[f"ref:{name}"] = lambda fn=fn: fn(x, A, B, ids, w)
     if device == "cuda":
+        # triton: the optional `kernels` extra, present only beside a GPU
         from kernels.triton_ops import routed_lora_multi_triton, routed_lora_triton
 
         for mode in ("auto", "bgmv", "sgmv"):
@@ -148,6 +149,7 @@ def single_adapter_fn(device: str, p: dict) -> Callable[[], object]:
     """One per-sequence pass's LoRA: every token on one adapter, best implementation."""
     x, A, B = p["x"], p["A"], p["B"]
     if device == "cuda":
+        # triton: the optional `kernels` extra, present only beside a GPU
         from kernels.triton_ops import routed_lora_triton
 
         ids = torch.ones(x.shape[0], 1, dtype=torch.int32, device=x.device)

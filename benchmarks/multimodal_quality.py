@@ -158,7 +158,7 @@ def summarize(all_tasks, scores) -> dict[str, float]:
 
 def save_grid(path: Path, images: dict[str, list[list[int] | None]]) -> None:
     """Rows: methods; columns: the first drawing of each digit 0..9."""
-    import matplotlib
+    import matplotlib  # the optional `train` extra
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -36,7 +36,7 @@ NAMES = ["math", "code", "style", "facts"]
 
 
 def make_adapters(model_dir: Path, work: Path, rank: int) -> dict[str, Path]:
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # the optional `train` extra
 
     out = {}
     for i, name in enumerate(NAMES):

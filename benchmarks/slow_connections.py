@@ -35,6 +35,9 @@ import httpx
 
 from benchmarks.report import write_json
 from deployments.api.proxy_guard import CAP_ENV
+from tests.serve.serve_assets import make_assets
+from tests.serve.serve_helpers import auth_on, deployed, issue_keys, shipped_args
+from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "slow_connections.json"
@@ -306,34 +309,15 @@ async def run(
     }
 
 
-# ---- launching a served app ----------------------------------------------------------------
-
-
 def launch(args: argparse.Namespace) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT / "tests" / "serve"))  # the tests' real-asset builder
-    from serve_assets import make_store, make_tiny_model
-    from serve_helpers import deployed, shipped_args
-
-    from deployments.access.auth import KeyFile, new_key, write_key_file
-    from tests.support.local_ray import start_local_cluster, stop_local_cluster
-
     work = Path(tempfile.mkdtemp(prefix="molora-slowconn-"))
-    (work / "model").mkdir()
-    (work / "adapters").mkdir()
-    model = make_tiny_model(work / "model")
-    store = make_store(model, work / "store", work / "adapters")
-    keys, entries = {}, []
-    for tenant in ("acme", "evil"):
-        keys[tenant], entry = new_key(tenant)
-        keys[f"{tenant}_id"] = entry.key_id
-        entries.append(entry)
-    write_key_file(work / "keys.json", KeyFile(keys=entries))
-    assets = {"model": model, "store": store, "cache": work / "cache"}
+    assets = make_assets(work)
+    keys = issue_keys(work / "keys.json", [("acme", "acme", False), ("evil", "evil", False)])
     serve_args = shipped_args(
         assets,
         engine={"max_num_seqs": 4, "max_queue_len": 16, "max_model_len": 512},
         server={
-            "auth": {"enabled": True, "keys_file": str(work / "keys.json")},
+            "auth": auth_on(work / "keys.json"),
             "admission": {"body_timeout_s": args.body_timeout_s},
             "quotas": {"keys": {keys["evil_id"]: {"max_concurrent": 4}}},
         },

@@ -46,7 +46,7 @@ def model_dir() -> Path:
 
 
 def make_adapter(out: Path) -> Path:
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # the optional `train` extra
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir()), dtype=torch.float32)

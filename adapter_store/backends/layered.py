@@ -29,6 +29,10 @@ class LayeredBackend:
     def _in_lower(self, key: str) -> bool:
         return any(layer.exists(key) for layer in self.lower)
 
+    def _holder(self, key: str) -> Backend:
+        """The first layer holding `key`; the last when none does (its own miss is raised)."""
+        return next((layer for layer in self.layers[:-1] if layer.exists(key)), self.layers[-1])
+
     def read_bytes(self, key: str) -> bytes:
         for layer in self.layers:
             try:
@@ -48,20 +52,12 @@ class LayeredBackend:
     def download(
         self, key: str, out: BinaryIO, progress: Progress | None = None, size: int | None = None
     ) -> None:
-        for layer in self.layers:
-            if layer is not self.layers[-1] and not layer.exists(key):
-                continue
-            layer.download(key, out, progress, size)
-            return
+        self._holder(key).download(key, out, progress, size)
 
     def download_to(
         self, key: str, path: Path, progress: Progress | None = None, size: int | None = None
     ) -> None:
-        for layer in self.layers:
-            if layer is not self.layers[-1] and not layer.exists(key):
-                continue
-            layer.download_to(key, path, progress, size)
-            return
+        self._holder(key).download_to(key, path, progress, size)
 
     def list_keys(self, prefix: str) -> list[str]:
         return sorted({key for layer in self.layers for key in layer.list_keys(prefix)})

@@ -21,6 +21,21 @@ Body = CompletionRequest | ChatCompletionRequest
 # (or token ids): each entry is a token's text and logprob plus its top alternatives, and every
 # choice carries all of them at once.
 MAX_ECHO_LOGPROB_ENTRIES = 2_000_000
+# Sampling fields the body carries under the engine's names, handed over unchanged.
+PASSED_AS_IS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "include_stop_str_in_output",
+    "stop_token_ids",
+    "ignore_eos",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+)
 
 
 def check_echo_size(body: Body) -> None:
@@ -70,20 +85,9 @@ def engine_request(
             max_tokens=asked or default_max_tokens,
             # A client's own max_tokens past the context is a 400 unless it opts in.
             clamp_to_context=asked is None or body.molora.allow_truncation,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=body.top_k,
-            min_p=body.min_p,
-            seed=body.seed,
+            **{name: getattr(body, name) for name in PASSED_AS_IS},
             stop=body.stop_list(),
-            include_stop_str_in_output=body.include_stop_str_in_output,
-            stop_token_ids=body.stop_token_ids,
-            ignore_eos=body.ignore_eos,
-            presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty,
-            repetition_penalty=body.repetition_penalty,
             logit_bias=body.bias_ids(),
-            min_tokens=body.min_tokens,
             logprobs=logprobs_asked(body),
             prompt_logprobs=(body.logprobs or 0)
             if isinstance(body, CompletionRequest) and body.echo

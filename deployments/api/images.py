@@ -15,7 +15,8 @@ arrives), and the image codes are kept out of the text.
 
 from __future__ import annotations
 
-from deployments.api.request_models import ChatCompletionRequest, ImageContentPart
+from deployments.api.message_models import ImageContentPart
+from deployments.api.request_models import ChatCompletionRequest
 from deployments.api.response_models import ImageOut, ImageURLOut
 from molora_runtime.multimodal.png import ImageInputError, data_url_to_levels, levels_to_data_url
 from molora_runtime.multimodal.tokens import IMAGE_RANGE, ImageStream, split_images

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from deployments.api.tool_models import ToolCallsIn, ToolFields
+from deployments.api.message_models import ChatMessage
+from deployments.api.payload import Payload
+from deployments.api.tool_models import ToolFields
 from molora_runtime.engine.types import (
     MAX_INT32,
     MAX_SEED,
@@ -66,11 +68,7 @@ OPENAI_NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 
-class _Payload(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class MoloraOptions(_Payload):
+class MoloraOptions(Payload):
     """Our extension of the request body."""
 
     route: RouteSpec | None = Field(
@@ -104,7 +102,7 @@ class MoloraOptions(_Payload):
         return self
 
 
-class JsonSchemaSpec(_Payload):
+class JsonSchemaSpec(Payload):
     """OpenAI's `response_format.json_schema`: a named JSON Schema."""
 
     name: str = Field("response", min_length=1, max_length=64)
@@ -113,15 +111,15 @@ class JsonSchemaSpec(_Payload):
     strict: bool | None = Field(None, description="accepted; the schema is always enforced")
 
 
-class ResponseFormatText(_Payload):
+class ResponseFormatText(Payload):
     type: Literal["text"]
 
 
-class ResponseFormatJsonObject(_Payload):
+class ResponseFormatJsonObject(Payload):
     type: Literal["json_object"]
 
 
-class ResponseFormatJsonSchema(_Payload):
+class ResponseFormatJsonSchema(Payload):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
@@ -132,11 +130,11 @@ ResponseFormatBody = Annotated[
 ]
 
 
-class StreamOptions(_Payload):
+class StreamOptions(Payload):
     include_usage: bool = False
 
 
-class _SamplingFields(_Payload):
+class _SamplingFields(Payload):
     @model_validator(mode="before")
     @classmethod
     def _drop_neutral(cls, data: Any) -> Any:
@@ -287,92 +285,6 @@ class CompletionRequest(_SamplingFields):
         if isinstance(self.prompt[0], str):
             return str(self.prompt[0])
         return None
-
-
-class ContentPart(_Payload):
-    type: Literal["text"]
-    text: str
-
-
-class ImageURL(_Payload):
-    url: str = Field(
-        description="data:image/png;base64,... only (remote URLs are refused, never fetched); "
-        "a PNG of at most 256 KiB, each side 8..128 pixels"
-    )
-    detail: Literal["auto", "low", "high"] | None = Field(None, description="accepted, unused")
-
-
-class ImageContentPart(_Payload):
-    """An image in a message: read as an 8x8 digit with 17 grey levels (the image codes)."""
-
-    type: Literal["image_url"]
-    image_url: ImageURL
-
-
-MessagePart = Annotated[ContentPart | ImageContentPart, Field(discriminator="type")]
-
-
-class ChatMessage(_Payload):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[MessagePart] | None = Field(
-        None, description="null only for an assistant message that makes tool calls"
-    )
-    name: str | None = Field(None, description="not supported: refused rather than dropped")
-    tool_calls: ToolCallsIn | None = Field(None, description="an assistant message's calls")
-    tool_call_id: str | None = Field(
-        None, min_length=1, max_length=256, description="the call a tool message answers"
-    )
-
-    @model_validator(mode="after")
-    def _tool_shape(self) -> ChatMessage:
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError("only assistant messages carry tool_calls")
-        if (self.tool_call_id is None) != (self.role != "tool"):
-            raise ValueError("tool messages, and only they, carry a tool_call_id")
-        if self.content is None and self.tool_calls is None:
-            raise ValueError("content is required (null only with tool_calls)")
-        return self
-
-    @field_validator("name")
-    @classmethod
-    def _no_name(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError(
-                "message names are not supported (the chat template has no place for them)"
-            )
-        return value
-
-    def text(self) -> str:
-        """The message's text; each image part becomes an IMAGE_SLOT the engine fills."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(
-            part.text if isinstance(part, ContentPart) else IMAGE_SLOT for part in self.content
-        )
-
-    def texts(self) -> list[str]:
-        if self.content is None:
-            return []
-        if isinstance(self.content, str):
-            return [self.content]
-        return [p.text for p in self.content if isinstance(p, ContentPart)]
-
-    def image_count(self) -> int:
-        if not isinstance(self.content, list):
-            return 0
-        return sum(isinstance(p, ImageContentPart) for p in self.content)
-
-    def engine_message(self) -> dict[str, Any]:
-        """The message as the chat template gets it (developer is system)."""
-        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
-        out["content"] = self.text()
-        if self.tool_calls is not None:
-            out["tool_calls"] = [call.for_template() for call in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        return out
 
 
 class ChatCompletionRequest(_SamplingFields, ToolFields):

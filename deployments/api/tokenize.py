@@ -16,7 +16,9 @@ from pydantic import Field, model_validator
 
 from deployments.access.gate import Access
 from deployments.api.http_errors import ApiError, read_payload
-from deployments.api.request_models import MAX_MESSAGES, ChatMessage, _Payload
+from deployments.api.message_models import ChatMessage
+from deployments.api.payload import Payload
+from deployments.api.request_models import MAX_MESSAGES
 from deployments.catalog.model_names import BadModelName, CatalogCache, ModelNotFound, Resolver
 from deployments.config import ServeConfig
 from molora_runtime.engine.types import MAX_INT32, ChatTemplateValue, check_chat_template_kwargs
@@ -29,7 +31,7 @@ MAX_IN_FLIGHT = 8
 MAX_WAITING = 1024
 
 
-class TokenizeRequest(_Payload):
+class TokenizeRequest(Payload):
     """vLLM's two tokenize bodies in one: `prompt`, or `messages` through the chat template."""
 
     model: str | None = Field(None, min_length=1, max_length=4096)
@@ -69,7 +71,7 @@ class TokenizeRequest(_Payload):
         }
 
 
-class DetokenizeRequest(_Payload):
+class DetokenizeRequest(Payload):
     model: str | None = Field(None, min_length=1, max_length=4096)
     tokens: list[int] = Field(max_length=MAX_TOKENS)
 
@@ -88,7 +90,7 @@ class Tokenization:
         self._turns = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._waiting = 0
 
-    async def _body(self, request: Request, cls: type[_Payload]) -> Any:
+    async def _body(self, request: Request, cls: type[Payload]) -> Any:
         principal = await self.access.authenticate(request)
         server = self.cfg.server
         body = read_payload(

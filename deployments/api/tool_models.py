@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from deployments.api.payload import Payload
 
 MAX_TOOLS = 128  # OpenAI's bound
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's function names
@@ -18,11 +20,7 @@ MAX_ARGUMENTS_CHARS = 256 * 1024
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-class _Payload(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class FunctionDefinition(_Payload):
+class FunctionDefinition(Payload):
     name: str = Field(pattern=FUNCTION_NAME, description="a-z, A-Z, 0-9, _ and -; at most 64")
     description: str | None = Field(None, max_length=16384)
     parameters: dict[str, Any] | None = Field(
@@ -38,16 +36,16 @@ class FunctionDefinition(_Payload):
         return value
 
 
-class ToolDefinition(_Payload):
+class ToolDefinition(Payload):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Payload):
+class NamedFunction(Payload):
     name: str = Field(pattern=FUNCTION_NAME)
 
 
-class NamedToolChoice(_Payload):
+class NamedToolChoice(Payload):
     type: Literal["function"]
     function: NamedFunction
 
@@ -55,12 +53,12 @@ class NamedToolChoice(_Payload):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class ToolCallFunction(_Payload):
+class ToolCallFunction(Payload):
     name: str = Field(pattern=FUNCTION_NAME)
     arguments: str = Field(max_length=MAX_ARGUMENTS_CHARS, description="JSON text (an object)")
 
 
-class ToolCallIn(_Payload):
+class ToolCallIn(Payload):
     """A call an assistant message made earlier in the conversation."""
 
     id: str = Field(min_length=1, max_length=256)
@@ -85,7 +83,7 @@ class ToolCallIn(_Payload):
 ToolCallsIn = Annotated[list[ToolCallIn], Field(min_length=1, max_length=MAX_TOOLS)]
 
 
-class ToolFields(_Payload):
+class ToolFields(Payload):
     """The chat request's tool fields and what they ask of the engine."""
 
     tools: list[ToolDefinition] | None = Field(None, min_length=1, max_length=MAX_TOOLS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from deployments.ops import metric_names as m
 from deployments.ops.dashboard_panels import Row, timeseries
 from deployments.ops.dashboard_promql import APP, RATE, Query
+from deployments.ops.gate_alerts import expert_share
 
 TITLE = "Gate drift"
 _SHIFT = "1h"  # the drift panel's baseline: the same rate this long ago
@@ -30,11 +31,7 @@ def _mean(total: str, buckets: str, by: str) -> str:
 
 
 def _share(offset: str = "") -> str:
-    top1 = m.GATE_TOP1_TOKENS
-    return (
-        f"sum by (composition, adapter) ({_rate(top1, offset)})"
-        f" / ignoring(adapter) group_left sum by (composition) ({_rate(top1, offset)})"
-    )
+    return expert_share(lambda by: f"sum by ({by}) ({_rate(m.GATE_TOP1_TOKENS, offset)})")
 
 
 def rows() -> list[Row]:

@@ -18,7 +18,7 @@ DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 
 
 def _build(args: argparse.Namespace) -> int:
-    from deployments.ops import dashboard
+    from deployments.ops import dashboard  # grafana-foundation-sdk: the optional `ops` extra
 
     out = dashboard.write(Path(args.out))
     print(f"wrote {out}")
@@ -26,7 +26,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _load(path: str | None) -> dict:
-    from deployments.ops import dashboard
+    from deployments.ops import dashboard  # grafana-foundation-sdk: the optional `ops` extra
 
     if path is None:
         return dashboard.dashboard_json()
@@ -34,6 +34,7 @@ def _load(path: str | None) -> dict:
 
 
 def _push(args: argparse.Namespace) -> int:
+    # grafana-client: the optional `ops` extra
     from grafana_client.client import GrafanaException
 
     from deployments.ops import grafana_push
@@ -58,7 +59,7 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from deployments.ops import dashboard
+    from deployments.ops import dashboard  # grafana-foundation-sdk: the optional `ops` extra
 
     parser = subparsers.add_parser("dashboards", help="build or upload the Grafana dashboard")
     commands = parser.add_subparsers(dest="dashboards_command", required=True)

@@ -8,6 +8,7 @@ composition quiet.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from deployments.ops import metric_names as m
@@ -26,13 +27,18 @@ def _increase(metric: str, by: str, offset: str = "", matchers: str = "") -> str
     return f"sum by ({by}) (increase({m.scraped(metric)}{matchers}[{WINDOW}]{off}))"
 
 
+def expert_share(top1_sum_by: Callable[[str], str]) -> str:
+    """Each expert's share of its composition's top-1 tokens, from `top1_sum_by(labels)`: the
+    top-1 token counter (as a rate or an increase) summed by those labels."""
+    return (
+        f"{top1_sum_by('composition, adapter')}"
+        f" / ignoring(adapter) group_left {top1_sum_by('composition')}"
+    )
+
+
 def _share(offset: str = "") -> str:
     """Each expert's share of its composition's top-1 tokens over the window."""
-    top1 = m.GATE_TOP1_TOKENS
-    return (
-        f"{_increase(top1, 'composition, adapter', offset)}"
-        f" / ignoring(adapter) group_left {_increase(top1, 'composition', offset)}"
-    )
+    return expert_share(lambda by: _increase(m.GATE_TOP1_TOKENS, by, offset))
 
 
 def _busy(offset: str = "") -> str:

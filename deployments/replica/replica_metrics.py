@@ -19,6 +19,7 @@ from deployments.ops import metric_names as names
 from deployments.ops import metrics
 from deployments.ops.gate_metrics import export_gate_telemetry
 from deployments.placement.affinity import base_name
+from molora_runtime.lora.composition import read_composition_config
 from molora_runtime.lora.tiers import residency_counts
 
 logger = logging.getLogger("ray.serve")
@@ -110,8 +111,6 @@ class ReplicaMetrics:
     def _expert_names(self, composition: str) -> list[str]:
         """Gate order of a composition's experts (read once from its composition.json)."""
         if composition not in self._experts:
-            from molora_runtime.lora.composition import read_composition_config
-
             folder = self._source.composition_path(composition)
             self._experts[composition] = list(read_composition_config(composition, folder).adapters)
         return self._experts[composition]

@@ -54,7 +54,7 @@ class GrammarState:
     """One sequence's position in its grammar."""
 
     def __init__(self, compiled: Any, vocab_size: int) -> None:
-        import xgrammar as xgr
+        import xgrammar as xgr  # the optional `serve` extra
 
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
@@ -99,7 +99,7 @@ class GrammarCompiler:
     def _get_compiler(self) -> Any:
         with self._lock:
             if self._compiler is None:
-                import xgrammar as xgr
+                import xgrammar as xgr  # the optional `serve` extra
 
                 info = xgr.TokenizerInfo.from_huggingface(
                     self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids

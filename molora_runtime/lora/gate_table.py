@@ -58,10 +58,7 @@ class GateSlots:
         return sorted(self._lru.keys())
 
     def slot_of(self, name: str) -> int:
-        slot = self._lru.peek(name)
-        if slot is None:
-            raise KeyError(name)
-        return slot
+        return self._lru[name]
 
     def info(self, name: str) -> CompositionInfo:
         return self._info[self.slot_of(name)]

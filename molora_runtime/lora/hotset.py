@@ -126,10 +126,7 @@ class HotSet:
         return sum(1 for n in self._names[1:] if n is None)
 
     def slot_of(self, name: str) -> int:
-        slot = self._lru.peek(name)
-        if slot is None:
-            raise KeyError(name)
-        return slot
+        return self._lru[name]
 
     def comp_slot_of(self, name: str) -> int:
         return self.gate_slots.slot_of(name)

@@ -50,6 +50,10 @@ class PinnedLRU(Generic[K, V]):
         """The value of `key` without touching its place in the order."""
         return self._entries.get(key)
 
+    def __getitem__(self, key: K) -> V:
+        """The value of `key` without touching its place in the order; KeyError when absent."""
+        return self._entries[key]
+
     def put(self, key: K, value: V) -> None:
         self._entries[key] = value
         self._entries.move_to_end(key)

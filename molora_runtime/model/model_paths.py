@@ -73,6 +73,7 @@ def prepare_model(alias: str = DEFAULT_MODEL, force: bool = False) -> Path:
     target = prepared_model_dir(alias)
     if (target / "config.json").is_file() and not force:
         return target
+    # loaded only to prepare: the router and every `molora` command import this module
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _gguf_file(alias)

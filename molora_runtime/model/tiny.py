@@ -29,6 +29,7 @@ def make_tiny_model(
 ) -> Path:
     """Write a random HF checkpoint; `with_tokenizer` borrows the embedded model's tokenizer
     (and sets the vocabulary to its size), so text prompts and chat templates work."""
+    # imported here: the bare GPU box runs make_native_tiny_model without transformers
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
     folder = Path(folder)

@@ -13,7 +13,7 @@ class DigitJudge:
     """Predicts the digit in 64-level images; fit on the train split, never on eval."""
 
     def __init__(self) -> None:
-        from sklearn.linear_model import LogisticRegression
+        from sklearn.linear_model import LogisticRegression  # the optional `train` extra
 
         train = split("train")
         self.model = LogisticRegression(max_iter=2000)

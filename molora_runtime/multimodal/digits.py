@@ -32,7 +32,7 @@ MULTIMODAL_DOMAINS = ("draw", "read")
 
 @lru_cache(maxsize=1)
 def _digits() -> tuple[list[list[int]], list[int]]:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # the optional `train` extra
 
     d = load_digits()
     return [[int(v) for v in row] for row in d.data], [int(t) for t in d.target]

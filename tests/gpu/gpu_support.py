@@ -43,3 +43,17 @@ def require_cuda() -> None:
         skip("needs a CUDA device")
     if os.environ.get("TRITON_INTERPRET") == "1":
         skip("TRITON_INTERPRET=1 in this process; run scripts/gpu_check.sh")
+
+
+def assert_close_scaled(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    what: str,
+    tolerances: dict[torch.dtype, tuple[float, float]],
+) -> None:
+    """Same dtype and shape, and equal within the dtype's (rtol, atol), atol relative to
+    1 + max |want|."""
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    rtol, atol = tolerances[got.dtype]
+    scale = 1.0 + float(want.float().abs().max()) if want.numel() else 1.0
+    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol * scale, msg=what)

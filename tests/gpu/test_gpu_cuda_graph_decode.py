@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from gpu_support import gpu, require_cuda, skip
@@ -46,22 +47,36 @@ def _setup(tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
     return model, adapters, {"moe": comp}
 
 
-def _generate(graphs: bool, num_slots: int, tmp: Path) -> tuple[list[list[int]], object]:
+def _cuda_llm(
+    model: Path,
+    adapters: dict[str, Path],
+    graphs: bool,
+    num_slots: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    compositions: dict[str, Path] | None = None,
+) -> Any:
+    """An fp32 `LLM` on CUDA over `num_slots` rank-16 slots, with or without CUDA graphs."""
     from molora_runtime.engine.llm import LLM
-    from molora_runtime.engine.types import SamplingParams
 
-    model, adapters, comps = _setup(tmp)
-    llm = LLM(
+    return LLM(
         model=model,
         adapters=adapters,
-        compositions=comps,
+        compositions=compositions,
         device="cuda",
         dtype="float32",
-        max_model_len=128,
-        max_num_seqs=8,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
         enable_cuda_graph=graphs,
         hot_set={"num_slots": num_slots, "max_rank": 16},
     )
+
+
+def _generate(graphs: bool, num_slots: int, tmp: Path) -> tuple[list[list[int]], object]:
+    from molora_runtime.engine.types import SamplingParams
+
+    model, adapters, comps = _setup(tmp)
+    llm = _cuda_llm(model, adapters, graphs, num_slots, 8, 128, compositions=comps)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 512, (5 + 3 * i,), generator=gen).tolist() for i in range(8)]
     out = llm.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True), routes=ROUTES)
@@ -83,22 +98,12 @@ def test_cuda_graph_survives_adapter_churn_without_recapture() -> None:
     """Two slots for three adapters: slots are rewritten between steps, graphs are not."""
     require_cuda()
     with tempfile.TemporaryDirectory() as tmp:
-        from molora_runtime.engine.llm import LLM
         from molora_runtime.engine.types import SamplingParams
 
         model, adapters, _ = _setup(Path(tmp))
         outs = []
         for graphs in (False, True):
-            llm = LLM(
-                model=model,
-                adapters=adapters,
-                device="cuda",
-                dtype="float32",
-                max_model_len=64,
-                max_num_seqs=2,
-                enable_cuda_graph=graphs,
-                hot_set={"num_slots": 2, "max_rank": 16},
-            )
+            llm = _cuda_llm(model, adapters, graphs, num_slots=2, max_num_seqs=2, max_model_len=64)
             runner = llm.engine.graph_runner
             captured = dict(runner._graphs) if runner is not None else {}
             result = []

@@ -7,7 +7,7 @@ machine without pytest, under `python -m tests.gpu.run_checks` (scripts/gpu_chec
 from __future__ import annotations
 
 import torch
-from gpu_support import gpu, require_cuda
+from gpu_support import assert_close_scaled, gpu, require_cuda
 
 from kernels.reference import routed_lora_dense, routed_lora_segmented
 
@@ -41,10 +41,7 @@ def _case(T: int, k: int, S: int, r: int, d_in: int, d_out: int, dtype: torch.dt
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert got.dtype == want.dtype and got.shape == want.shape, what
-    rtol, atol = TOLERANCES[got.dtype]
-    scale = 1.0 + float(want.float().abs().max()) if want.numel() else 1.0
-    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol * scale, msg=what)
+    assert_close_scaled(got, want, what, TOLERANCES)
 
 
 @gpu

@@ -7,7 +7,7 @@ machine without pytest, under `python -m tests.gpu.run_checks` (scripts/gpu_chec
 from __future__ import annotations
 
 import torch
-from gpu_support import gpu, require_cuda
+from gpu_support import assert_close_scaled, gpu, require_cuda
 
 from kernels.paged_attention import paged_decode_attention_reference
 
@@ -57,11 +57,8 @@ def paged_decode_attention(*args: object) -> torch.Tensor:
     return paged_decode_attention_triton(*args)
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, what: str, tolerances=TOLERANCES) -> None:
-    assert got.dtype == want.dtype and got.shape == want.shape, what
-    rtol, atol = tolerances[got.dtype]
-    scale = 1.0 + float(want.float().abs().max()) if want.numel() else 1.0
-    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol * scale, msg=what)
+def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert_close_scaled(got, want, what, TOLERANCES)
 
 
 @gpu

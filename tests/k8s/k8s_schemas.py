@@ -222,65 +222,61 @@ def pod_templates(rayservice: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return templates
 
 
-# The Prometheus Operator `PodMonitor` fields we use (monitoring.coreos.com/v1), strict.
-PODMONITOR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "PodMonitor"},
-        "metadata": {"type": "object"},
-        "spec": {
-            "type": "object",
-            "required": ["selector", "podMetricsEndpoints"],
-            "additionalProperties": False,
-            "properties": {
-                "selector": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {
-                        "matchLabels": {
-                            "type": "object",
-                            "additionalProperties": {"type": "string"},
-                        }
-                    },
-                },
-                "podMetricsEndpoints": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["port"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "port": {"type": "string"},
-                            "path": {"type": "string", "pattern": "^/"},
-                            "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
-                            "relabelings": {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "additionalProperties": False,
-                                    "properties": {
-                                        "sourceLabels": {
-                                            "type": "array",
-                                            "items": {
-                                                "type": "string",
-                                                "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$",
-                                            },
-                                        },
-                                        "targetLabel": {
-                                            "type": "string",
-                                            "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$",
-                                        },
-                                    },
-                                },
-                            },
+def strict(
+    properties: dict[str, Any], required: list[str] | None = None, **extra: Any
+) -> dict[str, Any]:
+    """A JSON Schema object with these properties and no others."""
+    schema = {"type": "object", "additionalProperties": False, "properties": properties, **extra}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def operator_object(kind: str, spec: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+    """A Prometheus Operator object (monitoring.coreos.com/v1) of `kind`, strict."""
+    return strict(
+        {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": kind},
+            "metadata": metadata,
+            "spec": spec,
+        },
+        required=["apiVersion", "kind", "metadata", "spec"],
+    )
+
+
+LABEL_NAME = {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}
+# The Prometheus Operator `PodMonitor` fields we use, strict.
+PODMONITOR_SCHEMA = operator_object(
+    "PodMonitor",
+    strict(
+        {
+            "selector": strict(
+                {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}}
+            ),
+            "podMetricsEndpoints": {
+                "type": "array",
+                "minItems": 1,
+                "items": strict(
+                    {
+                        "port": {"type": "string"},
+                        "path": {"type": "string", "pattern": "^/"},
+                        "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                        "relabelings": {
+                            "type": "array",
+                            "items": strict(
+                                {
+                                    "sourceLabels": {"type": "array", "items": LABEL_NAME},
+                                    "targetLabel": LABEL_NAME,
+                                }
+                            ),
                         },
                     },
-                },
+                    required=["port"],
+                ),
             },
         },
-    },
-}
+        required=["selector", "podMetricsEndpoints"],
+    ),
+    metadata={"type": "object"},
+)

@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from k8s_schemas import REPO, kustomize_build
+from k8s_schemas import REPO, kustomize_build, operator_object, strict
 
 from deployments.ops import gate_alerts
 from deployments.ops import metric_names as m
@@ -22,49 +22,25 @@ ENT_SUM = m.scraped(m.GATE_ENTROPY_SUM)
 ENT_BUCKETS = m.scraped(m.GATE_ENTROPY_BUCKETS)
 
 # The fields of monitoring.coreos.com/v1 PrometheusRule we use, strict.
-RULE_SCHEMA = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "PrometheusRule"},
-        "metadata": {"type": "object", "required": ["name"]},
-        "spec": {
-            "type": "object",
-            "required": ["groups"],
-            "additionalProperties": False,
-            "properties": {
-                "groups": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["name", "rules"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "name": {"type": "string"},
-                            "rules": {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "required": ["alert", "expr"],
-                                    "additionalProperties": False,
-                                    "properties": {
-                                        "alert": {"type": "string"},
-                                        "expr": {"type": "string"},
-                                        "for": {"type": "string", "pattern": "^[0-9]+(s|m|h)$"},
-                                        "labels": {"type": "object"},
-                                        "annotations": {"type": "object"},
-                                    },
-                                },
-                            },
-                        },
-                    },
-                }
-            },
-        },
+ALERT = strict(
+    {
+        "alert": {"type": "string"},
+        "expr": {"type": "string"},
+        "for": {"type": "string", "pattern": "^[0-9]+(s|m|h)$"},
+        "labels": {"type": "object"},
+        "annotations": {"type": "object"},
     },
-}
+    required=["alert", "expr"],
+)
+GROUP = strict(
+    {"name": {"type": "string"}, "rules": {"type": "array", "items": ALERT}},
+    required=["name", "rules"],
+)
+RULE_SCHEMA = operator_object(
+    "PrometheusRule",
+    strict({"groups": {"type": "array", "items": GROUP}}, required=["groups"]),
+    metadata={"type": "object", "required": ["name"]},
+)
 
 
 @pytest.mark.parametrize("overlay", [REPO / "k8s" / "base", REPO / "k8s" / "overlays" / "dev"])

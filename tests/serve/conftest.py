@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_assets import make_store, make_tiny_model
+from serve_assets import make_assets
+from serve_helpers import openai_client
 from start_once import StartOnce
 
 from tests.support.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
@@ -24,12 +25,7 @@ RAY = StartOnce(
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("serve-assets")
-    (root / "model").mkdir()
-    (root / "work").mkdir()
-    model = make_tiny_model(root / "model")
-    store = make_store(model, root / "store", root / "work")
-    return {"model": model, "store": store, "cache": root / "cache"}
+    return make_assets(tmp_path_factory.mktemp("serve-assets"))
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +33,9 @@ def ray_cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     cluster = RAY.ensure(request.node.nodeid)
     yield {"url": cluster.url, "metrics_port": cluster.metrics_port}
     RAY.stop()
+
+
+@pytest.fixture
+def client(app_url: str) -> Any:
+    """The official OpenAI client against the module's `app_url` app."""
+    return openai_client(app_url)

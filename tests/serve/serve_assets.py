@@ -58,3 +58,12 @@ def make_store(
     folder = save_composition(work / COMPOSITION, comp, torch.randn(2, 2, 64))
     registry.publish_composition(folder, COMPOSITION, "v1")
     return store_dir
+
+
+def make_assets(root: Path) -> dict[str, Path]:
+    """The tiny model and its store under `root`, as the `tiny_assets` fixture hands them out."""
+    (root / "model").mkdir()
+    (root / "work").mkdir()
+    model = make_tiny_model(root / "model")
+    store = make_store(model, root / "store", root / "work")
+    return {"model": model, "store": store, "cache": root / "cache"}

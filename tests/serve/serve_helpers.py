@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from deployments.access.auth import KeyFile, new_key, write_key_file
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "molora"
@@ -104,6 +107,13 @@ def deployed(
         undeploy()
 
 
+def serving(cluster: dict[str, Any], args: dict[str, Any], **options: Any) -> Iterator[str]:
+    """A fixture's body: the app from `args` on `cluster` (`options` as for `deployed`) while
+    the fixture lives; yields its URL."""
+    with deployed(cluster["url"], args, **options):
+        yield cluster["url"]
+
+
 def openai_client(url: str, api_key: str = "unused") -> Any:
     """The official client against a test app (no retries: a test sees every failure)."""
     import openai
@@ -121,3 +131,35 @@ def model_handle():
     from ray import serve
 
     return serve.get_deployment_handle("ModelReplica", app_name=APP)
+
+
+def replica_pid(deployment: str) -> int:
+    """The process id of the one replica actor of `deployment` (asked of the actor itself)."""
+    import ray
+
+    names = [
+        entry
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry["name"].startswith("SERVE_REPLICA::") and deployment in entry["name"]
+    ]
+    assert len(names) == 1, names
+    actor = ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
+    return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=60))
+
+
+def issue_keys(path: Path, holders: list[tuple[str, str, bool]]) -> dict[str, str]:
+    """A key file at `path` with one key per (name, tenant, admin) holder; returns each holder's
+    key and key id (`name`, `name_id`)."""
+    keys: dict[str, str] = {}
+    entries = []
+    for name, tenant, admin in holders:
+        keys[name], entry = new_key(tenant, admin=admin)
+        keys[f"{name}_id"] = entry.key_id
+        entries.append(entry)
+    write_key_file(path, KeyFile(keys=entries))
+    return keys
+
+
+def auth_on(key_file: Path) -> dict[str, Any]:
+    """The server's `auth` section: API keys required, read from `key_file`."""
+    return {"enabled": True, "keys_file": str(key_file)}

@@ -20,9 +20,8 @@ import httpx
 import pytest
 import torch
 from serve_assets import COMPOSITION
-from serve_helpers import deployed, shipped_args
+from serve_helpers import auth_on, deployed, issue_keys, shipped_args
 
-from deployments.access.auth import KeyFile, new_key, write_key_file
 from molora_runtime.lora.composition import CompositionConfig, save_composition
 from tests.support.seaweedfs import SeaweedFS
 
@@ -71,14 +70,13 @@ def lifecycle(request, ray_cluster, tiny_assets, tmp_path_factory) -> Iterator[d
         dst.publish_composition(folder, COMPOSITION, "v1")
     for name in ("math", "code", "poem"):
         _folder(tiny, name, load_dir / f"w-{name}")
-    key, entry = new_key("ops", admin=True)
-    write_key_file(root / "keys.json", KeyFile(keys=[entry]))
+    key = issue_keys(root / "keys.json", [("ops", "ops", True)])["ops"]
     args = shipped_args(
         tiny_assets,
         engine={"max_num_seqs": 8, "max_queue_len": 64, "max_model_len": 512},
         server={
             "default_max_tokens": 6,
-            "auth": {"enabled": True, "keys_file": str(root / "keys.json")},
+            "auth": auth_on(root / "keys.json"),
             "runtime_lora": {"load_dir": os.path.relpath(load_dir, Path(__file__).parents[2])},
         },
     )

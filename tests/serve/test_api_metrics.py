@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from serve_helpers import deployed, openai_client, shipped_args
+from serve_helpers import openai_client, serving, shipped_args
 
 MESSAGES = [{"role": "user", "content": "Count from one to twenty, slowly please."}]
 LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -34,8 +34,7 @@ VLLM_SERIES = (
 @pytest.fixture(scope="module")
 def app_url(ray_cluster, tiny_assets):
     args = shipped_args(tiny_assets, engine={"max_num_seqs": 8}, server={"default_max_tokens": 4})
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=64):
-        yield ray_cluster["url"]
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=64)
 
 
 def _scrape_until(url: str, done, timeout: float = 90) -> str:

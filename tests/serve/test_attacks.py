@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from safetensors.torch import load_file, save_file
 from serve_assets import make_adapter
-from serve_helpers import deployed, shipped_args
+from serve_helpers import serving, shipped_args
 
 from deployments.ops import metric_names
 
@@ -101,8 +101,7 @@ def app_url(ray_cluster, tiny_assets, attack_store, tmp_path_factory):
         server={"default_max_tokens": 8},
         store={"url": str(attack_store), "cache_dir": str(tmp_path_factory.mktemp("cache"))},
     )
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=32):
-        yield ray_cluster["url"]
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=32)
 
 
 # ----- bystanders -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import zlib
 
 import httpx
 import pytest
-from serve_helpers import deployed, shipped_args
+from serve_helpers import serving, shipped_args
 
 from molora_runtime.multimodal import png, tokens
 from molora_runtime.multimodal.digits import split
@@ -53,8 +53,7 @@ def app_url(ray_cluster, tiny_assets):
             }
         },
     )
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=16):
-        yield ray_cluster["url"]
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=16)
 
 
 def _chat(url: str, body: dict, raw: bytes | None = None) -> httpx.Response:

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import deployed, shipped_args
+from serve_helpers import auth_on, deployed, issue_keys, shipped_args
 
-from deployments.access.auth import KeyFile, new_key, write_key_file
 from deployments.catalog.lora_admin import (
     LoadLoraBody,
     LoraAdminError,
@@ -139,19 +138,13 @@ def secured_lora(ray_cluster, tiny_assets, tmp_path_factory):
     load_dir = root / "loras"
     load_dir.mkdir()
     shutil.copytree(_adapter_folder(store, "poem"), load_dir / "poem-copy")
-    keys = {}
-    entries = []
-    for who, admin in [("admin", True), ("user", False)]:
-        key, entry = new_key("ops", admin=admin)
-        keys[who] = key
-        entries.append(entry)
-    write_key_file(root / "keys.json", KeyFile(keys=entries))
+    keys = issue_keys(root / "keys.json", [("admin", "ops", True), ("user", "ops", False)])
     args = shipped_args(
         tiny_assets,
         engine={"max_num_seqs": 2, "max_queue_len": 8, "max_model_len": 256},
         server={
             "default_max_tokens": 4,
-            "auth": {"enabled": True, "keys_file": str(root / "keys.json")},
+            "auth": auth_on(root / "keys.json"),
             "runtime_lora": {"load_dir": os.path.relpath(load_dir, Path(__file__).parents[2])},
         },
     )

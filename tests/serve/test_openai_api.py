@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from serve_helpers import deployed, model_handle, openai_client, shipped_args
+from serve_helpers import model_handle, serving, shipped_args
 
 from deployments.ops import metric_names
 
@@ -39,13 +39,7 @@ def app_url(ray_cluster, tiny_assets):
             }
         },
     )
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=16):
-        yield ray_cluster["url"]
-
-
-@pytest.fixture
-def client(app_url):
-    return openai_client(app_url)
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=16)
 
 
 def test_models_lists_the_registry(client):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from serve_helpers import deployed, openai_client, shipped_args
+from serve_helpers import serving, shipped_args
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 PROMPT_IDS = [17, 4242, 318, 9, 1001, 77]
@@ -19,13 +19,7 @@ def app_url(ray_cluster, tiny_assets):
         engine={"max_num_seqs": 4, "max_queue_len": 8, "max_model_len": 256},
         server={"default_max_tokens": 16},
     )
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=16):
-        yield ray_cluster["url"]
-
-
-@pytest.fixture
-def client(app_url):
-    return openai_client(app_url)
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=16)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from serve_helpers import deployed, shipped_args
+from serve_helpers import replica_pid, serving, shipped_args
 
 PAUSE_S = 20.0
 MESSAGES = [{"role": "user", "content": "Tell a story."}]
@@ -21,22 +21,7 @@ MESSAGES = [{"role": "user", "content": "Tell a story."}]
 @pytest.fixture(scope="module")
 def paused_app(ray_cluster, tiny_assets):
     args = shipped_args(tiny_assets, engine={"max_num_seqs": 4, "max_model_len": 256})
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=32):
-        yield ray_cluster["url"]
-
-
-def _replica_pid() -> int:
-    """The process id of the one ModelReplica actor (asked of the actor itself)."""
-    import ray
-
-    names = [
-        entry
-        for entry in ray.util.list_named_actors(all_namespaces=True)
-        if entry["name"].startswith("SERVE_REPLICA::") and "ModelReplica" in entry["name"]
-    ]
-    assert len(names) == 1, names
-    actor = ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
-    return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=60))
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=32)
 
 
 async def _stream(http: httpx.AsyncClient, tokens: int) -> tuple[int, str]:
@@ -60,7 +45,7 @@ async def test_a_20s_pause_delays_but_fails_nothing(paused_app) -> None:
         status, alone = await _stream(http, 48)
         assert status == 200
         before = (await http.get("/health")).json()["replica"]
-        pid = _replica_pid()
+        pid = replica_pid("ModelReplica")
         in_flight = [asyncio.create_task(_stream(http, 48)) for _ in range(4)]
         await asyncio.sleep(0.5)
         os.kill(pid, signal.SIGSTOP)
@@ -79,4 +64,4 @@ async def test_a_20s_pause_delays_but_fails_nothing(paused_app) -> None:
     assert [s for s, _ in results] == [200] * 4 and {t for _, t in results} == {alone}
     assert all(s == 200 for s, _ in after), after
     assert health.status_code == 200 and health.json()["replica"] == before
-    assert _replica_pid() == pid  # not replaced
+    assert replica_pid("ModelReplica") == pid  # not replaced

@@ -42,6 +42,14 @@ def _chat(url: str, model: str) -> httpx.Response:
     return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
 
 
+def _load(url: str, name: str) -> None:
+    """`POST /v1/load_lora_adapter` of the folder `name` under the load dir, as `name`."""
+    r = httpx.post(
+        f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": name}, timeout=120
+    )
+    assert r.status_code == 200, r.text
+
+
 @pytest.fixture(scope="module")
 def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs")).start()
@@ -101,12 +109,7 @@ def test_a_peft_folder_prefix_is_served_read_only(
         assert texts[0] == texts[1] and texts[0]
         assert _chat(url, "tiny-base:ray-math:0.5").status_code == 400
         # Runtime loads and unloads write to the writable store, not the PEFT folder.
-        r = httpx.post(
-            f"{url}/v1/load_lora_adapter",
-            json={"lora_name": "own", "lora_path": "own"},
-            timeout=120,
-        )
-        assert r.status_code == 200, r.text
+        _load(url, "own")
         assert _chat(url, "tiny-base:own").status_code == 200
         r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "ray-math"}, timeout=60)
         assert r.status_code == 200, r.text
@@ -127,12 +130,7 @@ def test_a_runtime_load_on_the_default_config_writes_nothing_in_the_checkout(
     args = shipped_args(tiny_assets, server={"runtime_lora": {"load_dir": str(load_dir)}})
     args["store"] = {"cache_dir": str(tmp_path / "cache"), "refresh_s": 0.5}  # default url
     with deployed(url, args):
-        r = httpx.post(
-            f"{url}/v1/load_lora_adapter",
-            json={"lora_name": "mine", "lora_path": "mine"},
-            timeout=120,
-        )
-        assert r.status_code == 200, r.text
+        _load(url, "mine")
         assert _chat(url, "mine").status_code == 200
         # Unloading a bundled adapter yanks it in the user store; the bundled files stay.
         models = {m["id"] for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]}

@@ -10,7 +10,7 @@ from collections import Counter
 import httpx
 import pytest
 import ray
-from serve_helpers import deployed, model_handle, shipped_args
+from serve_helpers import model_handle, serving, shipped_args
 
 SETS = ["math", "code", "poem", "chat"]
 MESSAGES = [{"role": "user", "content": "Hello"}]
@@ -23,8 +23,7 @@ def app_url(ray_cluster, tiny_assets):
         engine={"max_num_seqs": 8, "max_queue_len": 64, "hot_set": {"num_slots": 2}},
         placement={"load_bound": 4, "load_bound_ratio": 0.0, "stats_period_s": 0.5},
     )
-    with deployed(ray_cluster["url"], args, replicas=2, max_ongoing=24):
-        yield ray_cluster["url"]
+    yield from serving(ray_cluster, args, replicas=2, max_ongoing=24)
 
 
 async def chat(http: httpx.AsyncClient, model: str, max_tokens: int = 4) -> dict:

@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from serve_helpers import deployed, shipped_args
+from serve_helpers import replica_pid, serving, shipped_args
 
 from deployments.api.proxy_guard import LOST_MESSAGE, ROUTER_LOST
 
@@ -25,22 +25,7 @@ STREAM = {"model": "code", "messages": MESSAGES, "max_tokens": 900, "ignore_eos"
 @pytest.fixture(scope="module")
 def router_app(ray_cluster, tiny_assets):
     args = shipped_args(tiny_assets, engine={"max_num_seqs": 4, "max_model_len": 1024})
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=32):
-        yield ray_cluster["url"]
-
-
-def _router_pid() -> int:
-    """The process id of the one router (ingress) replica actor."""
-    import ray
-
-    names = [
-        entry
-        for entry in ray.util.list_named_actors(all_namespaces=True)
-        if entry["name"].startswith("SERVE_REPLICA::") and "Router" in entry["name"]
-    ]
-    assert len(names) == 1, names
-    actor = ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
-    return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=60))
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=32)
 
 
 async def _open(http: httpx.AsyncClient) -> tuple[object, httpx.Response, object, list[str]]:
@@ -58,7 +43,7 @@ async def _open(http: httpx.AsyncClient) -> tuple[object, httpx.Response, object
 
 async def test_router_killed_mid_stream_ends_streams_with_an_error_event(router_app) -> None:
     async with httpx.AsyncClient(base_url=router_app, timeout=120) as http:
-        pid = _router_pid()
+        pid = replica_pid("Router")
         streams = [await _open(http) for _ in range(3)]
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()

@@ -13,9 +13,7 @@ import httpx
 import openai
 import pytest
 import torch
-from serve_helpers import deployed, shipped_args
-
-from deployments.access.auth import KeyFile, new_key, write_key_file
+from serve_helpers import auth_on, deployed, issue_keys, shipped_args
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 PRIVATE_ACME = "acme-math"
@@ -51,29 +49,25 @@ def _tenant_store(tiny: dict[str, Path], root: Path) -> Path:
 def secured(ray_cluster, tiny_assets, tmp_path_factory):
     root = tmp_path_factory.mktemp("security")
     store = _tenant_store(tiny_assets, root)
-    keys: dict[str, str] = {}
-    entries = []
-    for name, tenant, admin in [
-        ("acme", "acme", False),
-        ("acme_admin", "acme", True),
-        ("globex", "globex", False),
-        ("rpm", "limited", False),
-        ("tpm", "limited", False),
-        ("tpm32", "limited", False),
-        ("streams", "limited", False),
-    ]:
-        key, entry = new_key(tenant, admin=admin)
-        keys[name] = key
-        keys[f"{name}_id"] = entry.key_id
-        entries.append(entry)
     key_file = root / "keys.json"
-    write_key_file(key_file, KeyFile(keys=entries))
+    keys = issue_keys(
+        key_file,
+        [
+            ("acme", "acme", False),
+            ("acme_admin", "acme", True),
+            ("globex", "globex", False),
+            ("rpm", "limited", False),
+            ("tpm", "limited", False),
+            ("tpm32", "limited", False),
+            ("streams", "limited", False),
+        ],
+    )
     args = shipped_args(
         tiny_assets,
         engine={"max_num_seqs": 2, "max_queue_len": 8, "max_model_len": 256},
         server={
             "default_max_tokens": 8,
-            "auth": {"enabled": True, "keys_file": str(key_file)},
+            "auth": auth_on(key_file),
             "quotas": {
                 "keys": {
                     keys["rpm_id"]: {"requests_per_min": 8},

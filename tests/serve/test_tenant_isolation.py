@@ -17,10 +17,9 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from serve_helpers import deployed, shipped_args
+from serve_helpers import auth_on, deployed, issue_keys, shipped_args
 
 from benchmarks.slow_connections import run as slow_connections
-from deployments.access.auth import KeyFile, new_key, write_key_file
 
 MESSAGES = [{"role": "user", "content": "Write a few words."}]
 PRIVATE_EVIL = "evil-private"
@@ -41,26 +40,23 @@ def tenants(ray_cluster, tiny_assets, tmp_path_factory):
     folder = store / "adapters" / "math" / math.version / math.blob_dir
     registry.publish_adapter(folder, PRIVATE_EVIL, "v1", tenant="evil")
     registry.publish_adapter(folder, PRIVATE_ACME, "v1", tenant="acme")
-    keys: dict[str, str] = {}
-    entries = []
-    for name, tenant, admin in [
-        ("acme", "acme", False),
-        ("acme_admin", "acme", True),
-        ("evil", "evil", False),
-        ("evil_wide", "evil", False),
-        ("evil_tpm", "evil", False),
-        ("evil_admin", "evil", True),
-    ]:
-        key, entry = new_key(tenant, admin=admin)
-        keys[name], keys[f"{name}_id"] = key, entry.key_id
-        entries.append(entry)
-    write_key_file(root / "keys.json", KeyFile(keys=entries))
+    keys = issue_keys(
+        root / "keys.json",
+        [
+            ("acme", "acme", False),
+            ("acme_admin", "acme", True),
+            ("evil", "evil", False),
+            ("evil_wide", "evil", False),
+            ("evil_tpm", "evil", False),
+            ("evil_admin", "evil", True),
+        ],
+    )
     args = shipped_args(
         tiny_assets,
         engine={"max_num_seqs": 4, "max_queue_len": 16, "max_model_len": 512},
         server={
             "default_max_tokens": 8,
-            "auth": {"enabled": True, "keys_file": str(root / "keys.json")},
+            "auth": auth_on(root / "keys.json"),
             "admission": {
                 "body_timeout_s": BODY_TIMEOUT_S,
                 "max_connections_per_key": CONNECTION_CAP,
@@ -212,16 +208,21 @@ async def test_aborted_stream_pays_its_prompt(tenants) -> None:
     assert statuses.count(200) <= 2 and statuses.count(429) >= 6, statuses
 
 
-def test_admin_stats_show_only_the_callers_tenant(tenants) -> None:
-    url = tenants["url"]
+def _chat_as_each_private_owner(tenants) -> None:
+    """`evil` and `acme` each chat with their own private adapter, successfully."""
     for who, model in (("evil", PRIVATE_EVIL), ("acme", PRIVATE_ACME)):
         resp = httpx.post(
-            f"{url}/v1/chat/completions",
+            f"{tenants['url']}/v1/chat/completions",
             json={"model": model, "messages": MESSAGES, "max_tokens": 2},
             headers=_headers(tenants, who),
             timeout=60,
         )
         assert resp.status_code == 200, resp.text
+
+
+def test_admin_stats_show_only_the_callers_tenant(tenants) -> None:
+    url = tenants["url"]
+    _chat_as_each_private_owner(tenants)
     stats = httpx.get(f"{url}/v1/admin/stats", headers=_headers(tenants, "acme_admin"), timeout=60)
     assert stats.status_code == 200
     body = stats.json()
@@ -235,14 +236,7 @@ def test_metrics_exporter_names_no_private_adapter(ray_cluster, tenants) -> None
     requests are counted under adapter="private"."""
     from deployments.ops import metric_names
 
-    for who, model in (("evil", PRIVATE_EVIL), ("acme", PRIVATE_ACME)):
-        resp = httpx.post(
-            f"{tenants['url']}/v1/chat/completions",
-            json={"model": model, "messages": MESSAGES, "max_tokens": 2},
-            headers=_headers(tenants, who),
-            timeout=60,
-        )
-        assert resp.status_code == 200, resp.text
+    _chat_as_each_private_owner(tenants)
     wanted = metric_names.scraped(metric_names.REQUESTS)
     deadline = time.monotonic() + 60
     text = ""

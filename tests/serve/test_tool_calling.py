@@ -14,7 +14,7 @@ import httpx
 import jsonschema
 import pytest
 from pydantic import BaseModel, Field
-from serve_helpers import deployed, openai_client, shipped_args
+from serve_helpers import deployed, openai_client, serving, shipped_args
 
 from tests.support.tool_schemas import SCHEMAS, TOOLS
 
@@ -29,13 +29,7 @@ def app_url(ray_cluster, tiny_assets):
         engine={"max_num_seqs": 4, "max_model_len": 1024, "chat_template": "hermes"},
         server={"default_max_tokens": 200},
     )
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=16):
-        yield ray_cluster["url"]
-
-
-@pytest.fixture
-def client(app_url):
-    return openai_client(app_url)
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=16)
 
 
 def _check_call(name: str, arguments: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import ROOT, deployed, openai_client, shipped_args
+from serve_helpers import ROOT, openai_client, serving, shipped_args
 
 MESSAGES = [{"role": "user", "content": "Say something about numbers."}]
 
@@ -23,8 +23,7 @@ def app_url(ray_cluster, tiny_assets):
         engine={"max_num_seqs": 4, "max_model_len": 256},
         server={"default_max_tokens": 16},
     )
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=16):
-        yield ray_cluster["url"]
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=16)
 
 
 def _post(url: str, path: str, body: object) -> httpx.Response:
@@ -126,26 +125,19 @@ def test_stop_reason_and_include_stop_str_in_output(app_url) -> None:
     assert stop.strip(), text
     cut = text.find(stop)
     for include, want in ((False, text[:cut]), (True, text[: cut + len(stop)])):
-        got = client.completions.create(
-            model="poem",
-            prompt="Once upon a time",
-            temperature=0,
-            max_tokens=16,
-            stop=[stop],
-            extra_body={"include_stop_str_in_output": include},
-        )
+        stopped = {
+            "model": "poem",
+            "prompt": "Once upon a time",
+            "temperature": 0,
+            "max_tokens": 16,
+            "stop": [stop],
+            "extra_body": {"include_stop_str_in_output": include},
+        }
+        got = client.completions.create(**stopped)
         choice = got.choices[0]
         assert choice.finish_reason == "stop" and choice.model_extra["stop_reason"] == stop
         assert choice.text == want
-        streamed = client.completions.create(
-            model="poem",
-            prompt="Once upon a time",
-            temperature=0,
-            max_tokens=16,
-            stop=[stop],
-            stream=True,
-            extra_body={"include_stop_str_in_output": include},
-        )
+        streamed = client.completions.create(**stopped, stream=True)
         chunks = list(streamed)
         assert "".join(c.choices[0].text for c in chunks if c.choices) == want
         assert chunks[-1].choices[0].model_extra["stop_reason"] == stop

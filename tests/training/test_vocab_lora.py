@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,14 +44,27 @@ def _frozen_and_trained(folder: Path) -> tuple[torch.Tensor, torch.nn.Module, to
     return frozen_only, trained, trained_only
 
 
-def test_mask_picks_the_adapter_per_position(tmp_path: Path) -> None:
-    image_only, trained, trained_only = _frozen_and_trained(tmp_path / "image")
-    route = attach_image_adapter(trained, tmp_path / "image")
+def _attached(
+    folder: Path, attach: Callable[[torch.nn.Module, Path], Any], frozen_on_image: bool
+) -> tuple[torch.Tensor, torch.nn.Module, torch.Tensor, Any]:
+    """The frozen adapter's logits, the trained adapter with the frozen one attached by `attach`,
+    its own logits and the route; checks that every position on the frozen side (image when
+    `frozen_on_image`, else text) gets the frozen adapter and every other the trained one."""
+    frozen_only, trained, trained_only = _frozen_and_trained(folder)
+    route = attach(trained, folder)
     with torch.no_grad():
-        route.image = torch.zeros(1, 5, 1, dtype=torch.bool)
+        route.image = torch.full((1, 5, 1), not frozen_on_image, dtype=torch.bool)
         assert torch.allclose(trained(input_ids=IDS).logits, trained_only, atol=1e-5)
-        route.image = torch.ones(1, 5, 1, dtype=torch.bool)
-        assert torch.allclose(trained(input_ids=IDS).logits, image_only, atol=1e-5)
+        route.image = torch.full((1, 5, 1), frozen_on_image, dtype=torch.bool)
+        assert torch.allclose(trained(input_ids=IDS).logits, frozen_only, atol=1e-5)
+    return frozen_only, trained, trained_only, route
+
+
+def test_mask_picks_the_adapter_per_position(tmp_path: Path) -> None:
+    image_only, trained, trained_only, route = _attached(
+        tmp_path / "image", attach_image_adapter, frozen_on_image=True
+    )
+    with torch.no_grad():
         route.image = torch.tensor([[True, True, False, False, False]]).unsqueeze(-1)
         mixed = trained(input_ids=IDS).logits
     # causal: the first two positions see only image-adapter positions
@@ -68,13 +83,10 @@ def test_only_the_trained_adapter_learns(tmp_path: Path) -> None:
 
 def test_text_adapter_is_the_mirror_image(tmp_path: Path) -> None:
     """`--text-adapter` (train `draw` as the route serves it): the frozen one serves text."""
-    text_only, trained, trained_only = _frozen_and_trained(tmp_path / "text")
-    route = attach_text_adapter(trained, tmp_path / "text")
+    _, trained, trained_only, route = _attached(
+        tmp_path / "text", attach_text_adapter, frozen_on_image=False
+    )
     with torch.no_grad():
-        route.image = torch.ones(1, 5, 1, dtype=torch.bool)
-        assert torch.allclose(trained(input_ids=IDS).logits, trained_only, atol=1e-5)
-        route.image = torch.zeros(1, 5, 1, dtype=torch.bool)
-        assert torch.allclose(trained(input_ids=IDS).logits, text_only, atol=1e-5)
         route.image = None  # an unrouted step: the trained adapter everywhere
         assert torch.allclose(trained(input_ids=IDS).logits, trained_only, atol=1e-5)
     learning = [n for n, p in trained.named_parameters() if p.requires_grad]
