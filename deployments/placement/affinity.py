@@ -78,11 +78,11 @@ class ReplicaView:
     def rank_fit(self, adapters: frozenset[str], ranks: Mapping[str, int]) -> Fit:
         """How its rank pools take the adapters it lacks, of known rank; without pools or
         known ranks, free when it has room (as if every slot fitted), else an eviction."""
-        held = {base_name(a) for a in self.hot_set}
-        missing = [ranks[n] for n in {base_name(a) for a in adapters} - held if n in ranks]
+        held, names = {base_name(a) for a in self.hot_set}, {base_name(a) for a in adapters}
+        missing = [ranks[n] for n in names - held if n in ranks]
         if not self.pools or not missing:
             return Fit(cost=FREE if self.has_room(adapters) else EVICT)
-        return fit(self.pools, missing)
+        return fit(self.pools, missing, [ranks[n] for n in names & held if n in ranks])
 
     def full(self) -> bool:
         return self.capacity is not None and self.load >= self.capacity

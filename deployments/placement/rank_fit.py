@@ -72,13 +72,14 @@ def fits_ever(pools: Sequence[PoolView], ranks: Iterable[int]) -> bool:
     return all(r <= ordered[-1].rank for r in ranks)
 
 
-def fit(pools: Sequence[PoolView], ranks: Iterable[int]) -> Fit:
-    """Where adapters of `ranks` would land among `pools`, in the hot-set's order."""
+def fit(pools: Sequence[PoolView], ranks: Iterable[int], resident: Iterable[int] = ()) -> Fit:
+    """Where adapters of `ranks` would land among `pools`, in the hot-set's order, beside the
+    request's adapters of `resident` ranks already there (they keep their slots)."""
     ordered = sorted(pools, key=lambda p: p.rank)
     ranks = sorted(ranks, reverse=True)
     if not ordered or not ranks:
         return Fit()
-    if not fits_ever(ordered, ranks):
+    if not fits_ever(ordered, [*ranks, *resident]):
         return Fit(cannot=True, cost=WAIT)
     free = [p.free for p in ordered]
     evictable = [p.evictable for p in ordered]

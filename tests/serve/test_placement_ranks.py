@@ -76,7 +76,7 @@ def test_unknown_rank_or_no_pools_places_exactly_as_before():
             ReplicaView(v.replica_id, v.hot_set, v.load, slots=v.slots, pools=MIXED) for v in views
         ]
         assert place(wanted, pooled, ranks={}) == place(wanted, pooled)
-        assert [r for r in place(wanted, pooled).ranked] == before.ranked
+        assert place(wanted, pooled).ranked == before.ranked
 
 
 def test_the_cannot_hold_rule_needs_a_replica_that_can():
@@ -89,6 +89,17 @@ def test_a_set_needing_more_big_slots_than_a_replica_has():
     home, other = homes("big+mid")
     views = [ReplicaView(home, pools=MIXED), ReplicaView(other, pools=two_big)]
     assert place(["big", "mid"], views, ranks=RANKS).ranked[0] == other
+
+
+def test_resident_adapters_of_the_set_keep_their_slots():
+    """`big` sits in x's only rank-32 slot and stays there: `big2` cannot join it on x."""
+    home, other = homes("big+big2")
+    one_big = (PoolView(8, 2, free=2), PoolView(32, 1, free=0, evictable=1))
+    views = [
+        ReplicaView(home, frozenset({"big"}), pools=one_big),
+        ReplicaView(other, pools=(PoolView(32, 2, free=2),)),
+    ]
+    assert place(["big", "big2"], views, ranks={**RANKS, "big2": 32}).ranked[0] == other
 
 
 def test_fit_follows_the_hot_set_rule():
