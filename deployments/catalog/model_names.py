@@ -49,6 +49,7 @@ class AdapterEntry:
     latest: str | None = None
     base_model: str | None = None
     tenant: str | None = None  # owner; None = public (see deployments/access/tenancy.py)
+    rank: int | None = None  # the latest version's `r`, for placement by rank pool
 
 
 @dataclass(frozen=True)

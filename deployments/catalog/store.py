@@ -7,6 +7,7 @@ from adapter_store.names import Kind
 from adapter_store.versions import Registry, open_registry
 from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry
 from deployments.config import StoreConfig
+from deployments.placement import rank_hints
 from molora_runtime.lora.source import AdapterSource
 
 
@@ -19,7 +20,8 @@ def _live_versions(registry: Registry, kind: Kind, name: str) -> tuple[str, ...]
 
 
 def load_catalog(cfg: StoreConfig) -> Catalog:
-    """Adapters and compositions of the store (latest, non-yanked versions) for `/v1/models`."""
+    """Adapters and compositions of the store (latest, non-yanked versions) for `/v1/models`;
+    their ranks also go to this process's request router (deployments/placement/rank_hints.py)."""
     registry = _registry(cfg)
     adapters: dict[str, AdapterEntry] = {}
     for manifest in registry.catalog("adapter"):
@@ -29,6 +31,7 @@ def load_catalog(cfg: StoreConfig) -> Catalog:
             latest=manifest.version,
             base_model=manifest.base_model,
             tenant=manifest.tenant,
+            rank=manifest.rank,
         )
     compositions: dict[str, CompositionEntry] = {}
     for manifest in registry.catalog("composition"):
@@ -41,6 +44,7 @@ def load_catalog(cfg: StoreConfig) -> Catalog:
             top_k=manifest.top_k,
             tenant=manifest.tenant,
         )
+    rank_hints.publish({e.name: e.rank for e in adapters.values() if e.rank is not None})
     return Catalog(adapters=adapters, compositions=compositions)
 
 

@@ -8,14 +8,21 @@ replica holds yet, are broken by rendezvous (highest-random-weight) hashing of t
 over replica ids: every adapter set has a stable home, different sets spread over replicas, and
 hot-sets shard instead of every replica loading everything. When the home is overloaded the
 set spills to the next replica in its rendezvous order, which then warms up as a second home.
+
+With rank pools (`hot_set.rank_pools`) and the adapters' ranks known, the pools decide room
+(deployments/placement/rank_fit.py): a replica that could not hold the adapters at all is never
+first while another could, and among equals on slots and host tier, a free slot beats an
+eviction beats a wait, then the smallest pools taken. Without pools or ranks, room is slots.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+from deployments.placement.rank_fit import EVICT, FREE, Fit, PoolView, fit
 
 Outcome = Literal["affinity", "host", "spill", "new", "base"]
 
@@ -50,6 +57,7 @@ class ReplicaView:
     capacity: int | None = None  # max ongoing requests; None = unbounded
     slots: int | None = None  # hot-set slots; None = unknown (assume room)
     host_set: frozenset[str] = field(default_factory=frozenset)  # parsed in host memory
+    pools: tuple[PoolView, ...] = ()  # rank pools, smallest rank first; () = padded or unknown
 
     def overlap(self, adapters: frozenset[str]) -> int:
         held = {base_name(a) for a in self.hot_set}
@@ -66,6 +74,15 @@ class ReplicaView:
         if self.slots is None:
             return True
         return self.slots - len(self.hot_set) >= len(adapters) - self.overlap(adapters)
+
+    def rank_fit(self, adapters: frozenset[str], ranks: Mapping[str, int]) -> Fit:
+        """How its rank pools take the adapters it lacks, of known rank; without pools or
+        known ranks, free when it has room (as if every slot fitted), else an eviction."""
+        held, names = {base_name(a) for a in self.hot_set}, {base_name(a) for a in adapters}
+        missing = [ranks[n] for n in names - held if n in ranks]
+        if not self.pools or not missing:
+            return Fit(cost=FREE if self.has_room(adapters) else EVICT)
+        return fit(self.pools, missing, [ranks[n] for n in names & held if n in ranks])
 
     def full(self) -> bool:
         return self.capacity is not None and self.load >= self.capacity
@@ -89,8 +106,10 @@ def place(
     replicas: Sequence[ReplicaView],
     load_bound: int = 4,
     load_bound_ratio: float = 0.25,
+    ranks: Mapping[str, int] | None = None,
 ) -> Placement:
-    """Rank replicas for a request needing `adapters` (empty = base model)."""
+    """Rank replicas for a request needing `adapters` (empty = base model); `ranks` gives
+    the adapters' ranks where known (by name without version)."""
     if not replicas:
         return Placement(ranked=[], outcome="new")
     wanted = frozenset(adapters)
@@ -107,18 +126,26 @@ def place(
         ranked = sorted(replicas, key=lambda r: (r.full(), r.load, hrw[r.replica_id]))
         return Placement(ranked=[r.replica_id for r in ranked], outcome="base")
 
-    def rank_key(r: ReplicaView) -> tuple[bool, int, int, bool, int, int]:
-        # Eligible first; then most adapters already in slots; then most of the rest parsed
-        # in host memory; then room to load the rest without evicting another set's
-        # adapters; then, among replicas that already hold the set equally well, the least
+    fits = {r.replica_id: r.rank_fit(wanted, ranks or {}) for r in replicas}
+
+    def rank_key(r: ReplicaView) -> tuple[bool, bool, int, int, int, int, bool, int, int]:
+        # Able to hold the set at all first (rank pools); then eligible; then most adapters
+        # already in slots; then most of the rest parsed in host memory; then how the rank
+        # pools take the rest (free slot, eviction, wait; smallest pools); then room to load
+        # the rest without evicting another set's adapters; then, among replicas that
+        # already hold the set equally well, the least
         # loaded (a hot adapter resident on several replicas is shared by load, not piled on
         # its home up to the bound); then the set's rendezvous order (a set held nowhere goes
         # to one stable home, so concurrent first requests load it once).
         holds = r.overlap(wanted) > 0 or r.host_overlap(wanted) > 0
+        pools = fits[r.replica_id]
         return (
+            pools.cannot,
             not eligible(r),
             -r.overlap(wanted),
             -r.host_overlap(wanted),
+            pools.cost,
+            pools.taken,
             not r.has_room(wanted),
             r.load if holds else 0,
             hrw[r.replica_id],

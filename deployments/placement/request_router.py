@@ -2,7 +2,10 @@
 
 Replicas report their hot-set (and host tier) through `record_routing_stats`; the router adds what it placed
 itself in the last few seconds (the reports lag) and its own in-flight counts, then ranks
-replicas with `placement.place`. Ray probes the ranks in order and falls back to the next
+replicas with `placement.place`. Replicas with rank pools also report each pool's free and
+evictable slots and the ranks of the adapters they hold; with the catalog's ranks
+(`rank_hints`) the router knows a request's ranks and counts its own recent placements
+against the pools too. Ray probes the ranks in order and falls back to the next
 rank when a replica rejects (full), so overload spills instead of queueing at the home.
 
 A call that names `target_replica` (a router's stream channel, deployments/replica/stream_channel.py)
@@ -20,7 +23,9 @@ from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequ
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from deployments.ops import metrics
-from deployments.placement.affinity import ReplicaView, place
+from deployments.placement import rank_hints
+from deployments.placement.affinity import ReplicaView, base_name, place
+from deployments.placement.rank_fit import PoolView, occupy, parse_pools
 
 logger = logging.getLogger("ray.serve")
 
@@ -83,19 +88,54 @@ class AdapterAffinityRouter(RequestRouter):
         cached = self.replica_queue_len_cache.get(replica.replica_id)
         return max(self._inflight.get(replica.replica_id, 0), cached or 0)
 
-    def views(self, replicas: list[RunningReplica]) -> list[ReplicaView]:
+    def _pools(
+        self, replica: RunningReplica, hot_set: frozenset[str], ranks: dict[str, int]
+    ) -> tuple[PoolView, ...]:
+        """Its reported rank pools, less the slots its recent placements took since."""
+        stats = replica.routing_stats or {}
+        pools = parse_pools(stats.get("rank_pools"))
+        reported = {base_name(a) for a in stats.get("hot_set", ())}
+        for name in sorted(hot_set - reported):
+            if pools and name in ranks:
+                pools = occupy(pools, ranks[name])
+        return pools
+
+    def views(
+        self, replicas: list[RunningReplica], ranks: dict[str, int] | None = None
+    ) -> list[ReplicaView]:
         now = time.monotonic()
-        return [
-            ReplicaView(
-                replica_id=r.replica_id.unique_id,
-                hot_set=self._hot_set(r, now),
-                load=self._load(r),
-                capacity=r.max_ongoing_requests,
-                slots=(r.routing_stats or {}).get("num_slots"),
-                host_set=frozenset((r.routing_stats or {}).get("host_set", ())),
+        out = []
+        for r in replicas:
+            hot_set = self._hot_set(r, now)
+            out.append(
+                ReplicaView(
+                    replica_id=r.replica_id.unique_id,
+                    hot_set=hot_set,
+                    load=self._load(r),
+                    capacity=r.max_ongoing_requests,
+                    slots=(r.routing_stats or {}).get("num_slots"),
+                    host_set=frozenset((r.routing_stats or {}).get("host_set", ())),
+                    pools=self._pools(r, hot_set, ranks or {}),
+                )
             )
-            for r in replicas
-        ]
+        return out
+
+    @staticmethod
+    def ranks(replicas: list[RunningReplica], names: set[str]) -> dict[str, int]:
+        """Ranks of `names`: the largest any replica reported having read, else the catalog's."""
+        found: dict[str, int] = {}
+        for r in replicas:
+            reported = (r.routing_stats or {}).get("ranks")
+            if not isinstance(reported, dict):
+                continue
+            for name in names:
+                rank = reported.get(name)
+                if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0:
+                    found[name] = max(found.get(name, 0), rank)
+        for name in names - found.keys():
+            if (rank := rank_hints.catalog_rank(name)) is not None:
+                found[name] = rank
+        return found
 
     # -- RequestRouter API ------------------------------------------------------------------
 
@@ -112,8 +152,14 @@ class AdapterAffinityRouter(RequestRouter):
             # Every rank is offered in one pass, so a further pass must back off, not spin.
             pending_request.routing_context.should_backoff = True
         adapters = request_adapters(pending_request)
+        recent = {n for r in candidate_replicas for n in self._recent.get(r.replica_id, {})}
+        ranks = self.ranks(candidate_replicas, {base_name(a) for a in adapters} | recent)
         decision = place(
-            adapters, self.views(candidate_replicas), self._load_bound, self._load_bound_ratio
+            adapters,
+            self.views(candidate_replicas, ranks),
+            self._load_bound,
+            self._load_bound_ratio,
+            ranks,
         )
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         ranked = [by_id[rid] for rid in decision.ranked]

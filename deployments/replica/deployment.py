@@ -92,6 +92,14 @@ def stats_dict(stats: EngineStats) -> dict[str, Any]:
     return asdict(stats)
 
 
+def by_name(ranks: dict[str, int]) -> dict[str, int]:
+    """Adapter ranks by name without version (the largest over versions), as placement names them."""
+    out: dict[str, int] = {}
+    for ref, rank in ranks.items():
+        out[base_name(ref)] = max(out.get(base_name(ref), 0), rank)
+    return out
+
+
 def tier_snapshot(hot_set: Any) -> ResidencyReport:
     """The hot-set's tier report plus which tier each adapter is in."""
     report = hot_set.tier_report()
@@ -275,6 +283,8 @@ class ModelReplica:
             "free_slots": stats.free_slots,
             "num_slots": stats.num_slots,
             "host_set": sorted({base_name(a) for a in stats.host_resident}),
+            "rank_pools": [list(p) for p in stats.rank_pools],
+            "ranks": by_name(stats.adapter_ranks),
         }
 
     async def check_health(self) -> None:

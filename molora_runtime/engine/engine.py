@@ -240,6 +240,8 @@ class LLMEngine:
                 prefix_queried_tokens=bm.counters.prefix_queried_tokens,
                 preemptions=self.scheduler.preemptions,
             ),
+            rank_pools=self.hot_set.pool_report(),
+            adapter_ranks=self.hot_set.known_ranks(self.hot_set.loaded() + host.resident()),
         )
 
     def pop_load_latencies(self) -> list[float]:

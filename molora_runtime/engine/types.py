@@ -326,3 +326,6 @@ class EngineStats:
     host_fetches: int = 0
     host_fetch_failures: int = 0
     kv: BlockStats = field(default_factory=BlockStats)
+    # rank pools: (rank, slots, free, evictable) each, none when padded; ranks of adapters held
+    rank_pools: list[tuple[int, int, int, int]] = field(default_factory=list)
+    adapter_ranks: dict[str, int] = field(default_factory=dict)

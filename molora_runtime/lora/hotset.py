@@ -23,7 +23,7 @@ from molora_runtime.lora.host_tier import HostTier
 from molora_runtime.lora.loader import AdapterLoader
 from molora_runtime.lora.peft_adapter import AdapterWeights
 from molora_runtime.lora.pinned_lru import PinnedLRU
-from molora_runtime.lora.rank_placement import adapter_rank, fits_at_once, fitting
+from molora_runtime.lora.rank_placement import adapter_rank, fits_at_once, fitting, pool_occupancy
 from molora_runtime.lora.slot_set import SlotBufferSet
 from molora_runtime.lora.source import AdapterSource
 from molora_runtime.lora.tiers import Residency, StageTimes, TierCounts, TierReport, residency_view
@@ -212,6 +212,17 @@ class HotSet:
     def _note_rank(self, name: str, weights: AdapterWeights) -> int:
         rank = self._ranks[name] = adapter_rank(weights)
         return rank
+
+    def pool_report(self) -> list[tuple[int, int, int, int]]:
+        """Per rank pool (rank, slots, free, evictable); none for the padded layout."""
+        if not self.slots.pooled:
+            return []
+        return pool_occupancy(self.slots.pools, list(self._names), self._lru.evictable)
+
+    def known_ranks(self, names: Iterable[str]) -> dict[str, int]:
+        """Ranks of those of `names` whose weights were read here."""
+        ranks = self._ranks.copy()
+        return {n: ranks[n] for n in names if n in ranks}
 
     def prefetch(self, names: Iterable[str]) -> None:
         """Fetch queued requests' adapters in the background, and copy those already parsed

@@ -8,7 +8,7 @@ evicted. Pools nest by rank, so "fits at once" is Hall's condition over rank thr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from molora_runtime.lora.peft_adapter import AdapterWeights
 from molora_runtime.model.rank_pools import SlotPool
@@ -34,3 +34,16 @@ def fits_at_once(pools: list[SlotPool], ranks: list[int], room: dict[SlotPool, i
         if need > sum(room.get(p, 0) for p in ordered[k:]):
             return False
     return not any(r > ordered[-1].rank for r in ranks)
+
+
+def pool_occupancy(
+    pools: Iterable[SlotPool], names: Sequence[str | None], evictable: Callable[[str], bool]
+) -> list[tuple[int, int, int, int]]:
+    """Per pool (rank, slots, free, evictable), `names[slot]` being the adapter in each slot:
+    what the cluster's placement needs to know of a replica's pools."""
+    rows = []
+    for pool in pools:
+        held = [names[s] for s in range(pool.first, pool.first + pool.slots)]
+        free = sum(1 for n in held if n is None)
+        rows.append((pool.rank, pool.slots, free, sum(1 for n in held if n and evictable(n))))
+    return rows
