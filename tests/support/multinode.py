@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 import yaml
 
-from deployments.replica.serve_env import SERVE_ENV_VARS
 from tests.support import ports
+from tests.support.local_ray import HARNESS_ENV_VARS
 from tests.support.seaweedfs import SeaweedFS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -246,7 +246,7 @@ class MultiNodeCluster:
         home = self.work / f"home-{name}"
         home.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        return {"MOLORA_HOME": str(home), "PYTHONPATH": path, **SERVE_ENV_VARS}
+        return {"MOLORA_HOME": str(home), "PYTHONPATH": path, **HARNESS_ENV_VARS}
 
     def add_worker(self, name: str) -> str:
         """Start (or re-add) the worker node `name`; returns its node id."""
