@@ -25,8 +25,13 @@ it in the environment of the cluster they start.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import errno
+import logging
 import os
+import socket
 import sys
+import time
 from collections.abc import Mapping
 
 from deployments.api.proxy_guard import PROXY_ENV_VARS
@@ -40,6 +45,9 @@ LOCAL_DRAINING_S = 2.0
 CLUSTER_DRAINING_S = 15.0
 ENABLE = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 MIN_PORT = "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"
+# Linux holds a closed connection's port in TIME_WAIT for 60 s.
+PORT_WAIT_S = 90.0
+logger = logging.getLogger("ray.serve")
 
 SERVE_ENV_VARS: dict[str, str] = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
@@ -92,6 +100,42 @@ def unpinned_direct_ingress(environ: Mapping[str, str] = os.environ) -> str | No
         f":{ROUTER_PORT}; start with `make serve` or `molora serve`, or run `serve run` under "
         "`python -m deployments.replica.serve_env`"
     )
+
+
+def port_free(port: int) -> bool:
+    """Whether `port` can be bound the way Serve binds the router's server (no SO_REUSEADDR):
+    a connection the previous router closed (TIME_WAIT) still holds it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                return False
+            raise
+    return True
+
+
+async def wait_for_router_port(
+    environ: Mapping[str, str] = os.environ, timeout_s: float = PORT_WAIT_S, poll_s: float = 1.0
+) -> bool:
+    """Called at the end of the router's constructor, before Serve binds its server: wait until
+    the fixed port is free. Serve binds it without SO_REUSEADDR and, on a failed bind, takes the
+    port out of the node's pool for good; with a pool of one port, a router restarted while the
+    last one's connections linger in TIME_WAIT would leave the node without a router."""
+    if environ.get(ENABLE) != "1" or not environ.get(MIN_PORT):
+        return True
+    port = int(environ[MIN_PORT])
+    deadline = time.monotonic() + timeout_s
+    warned = False
+    while not port_free(port):
+        if time.monotonic() > deadline:
+            logger.warning(f"port {port} still taken after {timeout_s:g} s; starting anyway")
+            return False
+        if not warned:
+            logger.info(f"waiting for port {port} to be released (closed connections linger)")
+            warned = True
+        await asyncio.sleep(poll_s)
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:

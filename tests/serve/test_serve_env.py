@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,11 @@ from deployments.replica.serve_env import (
     SERVE_ENV_VARS,
     direct_ingress_env,
     missing_serve_env,
+    port_free,
     unpinned_direct_ingress,
+    wait_for_router_port,
 )
+from tests.support import ports
 from tests.support.local_ray import HARNESS_ENV_VARS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,3 +103,24 @@ def test_the_test_cluster_runs_the_fast_path(ray_cluster) -> None:
     assert env == HARNESS_ENV_VARS
     assert active
     assert "RAY_SERVE_THROUGHPUT_OPTIMIZED" not in os.environ
+
+
+async def test_the_router_waits_for_its_port_while_closed_connections_linger() -> None:
+    """A connection the server side closed first leaves the port in TIME_WAIT: Serve's bind
+    (no SO_REUSEADDR) would fail and drop the port from the pool, so the router waits."""
+    port = ports.free_port()
+    env = direct_ingress_env(port)
+    listener = socket.create_server(("127.0.0.1", port))
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    assert not port_free(port)  # listening
+    accepted.close()  # the server closes first, as a stopping router does
+    client.close()
+    listener.close()
+    assert not port_free(port)  # TIME_WAIT
+    assert await wait_for_router_port(env, timeout_s=0.3, poll_s=0.1) is False
+    other = ports.free_port(exclude=[port])
+    assert port_free(other)
+    assert await wait_for_router_port(direct_ingress_env(other), timeout_s=0.3) is True
+    # Not pinned (the harness, or a bare `serve run`): nothing to wait for.
+    assert await wait_for_router_port({"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}, timeout_s=0)
