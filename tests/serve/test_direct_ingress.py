@@ -154,12 +154,13 @@ async def test_a_client_disconnect_aborts_the_request(served: Served) -> None:
             got = 0
             async for line in resp.aiter_lines():
                 got += line.startswith("data: ")
-                if got >= 3:
-                    break
-            queued = asyncio.create_task(http.post("/v1/chat/completions", json=_chat()))
-            await asyncio.sleep(0.5)  # it reaches the engine's queue behind the stream
-            assert not queued.done()
+                if got == 3:
+                    queued = asyncio.create_task(http.post("/v1/chat/completions", json=_chat()))
+                    await asyncio.sleep(0.5)  # it waits behind the stream
+                    assert not queued.done()
+                    break  # the line iterator closes: the client hangs up here
         closed = time.monotonic()
+        assert queued is not None
         reply = await queued
         freed_s = time.monotonic() - closed
     assert reply.status_code == 200, reply.text
