@@ -32,7 +32,10 @@ models: install
 serve: models
 	# Ray on loopback with its token auth on (never turn it off: Serve replicas' gRPC servers listen
 	# on every interface); workers at nice 0, not Ray's default 15, so the engines are not starved.
-	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_worker_niceness=0 $(VENV)/bin/serve run serve_config.yaml
+	# serve_env puts direct ingress in the cluster's environment: the router serves the API on
+	# 127.0.0.1:8000 itself; Serve's proxy serves it on serve_config.yaml's http_options.port.
+	RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_worker_niceness=0 \
+		$(PY) -m deployments.replica.serve_env $(VENV)/bin/serve run serve_config.yaml
 
 test: models
 	bash scripts/test_services.sh

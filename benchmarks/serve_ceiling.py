@@ -11,7 +11,7 @@ TTFT p50/p99, ITL p50/p99 and CPU milliseconds per generated token summed over e
 of the server (from /proc), plus the client's own CPU; and the offline engine (`LLM`, no Ray,
 no HTTP) on the same model at b=64. Rounds run vLLM, MoLoRA, offline, then the reverse (ABBA).
 
-    .venv/bin/python -m benchmarks.serve_ceiling [--quick] [--rounds 2] [--vllm-python PATH]
+    .venv/bin/python -m benchmarks.serve_ceiling [--quick] [--rounds 2] [--proxy-ingress]
 
 `--quick`: c=64 only, one round. Writes `benchmarks/results/serve_ceiling.json`, prints a table.
 """
@@ -43,6 +43,7 @@ from benchmarks.server_process import (
     molora_binding,
     priorities,
     replica_layout,
+    set_ingress,
     start_molora,
     stop,
     vllm_binding,
@@ -57,7 +58,6 @@ NEW_TOKENS = 128
 MAX_NUM_SEQS = 64
 MAX_MODEL_LEN = 1024
 VLLM_PORT = 18432
-DIRECT_PORTS = (30000, 30100)  # Serve's direct-ingress HTTP ports
 OFFLINE_PROMPTS = 128
 TOKENIZER_FILES = ("generation_config.json", "special_tokens_map.json", "chat_template.jinja")
 
@@ -82,15 +82,14 @@ def make_tiny(out: Path) -> Path:
 FREE_MODEL_REPLICA_CPUS = 1
 
 
-def molora_config(tiny: Path, path: Path, direct: bool = False) -> Path:
+def molora_config(tiny: Path, path: Path, direct: bool = True) -> Path:
     """serve_config.yaml's layout serving the tiny model as `base`, 64 sequences per replica on
-    `FREE_MODEL_REPLICA_CPUS` (`direct`: with Serve's direct ingress, the router serving HTTP
-    itself)."""
+    `FREE_MODEL_REPLICA_CPUS`; the router serves HTTP itself (direct ingress, shipped) or, with
+    `direct=False`, through Serve's proxy."""
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    cfg["http_options"]["port"] = MOLORA_PORT
+    set_ingress(cfg, direct)
     cfg["logging_config"]["enable_access_log"] = False
     app = cfg["applications"][0]
-    app["runtime_env"]["env_vars"]["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1" if direct else "0"
     args = app["args"]
     args["engine"].update(model=str(tiny), dtype="float32", max_num_seqs=MAX_NUM_SEQS,
                           max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=2048,
@@ -186,30 +185,17 @@ def run_vllm(python: Path, tiny: Path, work: Path, cells: list[int]) -> dict[str
     return {**out, "binding": vllm_binding(log)}
 
 
-def direct_port(proc: subprocess.Popen) -> int:
-    """The port Serve gave the router's own HTTP server (direct ingress: 30000 and up)."""
-    for port in range(DIRECT_PORTS[0], DIRECT_PORTS[1]):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return port
-        except httpx.HTTPError:
-            continue
-    raise RuntimeError("no direct-ingress port answered /health")
-
-
-def run_molora(tiny: Path, work: Path, cells: list[int], direct: bool = False) -> dict[str, Any]:
-    name = "molora_direct" if direct else "molora"
+def run_molora(tiny: Path, work: Path, cells: list[int], direct: bool = True) -> dict[str, Any]:
+    name = "molora" if direct else "molora_proxy"
     log = work / f"{name}.log"
     config = molora_config(tiny, work / f"{name}.yaml", direct)
     # A cluster of its own: `serve run` would otherwise join any Ray cluster on the box.
-    env = {"RAY_ADDRESS": "local", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1" if direct else "0"}
-    proc = start_molora(config, log, env)
+    proc = start_molora(config, log, {"RAY_ADDRESS": "local"}, direct=direct)
     try:
-        port = direct_port(proc) if direct else MOLORA_PORT
-        out = serve_cells(name, proc, port, cells)
+        out = serve_cells(name, proc, MOLORA_PORT, cells)
     finally:
         stop(proc)
-    return {**out, "binding": molora_binding(log), "port": port}
+    return {**out, "binding": molora_binding(log), "port": MOLORA_PORT, "direct_ingress": direct}
 
 
 def run_offline(tiny: Path) -> dict[str, Any]:
@@ -234,8 +220,8 @@ def run_offline(tiny: Path) -> dict[str, Any]:
     return row
 
 
-def round_order(round_no: int, direct: bool = False) -> list[str]:
-    order = ["vllm", "molora", *(["molora_direct"] if direct else []), "offline"]
+def round_order(round_no: int, proxy: bool = False) -> list[str]:
+    order = ["vllm", "molora", *(["molora_proxy"] if proxy else []), "offline"]
     return order if round_no % 2 == 0 else order[::-1]
 
 
@@ -253,10 +239,10 @@ def summarize(rounds: list[dict[str, Any]], cells: list[int]) -> list[str]:
                 f"{m['server_cpu_ms_per_token']} | {m['ttft_p50_ms']}/{m['ttft_p99_ms']} | "
                 f"{m['itl_p50_ms']}/{m['itl_p99_ms']} | {m['tok_per_s'] / offline:.2f} |"
             )
-        for j, c in enumerate(cells if "molora_direct" in rnd else []):
-            v, m = rnd["vllm"]["cells"][j], rnd["molora_direct"]["cells"][j]
+        for j, c in enumerate(cells if "molora_proxy" in rnd else []):
+            v, m = rnd["vllm"]["cells"][j], rnd["molora_proxy"]["cells"][j]
             lines.append(
-                f"| {i} direct ingress | {c} | {v['tok_per_s']} | {m['tok_per_s']} | "
+                f"| {i} via Serve's proxy | {c} | {v['tok_per_s']} | {m['tok_per_s']} | "
                 f"{m['tok_per_s'] / v['tok_per_s']:.2f} | {v['server_cpu_ms_per_token']} | "
                 f"{m['server_cpu_ms_per_token']} | {m['ttft_p50_ms']}/{m['ttft_p99_ms']} | "
                 f"{m['itl_p50_ms']}/{m['itl_p99_ms']} | {m['tok_per_s'] / offline:.2f} |"
@@ -274,8 +260,8 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="keep the tiny model and logs here")
     parser.add_argument("--cells", default=None, help="concurrencies, e.g. 32,64 (must hold 64)")
     parser.add_argument("--out", default=str(RESULTS), help="where the JSON goes")
-    parser.add_argument("--direct-ingress", action="store_true",
-                        help="also MoLoRA with Serve's direct ingress (router serves HTTP)")  # fmt: skip
+    parser.add_argument("--proxy-ingress", action="store_true",
+                        help="also MoLoRA through Serve's HTTP proxy (direct ingress off)")  # fmt: skip
     args = parser.parse_args()
     cells = [64] if args.quick else [32, 64, 128]
     if args.cells:
@@ -288,13 +274,13 @@ def main() -> None:
         make_tiny(tiny)
     rounds = []
     for r in range(rounds_n):
-        rnd: dict[str, Any] = {"order": round_order(r, args.direct_ingress)}
+        rnd: dict[str, Any] = {"order": round_order(r, args.proxy_ingress)}
         for side in rnd["order"]:
             print(f"round {r}: {side}", flush=True)
             if side == "vllm":
                 rnd[side] = run_vllm(Path(args.vllm_python), tiny, work, cells)
             elif side.startswith("molora"):
-                rnd[side] = run_molora(tiny, work, cells, side == "molora_direct")
+                rnd[side] = run_molora(tiny, work, cells, side == "molora")
             else:
                 rnd[side] = run_offline(tiny)
         rounds.append(rnd)

@@ -60,6 +60,7 @@ from benchmarks.server_process import (
     molora_binding,
     priorities,
     replica_layout,
+    set_ingress,
     start_molora,
     stop,
     vllm_binding,
@@ -189,7 +190,7 @@ def molora_config(store: Path, dtype: str, path: Path) -> Path:
     """serve_config.yaml with the benchmark's limits, on the shipped replica layout (replicas x
     CPUs covering every core; each replica has vLLM's limits: 32 sequences, 4 adapter slots)."""
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    cfg["http_options"]["port"] = MOLORA_PORT
+    set_ingress(cfg)
     cfg["logging_config"]["enable_access_log"] = False
     app = cfg["applications"][0]
     args = app["args"]

@@ -19,8 +19,25 @@ from typing import Any, NamedTuple
 import httpx
 import yaml
 
+from deployments.api.proxy_guard import PROXY_ENV_VARS
+from deployments.replica.serve_env import ENABLE, direct_ingress_env
+
 ROOT = Path(__file__).resolve().parents[1]
 MOLORA_PORT = 18500  # the benchmark configs serve here; start_molora waits on it
+PROXY_PORT = MOLORA_PORT + 1  # Serve's proxy when the router serves MOLORA_PORT itself
+
+
+def set_ingress(cfg: dict[str, Any], direct: bool = True) -> None:
+    """Point a Serve document at MOLORA_PORT: the router's own server (direct ingress, the
+    shipped mode; Serve's proxy on PROXY_PORT) or Serve's proxy (`direct=False`)."""
+    cfg["http_options"]["port"] = PROXY_PORT if direct else MOLORA_PORT
+    env = cfg["applications"][0].setdefault("runtime_env", {}).setdefault("env_vars", {})
+    env[ENABLE] = "1" if direct else "0"
+
+
+def ingress_env(direct: bool = True) -> dict[str, str]:
+    """What the cluster `serve run` starts must inherit for `set_ingress`'s document."""
+    return {**PROXY_ENV_VARS, **direct_ingress_env(MOLORA_PORT, enabled=direct)}
 
 
 def wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
@@ -62,10 +79,11 @@ def stop(proc: subprocess.Popen, grace_s: float = 20, linger_s: float = 30) -> N
 
 
 def start_molora(
-    config: Path, log: Path, extra_env: dict[str, str] | None = None
+    config: Path, log: Path, extra_env: dict[str, str] | None = None, direct: bool = True
 ) -> subprocess.Popen:
-    """`serve run config` in a session of its own; `extra_env` reaches the cluster it starts
-    (Serve's controller reads some settings only from there)."""
+    """`serve run config` (a `set_ingress` document) in a session of its own; `extra_env` and
+    the ingress settings reach the cluster it starts (Serve's controller reads some settings
+    only from there)."""
     # Ray starts its workers at nice 15 by default; vLLM runs at the caller's priority. Both
     # servers compute at the same priority, else any other process on the box (the client
     # included) takes its CPU from MoLoRA first.
@@ -74,6 +92,7 @@ def start_molora(
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "PYTHONPATH": str(ROOT),
         "RAY_worker_niceness": "0",
+        **ingress_env(direct),
         **(extra_env or {}),
     }
     serve = Path(sys.executable).parent / "serve"

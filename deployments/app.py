@@ -9,6 +9,7 @@ the YAML's `deployments` section, so the same code runs one CPU replica or many 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,11 @@ from deployments.api.ingress import Router
 from deployments.catalog.epoch import CatalogEpoch
 from deployments.config import REPO_ROOT, ConfigError, ServeConfig
 from deployments.replica.deployment import ModelReplica
+from deployments.replica.serve_env import unpinned_direct_ingress
 
 AFFINITY_ROUTER = "deployments.placement.request_router:AdapterAffinityRouter"
 DEFAULT_ROUTER = "deployments.placement.request_router:TargetingPowerOfTwoRouter"
+logger = logging.getLogger("ray.serve")
 
 
 def router_config(cfg: ServeConfig) -> RequestRouterConfig:
@@ -45,7 +48,10 @@ def router_config(cfg: ServeConfig) -> RequestRouterConfig:
 
 
 def check_environment(cfg: ServeConfig) -> None:
-    """Fail at `serve run` time, naming the key, for what validation cannot see."""
+    """Fail at `serve run` time, naming the key, for what validation cannot see; warn when the
+    router will not serve on its documented port."""
+    if (why := unpinned_direct_ingress()) is not None:
+        logger.warning(why)
     for missing in cfg.store.missing_dirs():
         raise ConfigError(
             f"invalid serve config:\n  args.store: directory {missing} does not exist"

@@ -46,5 +46,6 @@ EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=180s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"]
 # Inside the container the API binds every interface so `-p` can reach it; publish it on the
-# host's loopback (or turn on server.auth) before exposing it further.
+# host's loopback (or turn on server.auth) before exposing it further. 8000 is the router's own
+# server (docs/ingress.md); Serve's proxy answers the same API on 8001, left unpublished.
 CMD ["molora", "serve", "smollm2-135m-instruct", "--host", "0.0.0.0"]

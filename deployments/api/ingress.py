@@ -38,6 +38,7 @@ from deployments.config import REPO_ROOT, ServeConfig
 from deployments.ops import metrics
 from deployments.ops.metrics_scrape import MetricsScraper
 from deployments.replica.heap import GcPauseMeter
+from deployments.replica.serve_env import wait_for_router_port
 from deployments.replica.stream_channel import ChannelClient
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -76,6 +77,7 @@ class Router:
         self.scraper = MetricsScraper(lambda: self._private_names())
         # A daemon thread: it ends with this process, nothing to stop.
         self._gc_meter = GcPauseMeter(metrics.record_gc_pause).start()
+        await wait_for_router_port()  # Serve binds the router's own HTTP port after this
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health(self) -> JSONResponse:

@@ -1,8 +1,9 @@
 """Generate the KubeRay `RayService` from `serve_config.gpu.yaml`, so the two cannot drift.
 
 The cluster runs exactly the Serve application of the GPU config; only what a Kubernetes cluster
-needs is changed: Serve listens on 0.0.0.0:8000 on every node (KubeRay's Service and readiness
-probe expect that), and Serve autoscaling and the Ray autoscaler are made to agree: the GPU
+needs is changed: each worker node's router serves the API on 0.0.0.0:8000 itself (Serve's
+direct ingress; the pods' environment pins that port), Serve's proxy runs on the head only
+(:8001), the Service and the readiness probe point at the router, and Serve autoscaling and the Ray autoscaler are made to agree: the GPU
 worker group is sized from the GPU deployments' `autoscaling_config` (one is added where the
 config has none), or, for a cluster with fixed bounds (dev), those bounds clamp Serve's.
 
@@ -62,7 +63,8 @@ def rayservice(serve_config: dict[str, Any], profile: ClusterProfile = BASE) -> 
                         {
                             "name": "serve",
                             "port": SERVE_PORT,
-                            "targetPort": SERVE_PORT,
+                            # by name: the router's port on workers, the proxy's on the head
+                            "targetPort": "serve",
                             "protocol": "TCP",
                         }
                     ],

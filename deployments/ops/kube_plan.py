@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from deployments.ops.kube_profile import SERVE_PORT, ClusterProfile
+from deployments.ops.kube_profile import PROXY_PORT_HEAD, ClusterProfile
 
 
 def load_serve_config(path: Path) -> dict[str, Any]:
@@ -41,11 +41,12 @@ def plan(serve_config: dict[str, Any], profile: ClusterProfile) -> Plan:
     bounds are clamped to what the group can hold instead.
     """
     config = copy.deepcopy(serve_config)
-    config["proxy_location"] = "EveryNode"
+    # Direct ingress runs Serve's proxy on the head only; the routers serve SERVE_PORT.
+    config["proxy_location"] = "HeadOnly"
     config["http_options"] = {
         **(config.get("http_options") or {}),
         "host": "0.0.0.0",
-        "port": SERVE_PORT,
+        "port": PROXY_PORT_HEAD,
     }
     gpu_min = gpu_max = 0.0
     for app in config["applications"]:

@@ -12,9 +12,16 @@ from deployments.ops.kube_profile import (
     API_KEYS_DIR,
     APP_LABEL,
     METRICS_PORT,
+    PROXY_PORT_HEAD,
     SERVE_PORT,
     ClusterProfile,
 )
+from deployments.replica.serve_env import CLUSTER_DRAINING_S, direct_ingress_env
+
+# A draining router answers /-/healthz 503 for CLUSTER_DRAINING_S: the probe must fail the pod
+# out of the Service's endpoints well within that (here after 3 x 2 s).
+READINESS_PERIOD_S = 2
+READINESS_FAILURES = 3
 
 
 def _env_from(profile: ClusterProfile) -> list[dict[str, Any]]:
@@ -56,11 +63,16 @@ def _container(
         "ports": ports,
         "envFrom": _env_from(profile),
         # Ray starts its workers (the engines) at nice 15 unless told otherwise, below its own
-        # raylet and agents in the same pod: serving runs at nice 0. The proxy (not an
-        # application process) reads its stream guard's import path from the pod's environment.
+        # raylet and agents in the same pod: serving runs at nice 0. The proxy and the routers'
+        # own HTTP servers read the stream guard's import path from the pod's environment, and
+        # Serve's controller the router's fixed port and draining period.
         "env": [
             {"name": "RAY_worker_niceness", "value": "0"},
             *({"name": k, "value": v} for k, v in PROXY_ENV_VARS.items()),
+            *(
+                {"name": k, "value": v}
+                for k, v in direct_ingress_env(SERVE_PORT, CLUSTER_DRAINING_S).items()
+            ),
             # auth is on in the cluster: the proxy refuses a key's flood at the router's cap
             {"name": CAP_ENV, "value": "64"},
         ],
@@ -79,7 +91,8 @@ def head_group(profile: ClusterProfile) -> dict[str, Any]:
         {"name": "gcs-server", "containerPort": 6379},
         {"name": "dashboard", "containerPort": 8265},
         {"name": "client", "containerPort": 10001},
-        {"name": "serve", "containerPort": SERVE_PORT},
+        # no router here (num-cpus 0): the head's door to the API is Serve's proxy
+        {"name": "serve", "containerPort": PROXY_PORT_HEAD},
         {"name": "metrics", "containerPort": METRICS_PORT},
     ]
     return {
@@ -118,13 +131,14 @@ def _worker_group(
         {"name": "metrics", "containerPort": METRICS_PORT},
     ]
     container = _container("ray-worker", profile, group.worker, ports)
-    # Ready only once this node's Serve proxy answers: that is what the OpenAI Service routes to.
+    # Ready only while this node's router serves (not yet started, draining or absent: not
+    # ready): the OpenAI Service routes to ready pods only.
     container["readinessProbe"] = {
         "httpGet": {"path": "/-/healthz", "port": SERVE_PORT},
         "initialDelaySeconds": 10,
-        "periodSeconds": 5,
+        "periodSeconds": READINESS_PERIOD_S,
         "timeoutSeconds": 2,
-        "failureThreshold": 10,
+        "failureThreshold": READINESS_FAILURES,
     }
     # Ray's `resources` start parameter is a JSON object quoted for the shell.
     resources = json.dumps({f"gpu_{group.gpu_type}": group.worker.gpus})

@@ -6,8 +6,10 @@ from pydantic import Field, model_validator
 
 from deployments.ops.kube_groups import GpuGroup, PodResources, ServeAutoscaling, _Strict
 from deployments.ops.kube_ha import HighAvailability
+from deployments.replica.serve_env import PROXY_PORT, ROUTER_PORT
 
-SERVE_PORT = 8000
+SERVE_PORT = ROUTER_PORT  # each worker's router serves the API here (direct ingress)
+PROXY_PORT_HEAD = PROXY_PORT  # Serve's proxy, on the head only
 METRICS_PORT = 8080
 API_KEYS_DIR = "/etc/molora/api-keys"  # where the API key Secret is mounted in every pod
 APP_LABEL = "molora-serve"

@@ -25,6 +25,7 @@ from adapter_store.validate import load_base_config, sha256_file
 from adapter_store.versions import open_registry
 from deployments.api.proxy_guard import PROXY_ENV_VARS
 from deployments.config import REPO_ROOT, ConfigError, ServeConfig
+from deployments.replica.serve_env import ENABLE, ROUTER_PORT, direct_ingress_env
 from molora_runtime.model.chat_templates import (
     SHIPPED_TEMPLATES,
     ChatTemplateError,
@@ -118,7 +119,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    p.add_argument("--port", type=int, help="the API's HTTP port (default 8000)")
+    p.add_argument(
+        "--no-direct-ingress",
+        dest="direct_ingress",
+        action="store_false",
+        help="serve through Ray Serve's HTTP proxy on --port instead of the router's own server "
+        "(one more process hop per token; see docs/token_path.md)",
+    )
     p.add_argument("--num-replicas", type=int, help="model replicas")
     p.add_argument("--num-cpus", type=float, help="CPUs per model replica (its torch threads)")
     p.add_argument("--num-gpus", type=float, help="GPUs per model replica")
@@ -203,8 +211,13 @@ def build_document(args: argparse.Namespace) -> dict[str, Any]:
         cfg["server"]["runtime_lora"] = {"load_dir": str(Path(args.lora_load_dir).resolve())}
     if args.host:
         doc["http_options"]["host"] = args.host
-    if args.port is not None:
-        doc["http_options"]["port"] = args.port
+    port = ROUTER_PORT if args.port is None else args.port
+    # Direct ingress: the router serves `port` itself (the cluster's environment says so, see
+    # cluster_env) and Serve's proxy the next port; without it the proxy serves `port`.
+    doc["http_options"]["port"] = port + 1 if args.direct_ingress else port
+    app.setdefault("runtime_env", {}).setdefault("env_vars", {})[ENABLE] = (
+        "1" if args.direct_ingress else "0"
+    )
     replica = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
     if args.num_replicas is not None:
         replica["num_replicas"] = args.num_replicas
@@ -217,6 +230,13 @@ def build_document(args: argparse.Namespace) -> dict[str, Any]:
     # The replica takes one call per sequence plus the router's stream channel.
     replica["max_ongoing_requests"] = served.engine.max_num_seqs + 1
     return doc
+
+
+def cluster_env(args: argparse.Namespace) -> dict[str, str]:
+    """What the cluster `serve run` starts must inherit: the proxy's stream guard (it wraps the
+    router's own server too) and direct ingress on the API's port, or off."""
+    port = ROUTER_PORT if args.port is None else args.port
+    return {**PROXY_ENV_VARS, **direct_ingress_env(port, enabled=args.direct_ingress)}
 
 
 def chat_template_arg(value: str) -> str:
@@ -280,7 +300,8 @@ def run(args: argparse.Namespace) -> int:
         doc = build_document(args)
         text = yaml.safe_dump(doc, sort_keys=False)
         if args.print_config:
-            sys.stdout.write(text)
+            env = " ".join(f"{k}={v}" for k, v in cluster_env(args).items())
+            sys.stdout.write(f"# start the cluster with this environment: {env}\n{text}")
             return 0
         for ref in publish_modules(doc, args.lora_modules):
             print(f"serving LoRA module {ref}", file=sys.stderr)
@@ -291,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
         f.write(text)
     serve = Path(sys.executable).with_name("serve")
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_worker_niceness="0")
-    env.update(PROXY_ENV_VARS)  # the proxy's stream guard (deployments/api/proxy_guard.py)
+    env.update(cluster_env(args))
     os.execve(serve, [str(serve), "run", path], env)
     return 0  # not reached
 

@@ -1,35 +1,79 @@
 """Ray Serve's own settings for the per-token streaming path, in one place.
 
-Every streamed token crosses Ray twice (model replica -> router -> HTTP proxy), so Serve's
-per-message overhead is paid once per token per request. By default Serve runs user code on a
-second event loop in its own thread and the handle's router on a third, handing every message
-across threads; on the 2-core box that work took a core from the engine's step thread (29% of
-its time spent waiting to run, measured with schedstat). `RAY_SERVE_THROUGHPUT_OPTIMIZED` is
-Ray's bundle that keeps user code and the router on the replica's main loop and sends handle
-calls over the replicas' (token-authenticated) inter-deployment gRPC servers; measured side by
-side at the endpoint (bf16, 2 replicas x 1 CPU) it served base c=8 +37%, base c=32 +15%,
-mixed adapters c=32 +19%.
+Every streamed token crosses Ray on its way out, so Serve's per-message overhead is paid once
+per token per request. By default Serve runs user code on a second event loop in its own thread
+and the handle's router on a third, handing every message across threads; on a 2-core box that
+work took a core from the engine's step thread. `RAY_SERVE_THROUGHPUT_OPTIMIZED` is Ray's bundle
+that keeps user code and the router on the replica's main loop and sends handle calls over the
+replicas' (token-authenticated) inter-deployment gRPC servers.
 
-Of the bundle we turn two parts back: direct ingress (every router replica would open a
-second public HTTP port of its own, beside the proxy's), and the log changes (replica logs keep
-going to stderr, unbuffered, so an operator sees a warning when it happens).
+Direct ingress (part of that bundle) is on: the router replica serves HTTP itself, so the Serve
+proxy's hop (one Ray message per request per write) leaves the token path. Serve would give the
+router a port from a pool (30000 and up); `direct_ingress_env` shrinks the pool to one fixed port
+per node, so clients have one documented address, and hence one router replica per node
+(`max_replicas_per_node: 1` in the shipped configs). The router binds `http_options.host`
+(loopback locally) and Serve's proxy keeps serving `http_options.port` beside it. Of the bundle
+we turn the log changes back (replica logs keep going to stderr, unbuffered).
 
-The variables are read when a Ray process imports Serve, so they must be in the replicas'
-environment: the shipped configs set them as the application's `runtime_env.env_vars` (a test
-keeps every shipped config in step with `SERVE_ENV_VARS`), and `local_ray` exports them before
-it starts a test cluster.
+Two places must carry the settings. `SERVE_ENV_VARS` are read when a replica imports Serve: the
+shipped configs set them as the application's `runtime_env.env_vars` (a test keeps every shipped
+config in step). `direct_ingress_env` is read by Serve's controller as well (port pool, draining)
+and a config cannot reach the controller: `make serve`, `molora serve` and the KubeRay pods put
+it in the environment of the cluster they start.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import errno
+import logging
+import os
+import socket
+import sys
+import time
 from collections.abc import Mapping
+
+from deployments.api.proxy_guard import PROXY_ENV_VARS
+
+ROUTER_PORT = 8000  # the API: each node's router replica serves HTTP here itself
+PROXY_PORT = 8001  # Serve's HTTP proxy (`http_options.port`), the same app one hop further
+# How long a stopping router keeps answering (health says DRAINING) before it closes its port;
+# in-flight requests are always waited for. Locally nothing has to deregister it; a cluster
+# needs its readiness probe to notice and its endpoints to update within this time.
+LOCAL_DRAINING_S = 2.0
+CLUSTER_DRAINING_S = 15.0
+ENABLE = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
+MIN_PORT = "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"
+# Linux holds a closed connection's port in TIME_WAIT for 60 s.
+PORT_WAIT_S = 90.0
+logger = logging.getLogger("ray.serve")
 
 SERVE_ENV_VARS: dict[str, str] = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
+    ENABLE: "1",
     "RAY_SERVE_LOG_TO_STDERR": "1",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
 }
+
+
+def direct_ingress_env(
+    port: int = ROUTER_PORT, draining_s: float = LOCAL_DRAINING_S, enabled: bool = True
+) -> dict[str, str]:
+    """What the processes of the cluster (Serve's controller too) must inherit for the router to
+    serve on `port`; `enabled=False` is the switch back to Serve's proxy alone."""
+    if not enabled:
+        return {ENABLE: "0"}
+    return {
+        ENABLE: "1",
+        # Serve's pool is [min, max): exactly `port` on every node.
+        MIN_PORT: str(port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 1),
+        # A freed port is otherwise held back minutes (for HAProxy, not used here): with a pool
+        # of one, a router restarted on its node could not serve until then.
+        "RAY_SERVE_PORT_QUARANTINE_S": "0",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": f"{draining_s:g}",
+    }
 
 
 def missing_serve_env(env_vars: Mapping[str, str] | None) -> dict[str, str]:
@@ -43,3 +87,72 @@ def serve_fast_path_active() -> bool:
     from ray.serve._private import constants
 
     return not constants.RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD
+
+
+def unpinned_direct_ingress(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why the router would serve on a port Serve picks (30000 and up) instead of the fixed one:
+    direct ingress is on here but the cluster was started without `direct_ingress_env`."""
+    if environ.get(ENABLE) != "1" or environ.get(MIN_PORT):
+        return None
+    return (
+        f"{ENABLE}=1 reaches the replicas but the cluster was started without its port "
+        f"settings, so the router serves HTTP on a port Serve allocates (30000 and up), not on "
+        f":{ROUTER_PORT}; start with `make serve` or `molora serve`, or run `serve run` under "
+        "`python -m deployments.replica.serve_env`"
+    )
+
+
+def port_free(port: int) -> bool:
+    """Whether `port` can be bound the way Serve binds the router's server (no SO_REUSEADDR):
+    a connection the previous router closed (TIME_WAIT) still holds it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                return False
+            raise
+    return True
+
+
+async def wait_for_router_port(
+    environ: Mapping[str, str] = os.environ, timeout_s: float = PORT_WAIT_S, poll_s: float = 1.0
+) -> bool:
+    """Called at the end of the router's constructor, before Serve binds its server: wait until
+    the fixed port is free. Serve binds it without SO_REUSEADDR and, on a failed bind, takes the
+    port out of the node's pool for good; with a pool of one port, a router restarted while the
+    last one's connections linger in TIME_WAIT would leave the node without a router."""
+    if environ.get(ENABLE) != "1" or not environ.get(MIN_PORT):
+        return True
+    port = int(environ[MIN_PORT])
+    deadline = time.monotonic() + timeout_s
+    warned = False
+    while not port_free(port):
+        if time.monotonic() > deadline:
+            logger.warning(f"port {port} still taken after {timeout_s:g} s; starting anyway")
+            return False
+        if not warned:
+            logger.info(f"waiting for port {port} to be released (closed connections linger)")
+            warned = True
+        await asyncio.sleep(poll_s)
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m deployments.replica.serve_env [--port P] serve run CONFIG`: runs the command
+    with the cluster's direct-ingress settings in its environment (without one: prints them)."""
+    parser = argparse.ArgumentParser(prog="python -m deployments.replica.serve_env")
+    parser.add_argument("--port", type=int, default=ROUTER_PORT, help="the router's HTTP port")
+    parser.add_argument("--draining-s", type=float, default=LOCAL_DRAINING_S)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    # The proxy's stream guard (deployments/api/proxy_guard.py) also wraps the router's server.
+    env = {**PROXY_ENV_VARS, **direct_ingress_env(args.port, args.draining_s)}
+    if not args.command:
+        sys.stdout.write("".join(f"{k}={v}\n" for k, v in env.items()))
+        return
+    os.execvpe(args.command[0], args.command, {**os.environ, **env})
+
+
+if __name__ == "__main__":
+    main()

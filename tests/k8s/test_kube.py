@@ -35,7 +35,7 @@ def test_group_sized_from_serve_autoscaling() -> None:
     assert _replica(plan)["autoscaling_config"] == scaling
     assert plan.serve_config["http_options"] == {
         "host": "0.0.0.0",
-        "port": kube_profile.SERVE_PORT,
+        "port": kube_profile.PROXY_PORT_HEAD,
         "request_timeout_s": 5,
     }
 

@@ -142,7 +142,21 @@ def test_rayservice_shape(built: list[dict]) -> None:
     assert "AWS_ENDPOINT_URL" in configmap["data"]
     assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     ports = rayservice["spec"]["serveService"]["spec"]["ports"]
-    assert [p["port"] for p in ports] == [kube_profile.SERVE_PORT]
+    assert [(p["port"], p["targetPort"]) for p in ports] == [(kube_profile.SERVE_PORT, "serve")]
+    # The Service's named port is each worker's router and the head's proxy; every pod's Serve
+    # controller and routers read the router's fixed port from the pod's environment.
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    workers = [w["template"]["spec"]["containers"][0] for w in cluster["workerGroupSpecs"]]
+    named = {p["name"]: p["containerPort"] for p in head["ports"]}
+    assert named["serve"] == kube_profile.PROXY_PORT_HEAD
+    for container in [head, *workers]:
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+        assert env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] == str(kube_profile.SERVE_PORT)
+    for worker in workers:
+        assert {p["name"]: p["containerPort"] for p in worker["ports"]}["serve"] == (
+            kube_profile.SERVE_PORT
+        )
 
 
 def test_secret_example_holds_placeholders_only() -> None:
@@ -181,7 +195,9 @@ def test_serve_autoscaling_fits_the_worker_group(built: list[dict]) -> None:
     worker_cpus = int(worker["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
     assert cpus_needed <= max(1, worker["maxReplicas"]) * worker_cpus
     assert serve["http_options"]["host"] == "0.0.0.0"
-    assert serve["http_options"]["port"] == kube_profile.SERVE_PORT
+    # Direct ingress: the routers serve SERVE_PORT; Serve's proxy, on the head only, the next.
+    assert serve["http_options"]["port"] == kube_profile.PROXY_PORT_HEAD
+    assert serve["proxy_location"] == "HeadOnly"
 
 
 def test_embedded_serve_config_validates(built: list[dict]) -> None:

@@ -28,7 +28,9 @@ def test_shipped_configs_validate(name):
 
 def test_default_config_is_cpu_loopback_embedded_model():
     data = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    assert data["http_options"] == {**data["http_options"], "host": "127.0.0.1", "port": 8000}
+    # Loopback: the router's own server (:8000, direct ingress) binds this host too; Serve's
+    # proxy keeps the port next to it.
+    assert data["http_options"] == {**data["http_options"], "host": "127.0.0.1", "port": 8001}
     app = data["applications"][0]
     cfg = ServeConfig.from_args(app["args"])
     assert cfg.engine.device == "cpu"

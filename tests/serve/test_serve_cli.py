@@ -37,7 +37,8 @@ def test_flags_map_onto_the_validated_config(capsys, tiny_assets, tmp_path) -> N
     argv += ["--served-model-name", "mine", "--port", "8123", "--num-replicas", "2"]
     argv += ["--store", str(tmp_path / "store"), "--enable-lora", "--print-config"]
     assert cli.main(argv=["serve", *argv]) == 0
-    doc = yaml.safe_load(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    doc = yaml.safe_load(out)
     app = doc["applications"][0]
     cfg = ServeConfig.from_args(app["args"])
     assert cfg.engine.hot_set.num_slots == 6 and cfg.engine.hot_set.max_rank == 32
@@ -46,7 +47,13 @@ def test_flags_map_onto_the_validated_config(capsys, tiny_assets, tmp_path) -> N
     assert cfg.store.url == str(tmp_path / "store")
     # The embedded model's named routes pin its own adapters: not carried to another model.
     assert cfg.expose.routes == {}
-    assert doc["http_options"] == {**doc["http_options"], "port": 8123, "host": "127.0.0.1"}
+    # The router serves --port itself (the cluster's environment pins it; the printed header
+    # says so) and Serve's proxy the next one.
+    assert doc["http_options"] == {**doc["http_options"], "port": 8124, "host": "127.0.0.1"}
+    header = out.splitlines()[0]
+    assert "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT=8123" in header
+    assert "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT=8124" in header
+    assert app["runtime_env"]["env_vars"]["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
     replica = next(d for d in app["deployments"] if d["name"] == "ModelReplica")
     assert replica["num_replicas"] == 2 and replica["max_ongoing_requests"] == 13
     assert app["import_path"] == "deployments.app:build_app"
@@ -56,6 +63,18 @@ def test_the_embedded_default_keeps_the_bundled_store(capsys) -> None:
     assert cli.main(argv=["serve", "smollm2-135m-instruct", "--print-config"]) == 0
     shipped = yaml.safe_load((serve_cli.TEMPLATE).read_text())
     assert yaml.safe_load(capsys.readouterr().out) == shipped
+
+
+def test_proxy_ingress_switch_serves_the_port_through_serves_proxy(capsys) -> None:
+    argv = ["serve", "smollm2-135m-instruct", "--port", "9100", "--no-direct-ingress"]
+    assert cli.main(argv=[*argv, "--print-config"]) == 0
+    out = capsys.readouterr().out
+    doc = yaml.safe_load(out)
+    assert doc["http_options"]["port"] == 9100
+    env = doc["applications"][0]["runtime_env"]["env_vars"]
+    assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "0"
+    assert "RAY_SERVE_ENABLE_DIRECT_INGRESS=0" in out.splitlines()[0]
+    assert "MIN_HTTP_PORT" not in out
 
 
 def test_rank_pools_flag_sizes_the_hot_set(capsys) -> None:

@@ -28,8 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from deployments.api.proxy_guard import PROXY_ENV_VARS
-from deployments.replica.serve_env import SERVE_ENV_VARS
+from deployments.replica.serve_env import ENABLE, SERVE_ENV_VARS
 from tests.support import ports
+
+# The shipped Serve settings with direct ingress off: test clusters serve through Serve's proxy
+# on a port drawn per run (a router's fixed port would collide between parallel sessions);
+# tests/serve/test_direct_ingress.py runs the shipped mode under `serve run`.
+HARNESS_ENV_VARS: dict[str, str] = {**SERVE_ENV_VARS, ENABLE: "0"}
 
 # Newest first in the report: the logs that say why a local cluster did not come up.
 LOG_PATTERNS = (
@@ -109,13 +114,13 @@ def _wait_proxies_healthy(timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def cluster_serve_env() -> Iterator[None]:
-    """The shipped configs' Serve settings (deployments/replica/serve_env.py) and the proxy's
-    stream guard (deployments/api/proxy_guard.py) in the environment the cluster's processes
-    inherit from its raylet, but not in this process: its own Serve (test handles on
-    short-lived event loops) keeps Ray's defaults."""
+    """The shipped configs' Serve settings (`HARNESS_ENV_VARS`) and the proxy's stream guard
+    (deployments/api/proxy_guard.py) in the environment the cluster's processes inherit from
+    its raylet, but not in this process: its own Serve (test handles on short-lived event
+    loops) keeps Ray's defaults."""
     import ray.serve  # noqa: F401  (the driver's Serve constants are read now, without them)
 
-    wanted = {**SERVE_ENV_VARS, **PROXY_ENV_VARS}
+    wanted = {**HARNESS_ENV_VARS, **PROXY_ENV_VARS}
     saved = {key: os.environ.get(key) for key in wanted}
     os.environ.update(wanted)
     try:

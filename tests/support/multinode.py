@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 import yaml
 
-from deployments.replica.serve_env import SERVE_ENV_VARS
 from tests.support import ports
+from tests.support.local_ray import HARNESS_ENV_VARS
 from tests.support.seaweedfs import SeaweedFS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +100,9 @@ def app_config(
     replicas on worker nodes' `model_slot`s (fractional CPUs), two routers on the head."""
     shipped = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     app = copy.deepcopy(shipped["applications"][0])
+    # Served through Serve's proxy, as the one-node harness (HARNESS_ENV_VARS): two routers share
+    # the head, so the one-router-per-node rule of direct ingress's fixed port is lifted too.
+    app["runtime_env"]["env_vars"].update(HARNESS_ENV_VARS)
     args = app["args"]
     args["engine"].update(
         model=str(model), dtype="float32", max_num_seqs=max_num_seqs, max_model_len=512
@@ -128,6 +131,7 @@ def app_config(
             else:
                 d["num_replicas"] = model_replicas
         else:
+            d.pop("max_replicas_per_node", None)
             d.update(num_replicas=2, ray_actor_options={"num_cpus": 0, "resources": {"head": 0.01}})
     return app
 
@@ -246,7 +250,7 @@ class MultiNodeCluster:
         home = self.work / f"home-{name}"
         home.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        return {"MOLORA_HOME": str(home), "PYTHONPATH": path, **SERVE_ENV_VARS}
+        return {"MOLORA_HOME": str(home), "PYTHONPATH": path, **HARNESS_ENV_VARS}
 
     def add_worker(self, name: str) -> str:
         """Start (or re-add) the worker node `name`; returns its node id."""
