@@ -29,8 +29,9 @@ def check_gate_summary(body: Any, resolved: Resolved) -> None:
         )
 
 
-def gate_summary_out(index: int, item: GateSummaryItem) -> GateSummaryOut:
-    """One choice's summary as the response shows it."""
+def gate_summary_out(index: int, summary: dict[str, Any]) -> dict[str, Any]:
+    """One choice's summary (a wire `GateSummaryItem` dict) as the response shows it, dumped."""
+    item = GateSummaryItem.model_validate(summary)
     name, _, version = plain_name(item.composition).partition("@")
     return GateSummaryOut(
         index=index,
@@ -44,15 +45,17 @@ def gate_summary_out(index: int, item: GateSummaryItem) -> GateSummaryOut:
         ],
         mean_entropy=item.mean_entropy,
         layer_top1_share=item.layer_top1_share,
-    )
+    ).model_dump(exclude_none=True)
 
 
-def choice_summaries(deltas: dict[int, list[Any]], order: list[int]) -> list[GateSummaryOut] | None:
+def choice_summaries(
+    deltas: dict[int, list[dict[str, Any]]], order: list[int]
+) -> list[dict[str, Any]] | None:
     """The summaries of the returned choices (`order`: engine choice per response index)."""
     out = [
-        gate_summary_out(i, d.gate_summary)
+        gate_summary_out(i, d["gate_summary"])
         for i, choice in enumerate(order)
         for d in deltas[choice]
-        if d.gate_summary is not None
+        if d.get("gate_summary") is not None
     ]
     return out or None

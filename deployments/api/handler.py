@@ -37,7 +37,7 @@ from deployments.catalog.model_names import (
     Resolver,
 )
 from deployments.config import ServeConfig
-from deployments.replica.wire import ErrorItem, decode
+from deployments.replica.wire import ErrorItem
 
 logger = logging.getLogger("ray.serve")
 
@@ -148,7 +148,7 @@ class RequestHandler:
                         if isinstance(item, ErrorItem):
                             tracker.done(str(item.status))
                             return error_response(item.status, item.message, item.param)
-                        items.append(decode(item) if isinstance(item, dict) else item)
+                        items.append(item)
         except asyncio.CancelledError:
             tracker.done("cancelled")
             raise

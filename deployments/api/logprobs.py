@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from deployments.replica.wire import LogprobItem, TopLogprobItem
 from molora_runtime.engine.types import TokenLogprob
 
 NEG_INF_LOGPROB = -9999.0
@@ -25,40 +24,37 @@ def _text(tokenizer: Any, token_id: int) -> str:
     return str(tokenizer.decode([token_id], skip_special_tokens=False))
 
 
-def logprob_items(lps: list[TokenLogprob], tokenizer: Any) -> list[LogprobItem]:
-    """The engine's logprobs with token texts (replica side)."""
+def _top(tokenizer: Any, top: list[tuple[int, float]]) -> list[dict[str, Any]]:
+    return [{"token_id": t, "token": _text(tokenizer, t), "logprob": v} for t, v in top]
+
+
+def logprob_items(lps: list[TokenLogprob], tokenizer: Any) -> list[dict[str, Any]]:
+    """The engine's logprobs with token texts (replica side), as wire `LogprobItem` dicts."""
     return [
-        LogprobItem(
-            token_id=lp.token_id,
-            token=_text(tokenizer, lp.token_id),
-            logprob=lp.logprob,
-            top=[
-                TopLogprobItem(token_id=t, token=_text(tokenizer, t), logprob=v) for t, v in lp.top
-            ],
-        )
+        {
+            "token_id": lp.token_id,
+            "token": _text(tokenizer, lp.token_id),
+            "logprob": lp.logprob,
+            "top": _top(tokenizer, lp.top),
+        }
         for lp in lps
     ]
 
 
 def prompt_items(
     ids: list[int], lps: list[TokenLogprob | None], tokenizer: Any
-) -> list[LogprobItem]:
+) -> list[dict[str, Any]]:
     """Every prompt token with its text; the first (and any without logits) has logprob None."""
     out = []
     for i, token_id in enumerate(ids):
         lp = lps[i] if i < len(lps) else None
         out.append(
-            LogprobItem(
-                token_id=token_id,
-                token=_text(tokenizer, token_id),
-                logprob=None if lp is None else lp.logprob,
-                top=[]
-                if lp is None
-                else [
-                    TopLogprobItem(token_id=t, token=_text(tokenizer, t), logprob=v)
-                    for t, v in lp.top
-                ],
-            )
+            {
+                "token_id": token_id,
+                "token": _text(tokenizer, token_id),
+                "logprob": None if lp is None else lp.logprob,
+                "top": [] if lp is None else _top(tokenizer, lp.top),
+            }
         )
     return out
 
@@ -72,41 +68,41 @@ def _entry(token: str, logprob: float | None) -> dict[str, Any]:
     return {"token": token, "logprob": value, "bytes": list(token.encode("utf-8"))}
 
 
-def chat_logprobs(items: list[LogprobItem]) -> dict[str, Any]:
+def chat_logprobs(items: list[dict[str, Any]]) -> dict[str, Any]:
     """OpenAI chat `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs}]}`."""
     return {
         "content": [
             {
-                **_entry(item.token, item.logprob),
-                "top_logprobs": [_entry(t.token, t.logprob) for t in item.top],
+                **_entry(item["token"], item["logprob"]),
+                "top_logprobs": [_entry(t["token"], t["logprob"]) for t in item["top"]],
             }
             for item in items
         ]
     }
 
 
-def completion_logprobs(items: list[LogprobItem], text_offset: int = 0) -> dict[str, Any]:
+def completion_logprobs(items: list[dict[str, Any]], text_offset: int = 0) -> dict[str, Any]:
     """OpenAI completions `logprobs`; an item with logprob None (the first echoed prompt
     token) has null entries; offsets count from `text_offset`."""
     offsets: list[int] = []
     pos = text_offset
     for item in items:
         offsets.append(pos)
-        pos += len(item.token)
+        pos += len(item["token"])
     return {
-        "tokens": [i.token for i in items],
-        "token_logprobs": [None if i.logprob is None else finite(i.logprob) for i in items],
+        "tokens": [i["token"] for i in items],
+        "token_logprobs": [None if i["logprob"] is None else finite(i["logprob"]) for i in items],
         "top_logprobs": [
-            None if i.logprob is None else {t.token: finite(t.logprob) for t in i.top}
+            None if i["logprob"] is None else {t["token"]: finite(t["logprob"]) for t in i["top"]}
             for i in items
         ],
         "text_offset": offsets,
     }
 
 
-def mean_logprob(items: list[LogprobItem]) -> float:
+def mean_logprob(items: list[dict[str, Any]]) -> float:
     """best_of's ranking score: the mean token logprob of a choice (-inf when empty)."""
-    values = [i.logprob for i in items if i.logprob is not None]
+    values = [i["logprob"] for i in items if i["logprob"] is not None]
     if not values:
         return -math.inf
     return sum(values) / len(values)

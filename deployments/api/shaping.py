@@ -1,7 +1,9 @@
 """The one place replica items become OpenAI responses and chunks.
 
 Text, logprobs (with echo), generated images, usage, n > 1 (choices by their `index`, best_of
-ranking) and adapter attribution are shaped here, for both chat and text completions.
+ranking) and adapter attribution are shaped here, for both chat and text completions. Deltas are
+read as wire dicts (`deployments.replica.wire`'s `delta` shape) and streamed chunks are built as
+plain dicts (`chunks`), the protocol's models only for whole responses.
 """
 
 from __future__ import annotations
@@ -10,36 +12,24 @@ import json
 import time
 from typing import Any
 
+from deployments.api.chunks import ChunkFields, chunk, molora_info, usage_chunk
 from deployments.api.gate_summary import choice_summaries, gate_summary_out
 from deployments.api.images import ImageOutput
 from deployments.api.logprobs import chat_logprobs, completion_logprobs, mean_logprob
 from deployments.api.response_models import (
     AssistantMessage,
     ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionResponse,
     CompletionChoice,
-    CompletionChunk,
     CompletionResponse,
-    DeltaMessage,
-    MoloraInfo,
-    TokenAttributionOut,
     Usage,
 )
 from deployments.api.tool_calls import ToolCallShaping
 from deployments.catalog.model_names import Resolved
-from deployments.replica.wire import (
-    DeltaItem,
-    InfoItem,
-    LogprobItem,
-    ReplicaItem,
-    TokenAttributionItem,
-    UsageItem,
-    decode,
-)
+from deployments.replica.wire import DeltaItem, InfoItem, ReplicaItem, UsageItem, encode
 
 Item = ReplicaItem
+Wire = dict[str, Any]  # a wire `delta` (deployments.replica.wire)
 
 
 def sse(payload: Any) -> str:
@@ -62,6 +52,10 @@ def head_info(head: list[Item]) -> InfoItem | None:
 class Shaper:
     """Turns replica items into OpenAI responses and chunks (choices by their `index`)."""
 
+    # how a streamed chunk is laid out: `chunks.chunk`; the tests swap in its typed twin
+    render = staticmethod(chunk)
+    render_usage = staticmethod(usage_chunk)
+
     def __init__(
         self,
         body: Any,
@@ -75,77 +69,79 @@ class Shaper:
         self.show_replica = show_replica  # which replica served, hot-set hit, tier
         self.images = ImageOutput() if images and chat else None
         self.model = body.model
+        self.created = int(time.time())  # one `created` for every chunk of the stream
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        self.usage = Usage()
+        self.prompt_tokens = self.completion_tokens = 0
         self.sent_role: set[int] = set()
         self.info: InfoItem | None = None
         self.want_logprobs = body.top_logprobs_wanted() is not None
+        self.attribution = bool(body.molora.return_attribution)
         self.n, self.best_of = choices_asked(body)
         self.offsets: dict[int, int] = {}  # completions' text_offset per choice (streaming)
         self.echo = bool(getattr(body, "echo", False))
         self.tools = ToolCallShaping.for_body(body, chat)  # tool calls read out of the text
         # Text-only deltas (no images, logprobs, attribution or tool calls asked) after a
-        # choice's first chunk are written straight to SSE text from the wire dict: no model
-        # per token.
+        # choice's first chunk are written straight to SSE text from the wire dict.
         self.plain = self.images is None and not self.want_logprobs and self.tools is None
-        self.plain = self.plain and not body.molora.return_attribution
+        self.plain = self.plain and not self.attribution
         kind = "chat.completion.chunk" if chat else "text_completion"
-        self._head = f'data: {{"id":{json.dumps(request_id)},"object":"{kind}","created":'
-        self._middle = f',"model":{json.dumps(self.model)},"choices":[{{"index":'
+        self._head = (
+            f'data: {{"id":{json.dumps(request_id)},"created":{self.created},'
+            f'"model":{json.dumps(self.model)},"object":"{kind}","choices":[{{"index":'
+        )
         self._text_key = ',"delta":{"content":' if chat else ',"text":'
 
-    def _echo(self, deltas: list[DeltaItem]) -> tuple[str, list[LogprobItem]]:
+    def _echo(self, deltas: list[Wire]) -> tuple[str, list[Wire]]:
         """Echo's prompt text and its logprob items (from the choice's first delta)."""
-        items = next((d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), [])
+        items = next(
+            (d["prompt_logprobs"] for d in deltas if d.get("prompt_logprobs") is not None), []
+        )
         text = self.body.prompt_text()
         if text is None:
-            text = "".join(i.token for i in items)
+            text = "".join(i["token"] for i in items)
         return text, items
 
     def _logprobs(
-        self, deltas: list[DeltaItem], offset: int = 0, prompt: list[LogprobItem] | None = None
+        self, deltas: list[Wire], offset: int = 0, prompt: list[Wire] | None = None
     ) -> dict[str, Any] | None:
         if not self.want_logprobs:
             return None
-        items = [lp for d in deltas for lp in d.logprobs or []]
+        items = [lp for d in deltas for lp in d.get("logprobs") or []]
         if self.chat:
             return chat_logprobs(items)
         return completion_logprobs([*(prompt or []), *items], offset)
 
     def _usage(self, item: UsageItem) -> None:
-        p, c = item.prompt_tokens, item.completion_tokens
-        self.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+        self.prompt_tokens, self.completion_tokens = item.prompt_tokens, item.completion_tokens
 
-    def _info(
-        self, with_replica: bool, attribution: list[TokenAttributionItem] | None
-    ) -> MoloraInfo:
+    def _info(self, with_replica: bool, attribution: list[Wire] | None) -> dict[str, Any]:
+        """`MoloraInfo`'s dump: the route and, first, where it ran; attribution when asked."""
         info = self.info if with_replica and self.show_replica else None
-        return MoloraInfo(
-            route_kind=self.resolved.kind,
-            versions=self.resolved.versions or None,
-            replica=info.replica if info else None,
-            hot_set_hit=info.hot_set_hit if info else None,
-            tier=info.tier if info else None,
-            attribution=[
-                TokenAttributionOut(token_id=a.token_id, adapters=a.adapters) for a in attribution
-            ]
-            if attribution is not None
-            else None,
+        return molora_info(
+            self.resolved.kind,
+            self.resolved.versions or None,
+            info.replica if info else None,
+            info.hot_set_hit if info else None,
+            info.tier if info else None,
+            attribution,
         )
 
-    def full(self, items: list[Item]) -> dict[str, Any]:
-        by_index: dict[int, list[DeltaItem]] = {}
+    def full(self, items: list[Item | Wire]) -> dict[str, Any]:
+        """The whole (non-streaming) response, through the protocol's models."""
+        by_index: dict[int, list[Wire]] = {}
         for item in items:
             if isinstance(item, InfoItem):
                 self.info = item
             elif isinstance(item, UsageItem):
                 self._usage(item)
-            elif isinstance(item, DeltaItem):
-                by_index.setdefault(item.index, []).append(item)
+            elif isinstance(item, DeltaItem | dict):
+                raw = encode(item) if isinstance(item, DeltaItem) else item
+                by_index.setdefault(raw["index"], []).append(raw)
         order = sorted(by_index)
         if self.best_of > self.n:  # best_of: the n choices with the best mean token logprob
             score = {
-                i: mean_logprob([lp for d in by_index[i] for lp in d.logprobs or []]) for i in order
+                i: mean_logprob([lp for d in by_index[i] for lp in d.get("logprobs") or []])
+                for i in order
             }
             order = sorted(order, key=lambda i: -score[i])[: self.n]
         chat_choices: list[ChatChoice] = []
@@ -153,12 +149,13 @@ class Shaper:
         attribution = None
         for out_index, i in enumerate(order):
             deltas = by_index[i]
-            text = "".join(d.text for d in deltas)
-            finish = next((d.finish_reason for d in reversed(deltas) if d.finish_reason), None)
-            stop_reason = next((d.stop_reason for d in reversed(deltas) if d.finish_reason), None)
-            if self.body.molora.return_attribution and out_index == 0:
-                attribution = [a for d in deltas for a in d.attribution or []]
-            prompt: list[LogprobItem] = []
+            text = "".join(d["text"] for d in deltas)
+            last = next((d for d in reversed(deltas) if d["finish_reason"]), None)
+            finish = last["finish_reason"] if last else None
+            stop_reason = last.get("stop_reason") if last else None
+            if self.attribution and out_index == 0:
+                attribution = [a for d in deltas for a in d.get("attribution") or []]
+            prompt: list[Wire] = []
             if self.echo:
                 prompt_text, prompt = self._echo(deltas)
                 text = prompt_text + text
@@ -169,7 +166,7 @@ class Shaper:
                     content, calls, finish = self.tools.message(text, finish)
                     message = AssistantMessage(content=content, tool_calls=calls)
                 if self.images is not None:
-                    message.images = ImageOutput.all([t for d in deltas for t in d.token_ids])
+                    message.images = ImageOutput.all([t for d in deltas for t in d["token_ids"]])
                 chat_choices.append(
                     ChatChoice(
                         index=out_index,
@@ -190,114 +187,91 @@ class Shaper:
                     )
                 )
         info = self._info(True, attribution)
-        info.gate_summary = choice_summaries(by_index, order)
+        summaries = choice_summaries(by_index, order)
+        if summaries is not None:
+            info["gate_summary"] = summaries
+        p, c = self.prompt_tokens, self.completion_tokens
+        usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
         if self.chat:
             return ChatCompletionResponse(
-                id=self.id, model=self.model, choices=chat_choices, usage=self.usage, molora=info
+                id=self.id, model=self.model, choices=chat_choices, usage=usage, molora=info
             ).model_dump(exclude_none=True)
         return CompletionResponse(
-            id=self.id, model=self.model, choices=text_choices, usage=self.usage, molora=info
+            id=self.id, model=self.model, choices=text_choices, usage=usage, molora=info
         ).model_dump(exclude_none=True)
 
-    def sse(self, item: Item | dict[str, Any]) -> str:
-        """The SSE text of one item: a wire dict (a delta left undecoded on the hot path) or a
-        typed item."""
+    def sse(self, item: Item | Wire) -> str:
+        """The SSE text of one item: a wire delta (as the stream carries them past the head),
+        or a typed item of the head."""
         if isinstance(item, dict):
-            if (
-                self.plain
-                and item["type"] == "delta"
-                and item["finish_reason"] is None
-                and item["index"] in self.sent_role
-            ):
-                return self._plain_delta(item)
-            item = decode(item)
-        return "".join(sse(chunk) for chunk in self.chunks(item))
+            raw = item
+        elif isinstance(item, DeltaItem):
+            raw = encode(item)
+        else:
+            if isinstance(item, InfoItem):
+                self.info = item
+            elif isinstance(item, UsageItem):
+                self._usage(item)
+            return ""
+        if self.plain and raw["finish_reason"] is None and raw["index"] in self.sent_role:
+            return self._plain_delta(raw)
+        out = self.delta_chunk(raw)
+        return "" if out is None else sse(out)
 
-    def _plain_delta(self, raw: dict[str, Any]) -> str:
-        """`chunks`' output for a text-only, unfinished delta of a choice already started, as
-        SSE text (a choice's last chunk, with its finish and stop reasons, takes `chunks`)."""
+    def _plain_delta(self, raw: Wire) -> str:
+        """`delta_chunk`'s output for a text-only, unfinished delta of a choice already
+        started, as SSE text (a choice's last chunk, with its finish and stop reasons, takes
+        `delta_chunk`)."""
         text = raw["text"]
         if not text:
             return ""
         close = "}" if self.chat else ""
-        return (
-            f"{self._head}{int(time.time())}{self._middle}{raw['index']}{self._text_key}"
-            f"{json.dumps(text)}{close}}}]}}\n\n"
-        )
+        return f"{self._head}{raw['index']}{self._text_key}{json.dumps(text)}{close}}}]}}\n\n"
 
-    def chunks(self, item: Item) -> list[dict[str, Any]]:
-        if isinstance(item, InfoItem):
-            self.info = item
-            return []
-        if isinstance(item, UsageItem):
-            self._usage(item)
-            return []
-        if not isinstance(item, DeltaItem):
-            return []
-        text, finish, index = item.text, item.finish_reason, item.index
+    def delta_chunk(self, raw: Wire) -> dict[str, Any] | None:
+        """The chunk of one wire delta (None when it says nothing)."""
+        text, finish, index = raw["text"], raw["finish_reason"], raw["index"]
+        token_logprobs, attribution = raw.get("logprobs"), raw.get("attribution")
         calls = None
         if self.tools is not None:
             text, calls, finish = self.tools.delta(index, text, finish)
         first = index not in self.sent_role
-        images = self.images.feed(index, item.token_ids, finish is not None) if self.images else []
-        if not (text or calls or first or item.logprobs or images) and finish is None:
-            return []
+        images = []
+        if self.images is not None:
+            images = self.images.feed(index, raw["token_ids"], finish is not None)
+        if not (text or calls or first or token_logprobs or images) and finish is None:
+            return None
         info = None
-        if (first and not self.sent_role) or item.attribution:
-            info = self._info(not self.sent_role, item.attribution)
-        if item.gate_summary is not None:  # on the choice's finishing chunk
+        if (first and not self.sent_role) or attribution:
+            info = self._info(not self.sent_role, attribution)
+        if raw.get("gate_summary") is not None:  # on the choice's finishing chunk
             info = info or self._info(False, None)
-            info.gate_summary = [gate_summary_out(index, item.gate_summary)]
+            info["gate_summary"] = [gate_summary_out(index, raw["gate_summary"])]
         offset = self.offsets.get(index, 0)
-        prompt: list[LogprobItem] = []
+        prompt: list[Wire] = []
         if self.echo and first:
-            prompt_text, prompt = self._echo([item])
+            prompt_text, prompt = self._echo([raw])
             text = prompt_text + text
         logprobs = None
-        if item.logprobs or finish or prompt:
-            logprobs = self._logprobs([item], offset, prompt)
+        if token_logprobs or finish or prompt:
+            logprobs = self._logprobs([raw], offset, prompt)
         if logprobs is not None and not self.chat:
             self.offsets[index] = offset + sum(
-                len(lp.token) for lp in [*prompt, *(item.logprobs or [])]
-            )
-        if self.chat:
-            delta = DeltaMessage(content=text, images=images or None, tool_calls=calls)
-            if first:
-                delta.role = "assistant"
-            chunk: Any = ChatCompletionChunk(
-                id=self.id,
-                model=self.model,
-                choices=[
-                    ChatChunkChoice(
-                        index=index,
-                        delta=delta,
-                        finish_reason=finish,
-                        stop_reason=item.stop_reason,
-                        logprobs=logprobs,
-                    )
-                ],
-                molora=info,
-            )
-        else:
-            chunk = CompletionChunk(
-                id=self.id,
-                model=self.model,
-                choices=[
-                    CompletionChoice(
-                        index=index,
-                        text=text,
-                        finish_reason=finish,
-                        stop_reason=item.stop_reason,
-                        logprobs=logprobs,
-                    )
-                ],
-                molora=info,
+                len(lp["token"]) for lp in [*prompt, *(token_logprobs or [])]
             )
         self.sent_role.add(index)
-        return [chunk.model_dump(exclude_none=True)]
+        return self.render(
+            ChunkFields(
+                id=self.id, created=self.created, model=self.model, chat=self.chat,
+                index=index, text=text, role=first and self.chat,
+                images=[i.model_dump() for i in images] or None, tool_calls=calls,
+                finish_reason=finish, stop_reason=raw.get("stop_reason"),
+                logprobs=logprobs, molora=info,
+            )
+        )  # fmt: skip
 
     def usage_chunk(self) -> dict[str, Any]:
-        cls = ChatCompletionChunk if self.chat else CompletionChunk
-        return cls(id=self.id, model=self.model, choices=[], usage=self.usage).model_dump(
-            exclude_none=True
-        )
+        return self.render_usage(
+            self.id, self.created, self.model, self.chat, self.prompt_tokens,
+            self.completion_tokens,
+        )  # fmt: skip

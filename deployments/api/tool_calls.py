@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.api.response_models import FunctionCallOut, ToolCallDelta, ToolCallOut
+from deployments.api.response_models import FunctionCallOut, ToolCallOut
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -219,11 +219,12 @@ class ToolCallShaping:
 
     def delta(
         self, index: int, text: str, finish: str | None
-    ) -> tuple[str | None, list[ToolCallDelta] | None, str | None]:
-        """(content, tool-call deltas, finish_reason) of one streamed increment of choice `index`."""
+    ) -> tuple[str | None, list[dict[str, Any]] | None, str | None]:
+        """(content, tool-call deltas as `ToolCallDelta` dumps, finish_reason) of one streamed
+        increment of choice `index`."""
         stream = self.streams.setdefault(index, ToolCallStream(self.max_calls))
         content, deltas = stream.feed(text, last=finish is not None)
-        calls = [ToolCallDelta.model_validate(d) for d in deltas] or None
+        calls = deltas or None
         if calls and not content:
             content = None
         return content, calls, self._finish(finish, stream.calls > 0)

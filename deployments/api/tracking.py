@@ -15,6 +15,7 @@ from typing import Any
 from deployments.catalog.model_names import Resolved
 from deployments.ops import metric_names as names
 from deployments.ops import metrics
+from deployments.ops.histogram_batch import RECORDER, Labels
 from deployments.replica.wire import DeltaItem, ReplicaItem, UsageItem
 from molora_runtime.routes import LearnedRoute, SingleRoute
 
@@ -44,9 +45,11 @@ class Tracker:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.on_done: list[Any] = []  # callbacks (tokens_used, ok): quota lease, load estimate
+        self._itl: list[tuple[Any, Labels]] = []  # inter-token histograms and their labels
 
     def on_item(self, item: ReplicaItem | dict[str, Any]) -> None:
-        """Count one item: a typed item, or a delta still in its wire dict."""
+        """Count one item: a typed item, or a delta still in its wire dict. Its latencies are
+        held in the process's `RECORDER` (recorded in bulk), one value per token."""
         if isinstance(item, dict):
             n = len(item["token_ids"])
         elif isinstance(item, UsageItem):
@@ -61,20 +64,28 @@ class Tracker:
             return
         now = time.perf_counter()
         self.completion_tokens += n
-        with contextlib.suppress(Exception):
-            kind = {"route_kind": self.kind}
-            if self.last is None:
-                metrics.ttft().observe(now - self.start, tags=kind)
-                metrics.vllm_router_histogram(names.VLLM_TTFT).observe(
-                    now - self.start, tags=self.vllm_tags()
-                )
-            else:
-                gap = (now - self.last) / n
-                itl = metrics.vllm_router_histogram(names.VLLM_ITL)
-                for _ in range(n):
-                    metrics.inter_token().observe(gap, tags=kind)
-                    itl.observe(gap, tags=self.vllm_tags())
+        if self.last is None:
+            self._first_token(now - self.start)
+        else:
+            gap = (now - self.last) / n
+            for hist, labels in self._itl:
+                RECORDER.add(hist, labels, gap, n)
+            RECORDER.maybe_flush(now)
         self.last = now
+
+    def _first_token(self, ttft: float) -> None:
+        """TTFT, and the inter-token histograms and labels the request's later tokens use
+        (the label is final by its first token)."""
+        self._itl = []
+        with contextlib.suppress(Exception):
+            kind = (("route_kind", self.kind),)
+            vllm = tuple(self.vllm_tags().items())
+            RECORDER.add(metrics.ttft(), kind, ttft)
+            RECORDER.add(metrics.vllm_router_histogram(names.VLLM_TTFT), vllm, ttft)
+            self._itl = [
+                (metrics.inter_token(), kind),
+                (metrics.vllm_router_histogram(names.VLLM_ITL), vllm),
+            ]
 
     def vllm_tags(self) -> dict[str, str]:
         """vLLM's `model_name` (the base model) and the bounded route label (none for base)."""
@@ -101,3 +112,4 @@ class Tracker:
             ):
                 if count:
                     metrics.vllm_router_counter(name).inc(count, tags=vllm)
+        RECORDER.flush()

@@ -86,7 +86,7 @@ class Upstream:
             head: list[Item] = []
             try:
                 while not head or isinstance(head[-1], InfoItem):
-                    head.append(decode(await stream.__anext__()))
+                    head.extend(decode(raw) for raw in await stream.__anext__())
             except StopAsyncIteration:
                 stream.cancel()
                 raise ApiError(500, "the replica ended the stream without output") from None
@@ -108,7 +108,7 @@ class Upstream:
                 raise ApiError(
                     503, f"no model replica could take the request: {type(exc).__name__}"
                 ) from None
-            last = head[-1]
+            last = next(i for i in head if not isinstance(i, InfoItem))  # the first output
             if isinstance(last, ErrorItem):
                 stream.cancel()
                 raise ApiError(last.status, last.message, last.param)
@@ -151,8 +151,8 @@ class Upstream:
 
     @staticmethod
     async def stream_items(stream: Any) -> AsyncIterator[list[Any]]:
-        async for raw in stream:
-            yield [raw]
+        async for batch in stream:  # the call's own messages: lists of wire items
+            yield batch
 
     async def channel_items(self, key: str) -> AsyncIterator[list[Any]]:
         queue = self.channels.queue_of(key) if self.channels is not None else None

@@ -164,8 +164,9 @@ class ModelReplica:
         placement: dict[str, Any] | None = None,
         n: int = 1,
         channel: str | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Stream one request of `n` choices; `placement` (the adapter set) is read by the
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Stream one request of `n` choices, each message a list of wire items (all the call
+        holds when it resumes: `info` and the first output travel together); `placement` (the adapter set) is read by the
         router, not here. With `channel` (the calling router's channel id) attached here, the
         items after the first output go through that channel; `info.channel` says so. The
         engine's step batches reach the request through `Fanout`, not through this call's
@@ -176,7 +177,7 @@ class ModelReplica:
                 raise ValueError(f"n={n!r} is not a choice count")
             reqs = choice_requests(req, n)
         except Exception as exc:
-            yield encode(error_item(exc))
+            yield [encode(error_item(exc))]
             return
         box = self._outboxes.open(channel) if isinstance(channel, str) else None
         info = InfoItem(
@@ -193,8 +194,16 @@ class ModelReplica:
                 await self._engine.submit(reqs)  # validates (tokenizes) off the event loop
             except Exception as exc:
                 job.fail(error_item(exc))
-            while (item := await job.head.get()) is not None:
-                yield item
+            ended = False
+            while not ended and (item := await job.head.get()) is not None:
+                batch = [item]  # and whatever else is queued by now: one message
+                while not job.head.empty():
+                    more = job.head.get_nowait()
+                    if more is None:
+                        ended = True
+                        break
+                    batch.append(more)
+                yield batch
         except asyncio.CancelledError:
             if job.routed and not job.ended:  # the router hears it on the channel, not this call
                 box.put(job.key, encode(stopped_item()))  # type: ignore[union-attr]

@@ -41,12 +41,11 @@ def delta_wire(out: GenerationOutput, index: int = 0, tokenizer: Any = None) -> 
             {"token_id": a.token_id, "adapters": a.adapters} for a in out.attribution
         ]
     if out.logprobs is not None:
-        item["logprobs"] = [lp.model_dump() for lp in logprob_items(out.logprobs, tokenizer)]
+        item["logprobs"] = logprob_items(out.logprobs, tokenizer)
     if out.gate_summary is not None:
         item["gate_summary"] = asdict(out.gate_summary)
     if out.prompt_logprobs is not None and out.prompt_token_ids is not None:
-        prompt = prompt_items(out.prompt_token_ids, out.prompt_logprobs, tokenizer)
-        item["prompt_logprobs"] = [lp.model_dump() for lp in prompt]
+        item["prompt_logprobs"] = prompt_items(out.prompt_token_ids, out.prompt_logprobs, tokenizer)
     return item
 
 

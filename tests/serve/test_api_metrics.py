@@ -87,6 +87,51 @@ def test_vllm_named_series_on_the_api_port(app_url) -> None:
     assert kv and all(0.0 <= v <= 1.0 for _, v in kv)
 
 
+def _count(text: str, family: str, **labels: str) -> float:
+    """A histogram's `_count` summed over the series whose labels include `labels`."""
+    return sum(
+        v
+        for lab, v in _samples(text, family + "_count")
+        if all(lab.get(k) == want for k, want in labels.items())
+    )
+
+
+def test_latency_histograms_count_every_token(app_url) -> None:
+    """Inter-token latencies are recorded in bulk, yet one per token: after streams of known
+    length, TTFT counts one per request and ITL one per token after the first."""
+    families = (
+        ("vllm:time_to_first_token_seconds", {"lora_name": "code"}),
+        ("vllm:inter_token_latency_seconds", {"lora_name": "code"}),
+        ("molora_ttft_seconds", {"route_kind": "single"}),
+        ("molora_inter_token_latency_seconds", {"route_kind": "single"}),
+    )
+    before = _scrape_until(app_url, lambda t: "vllm:inter_token_latency_seconds_count{" in t)
+    base = [_count(before, f, **lab) for f, lab in families]
+    client = openai_client(app_url)
+    requests, tokens = 3, 0
+    for _ in range(requests):
+        stream = client.chat.completions.create(
+            model="code", messages=MESSAGES, max_tokens=9, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        usage = [c.usage for c in stream if c.usage is not None]
+        tokens += usage[-1].completion_tokens
+    assert tokens > requests
+    want = [requests, tokens - requests, requests, tokens - requests]
+
+    def added(text: str) -> list[float]:
+        return [_count(text, f, **lab) - b for (f, lab), b in zip(families, base, strict=True)]
+
+    def counted(text: str) -> bool:
+        # `code` is this test's alone; route kind `single` may still take in earlier tests'
+        # requests that Ray had not exported yet
+        got = added(text)
+        return got[:2] == want[:2] and all(g >= w for g, w in zip(got[2:], want[2:], strict=True))
+
+    after = _scrape_until(app_url, counted)
+    assert counted(after), (added(after), want)
+
+
 async def _mixes(url: str, count: int) -> list[int]:
     sem = asyncio.Semaphore(8)
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:

@@ -122,7 +122,7 @@ def test_shaping_hook_finish_reasons_and_null_content() -> None:
         assert hook.message("plain words", "stop") == ("plain words", None, "stop")
         assert hook.message(text, "length")[2] == "length"
         content, deltas, why = hook.delta(0, text, "stop")
-        assert content is None and why == finish and deltas[0].id.startswith("call_")
+        assert content is None and why == finish and deltas[0]["id"].startswith("call_")
     hook = ToolCallShaping.for_body(_Body("auto", parallel=False), chat=True)
     assert len(hook.message(_assistant_turn(CALLS), "stop")[1]) == 1
 
