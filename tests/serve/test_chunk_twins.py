@@ -52,6 +52,8 @@ def _body(rng: random.Random, chat: bool) -> tuple[Any, bool]:
         body["stream_options"] = {"include_usage": True}
     if rng.random() < 0.4:
         body["molora"] = {"return_attribution": True}
+    if rng.random() < 0.3:
+        body["molora"] = {**body.get("molora", {}), "gate_summary": True}
     images = False
     if chat:
         body["messages"] = [{"role": "user", "content": "hi"}]
@@ -94,6 +96,13 @@ def _delta(rng: random.Random, index: int, k: int, last: bool, opts: dict) -> di
         stop = rng.choice([None, "END", 7])
         if raw["finish_reason"] == "stop" and stop is not None:
             raw["stop_reason"] = stop
+    if last and opts["gate_summary"]:
+        raw["gate_summary"] = {
+            "composition": "acme~moe@v2", "experts": ["acme~e0@v1", "e1@v3"], "tokens": k + 1,
+            "layers": 2, "share": [0.625, 0.375], "mean_weight": [0.5, 0.25],
+            "mean_entropy": rng.random(),
+            "layer_top1_share": rng.choice([None, [[1.0, 0.0], [0.5, 0.5]]]),
+        }  # fmt: skip
     if opts["attribution"]:
         raw["attribution"] = [{"token_id": t, "adapters": {"math": 0.75, "code": 0.25}}
                               for t in ids]  # fmt: skip
@@ -110,7 +119,7 @@ def _stream(rng: random.Random, shaper: Shaper, body: Any, images: bool) -> list
     tops = body.top_logprobs_wanted() or 0
     opts = {"images": images, "tools": shaper.tools is not None, "tops": tops,
             "attribution": shaper.attribution, "logprobs": shaper.want_logprobs,
-            "echo": shaper.echo}  # fmt: skip
+            "echo": shaper.echo, "gate_summary": body.molora.gate_summary}  # fmt: skip
     lengths = {i: rng.randrange(1, 7) for i in range(shaper.best_of)}
     seen = dict.fromkeys(lengths, 0)
     items: list[Any] = [InfoItem(replica="r1", hot_set_hit=rng.random() < 0.5, tier="slot")]

@@ -60,9 +60,10 @@ def test_whole_response_lists_each_choice_without_namespaces() -> None:
 def test_stream_puts_it_on_the_finishing_chunk_only() -> None:
     s = shaper(True)
     first = GenerationOutput(request_id="r", new_token_ids=[5], text_delta="a")
-    (head,) = s.chunks(decode(delta_wire(first, index=1)))
-    assert "gate_summary" not in head.get("molora", {})
-    (last,) = s.chunks(decode(delta_wire(finished(summary()), index=1)))
+    head = s.delta_chunk(delta_wire(first, index=1))
+    assert head is not None and "gate_summary" not in head.get("molora", {})
+    last = s.delta_chunk(delta_wire(finished(summary()), index=1))
+    assert last is not None
     assert last["choices"][0]["finish_reason"] == "length"
     (only,) = last["molora"]["gate_summary"]
     assert only["index"] == 1 and only["tokens"] == 40
