@@ -16,12 +16,12 @@ import stat
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
 from adapter_store.backends.base import Progress
+from adapter_store.counters import TierCounters
 from adapter_store.errors import IntegrityError, disk_full
 from adapter_store.layout import MANIFEST, AnyManifest, kind_prefix
 from adapter_store.manifest import parse_manifest
@@ -37,16 +37,6 @@ STALE_TMP_S = 6 * 3600
 USAGE_TTL_S = 2.0  # how long a measured usage is reused (it walks every entry)
 
 
-@dataclass
-class CacheCounters:
-    """The disk tier's counters, cumulative (this process' look-ups and evictions)."""
-
-    hits: int = 0
-    misses: int = 0
-    loads: int = 0
-    evictions: int = 0
-
-
 class LocalCache:
     def __init__(self, root: str | Path, max_bytes: int, lock_timeout_s: float = 600.0) -> None:
         self.root = Path(root).expanduser().absolute()
@@ -54,7 +44,7 @@ class LocalCache:
         self.lock_timeout_s = lock_timeout_s
         self._tmp = self.root / ".tmp"
         self._locks = self.root / ".locks"
-        self.counters = CacheCounters()
+        self.counters = TierCounters()  # the disk tier's, this process' look-ups
         self.pinned: set[tuple[str, str]] = set()  # (kind, name): never evicted
         self._count_lock = threading.Lock()
         self._usage: tuple[float, int] | None = None

@@ -228,7 +228,7 @@ class LLMEngine:
             host_resident=sorted(host.resident()),
             host_loading=host.loading(),
             host_bytes=host.nbytes,
-            host_fetches=host.counters.fetches,
+            host_fetches=host.counters.loads,
             host_fetch_failures=host.counters.failures,
             kv=BlockStats(
                 block_size=bm.block_size,

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from adapter_store.counters import TierCounters
 from molora_runtime.lora.peft_adapter import AdapterWeights
 from molora_runtime.lora.pinned_lru import PinnedLRU
 
@@ -23,12 +24,10 @@ Reader = Callable[[str], AdapterWeights]
 
 
 @dataclass
-class HostTierCounters:
-    hits: int = 0
-    misses: int = 0
-    fetches: int = 0
+class HostTierCounters(TierCounters):
+    """`loads` counts finished reads (in the background or inline); `failures` the reads that raised."""
+
     failures: int = 0
-    evictions: int = 0
     fetch_seconds: list[float] = field(default_factory=list)  # drained by the metrics exporter
 
 
@@ -130,7 +129,7 @@ class HostTier:
         weights = self._read(name)
         with self._lock:
             self.counters.misses += 1
-            self.counters.fetches += 1
+            self.counters.loads += 1
             self._keep(name, weights)
         return weights
 
@@ -163,7 +162,7 @@ class HostTier:
                 self._loading.discard(name)
                 self._pending.pop(name, None)
                 self._keep(name, weights)
-                self.counters.fetches += 1
+                self.counters.loads += 1
                 self.counters.fetch_seconds.append(time.perf_counter() - start)
         self._done.set()
         if self.on_ready is not None:

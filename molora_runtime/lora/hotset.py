@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adapter_store.counters import TierCounters
 from molora_runtime.config import HotSetConfig
 from molora_runtime.errors import HotSetFullError
 from molora_runtime.lora.gate_table import CompositionInfo, GateSlots
@@ -37,11 +38,7 @@ TIER_ORDER: list[Residency] = ["slot", "host", "loading", "disk", "store"]
 
 
 @dataclass
-class HotSetCounters:
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    loads: int = 0
+class HotSetCounters(TierCounters):
     load_seconds: list[float] = field(default_factory=list)  # drained by the metrics exporter
 
 
@@ -365,7 +362,7 @@ class HotSet:
                 capacity_bytes=self.slots.capacity_nbytes(),
             ),
             "host": TierCounts(
-                hits=h.hits, misses=h.misses, loads=h.fetches, evictions=h.evictions,
+                hits=h.hits, misses=h.misses, loads=h.loads, evictions=h.evictions,
                 bytes=self.host.nbytes, capacity_bytes=self.host.budget_bytes,
                 entries=len(self.host.resident()),
             ),

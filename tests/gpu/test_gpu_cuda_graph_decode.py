@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_support import gpu, require_cuda, skip
+from gpu_models import cuda_llm, tiny_model_set
+from gpu_support import gpu, require_cuda
 
 ROUTES = [
     "a",
@@ -26,25 +27,9 @@ ROUTES = [
 
 
 def _setup(tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
-    try:
-        from molora_runtime.lora.composition import CompositionConfig, save_composition
-        from molora_runtime.model.tiny import make_native_tiny_model, make_random_adapter
-    except ImportError as exc:  # pydantic/safetensors missing on a bare box
-        skip(f"runtime dependencies missing: {exc}")
-    model = make_native_tiny_model(tmp / "tiny", hidden_size=128, num_layers=3)
-    adapters = {
-        n: make_random_adapter(tmp / n, model, rank=8 + 4 * i, seed=i)
-        for i, n in enumerate(["a", "b", "c"])
-    }
-    torch.manual_seed(3)
-    comp = save_composition(
-        tmp / "moe",
-        CompositionConfig(
-            base_model="tiny", adapters=["a", "b", "c"], top_k=2, num_layers=3, hidden_size=128
-        ),
-        torch.randn(3, 3, 128),
+    return tiny_model_set(
+        tmp, ranks=(8, 12, 16), seed=3, compositions={"moe": (["a", "b", "c"], 2)}
     )
-    return model, adapters, {"moe": comp}
 
 
 def _cuda_llm(
@@ -57,19 +42,8 @@ def _cuda_llm(
     compositions: dict[str, Path] | None = None,
 ) -> Any:
     """An fp32 `LLM` on CUDA over `num_slots` rank-16 slots, with or without CUDA graphs."""
-    from molora_runtime.engine.llm import LLM
-
-    return LLM(
-        model=model,
-        adapters=adapters,
-        compositions=compositions,
-        device="cuda",
-        dtype="float32",
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        enable_cuda_graph=graphs,
-        hot_set={"num_slots": num_slots, "max_rank": 16},
-    )
+    hot_set = {"num_slots": num_slots, "max_rank": 16}
+    return cuda_llm(model, adapters, compositions, graphs, hot_set, max_num_seqs, max_model_len)
 
 
 def _generate(graphs: bool, num_slots: int, tmp: Path) -> tuple[list[list[int]], object]:

@@ -13,43 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_support import gpu, require_cuda, skip
+from gpu_models import cuda_llm, tiny_model_set
+from gpu_support import gpu, require_cuda
 
 MAX_TOKENS = 12
 
 
-def _setup(tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
-    try:
-        from molora_runtime.lora.composition import CompositionConfig, save_composition
-        from molora_runtime.model.tiny import make_native_tiny_model, make_random_adapter
-    except ImportError as exc:  # pydantic/safetensors missing on a bare box
-        skip(f"runtime dependencies missing: {exc}")
-    model = make_native_tiny_model(tmp / "tiny", hidden_size=128, num_layers=3)
-    adapters = {
-        n: make_random_adapter(tmp / n, model, rank=8, seed=i)
-        for i, n in enumerate(["a", "b", "c"])
-    }
-    torch.manual_seed(5)
-    comps = {}
-    for name, experts, k in (("moe", ["a", "b", "c"], 2), ("duo", ["a", "b"], 1)):
-        config = CompositionConfig(
-            base_model="tiny", adapters=experts, top_k=k, num_layers=3, hidden_size=128
-        )
-        comps[name] = save_composition(tmp / name, config, torch.randn(3, len(experts), 128))
-    return model, adapters, comps
-
-
 def _summaries(graphs: bool, tmp: Path) -> tuple[dict[str, Any], int, int]:
-    from molora_runtime.engine.llm import LLM
     from molora_runtime.engine.types import GenerationRequest, SamplingParams
     from molora_runtime.routes import LearnedRoute, SingleRoute
 
-    model, adapters, comps = _setup(tmp)
-    llm = LLM(
-        model=model, adapters=adapters, compositions=comps, device="cuda", dtype="float32",
-        max_model_len=128, max_num_seqs=8, enable_cuda_graph=graphs,
-        hot_set={"num_slots": 4, "max_rank": 8},
-    )  # fmt: skip
+    model, adapters, comps = tiny_model_set(
+        tmp,
+        ranks=(8, 8, 8),
+        seed=5,
+        compositions={"moe": (["a", "b", "c"], 2), "duo": (["a", "b"], 1)},
+    )
+    llm = cuda_llm(model, adapters, comps, graphs, {"num_slots": 4, "max_rank": 8})
     engine = llm.engine
     summaries = engine.outputs.summaries
     real_record = summaries.record

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_support import gpu, require_cuda, skip
+from gpu_models import cuda_llm, tiny_model_set
+from gpu_support import gpu, require_cuda
 
 LEARNED = [
     {"kind": "learned", "composition": "moe"},
@@ -27,43 +28,12 @@ POOLS = [{"rank": 8, "slots": 1}, {"rank": 16, "slots": 2}]
 PADDED = {"num_slots": 3, "max_rank": 16}
 
 
-def _setup(tmp: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
-    try:
-        from molora_runtime.lora.composition import CompositionConfig, save_composition
-        from molora_runtime.model.tiny import make_native_tiny_model, make_random_adapter
-    except ImportError as exc:  # pydantic/safetensors missing on a bare box
-        skip(f"runtime dependencies missing: {exc}")
-    model = make_native_tiny_model(tmp / "tiny", hidden_size=128, num_layers=3)
-    adapters = {  # ranks 8, 12, 16: one per pool rank and one padded up inside the r=16 pool
-        n: make_random_adapter(tmp / n, model, rank=8 + 4 * i, seed=i)
-        for i, n in enumerate(["a", "b", "c"])
-    }
-    torch.manual_seed(5)
-    comp = save_composition(
-        tmp / "moe",
-        CompositionConfig(
-            base_model="tiny", adapters=["a", "b", "c"], top_k=2, num_layers=3, hidden_size=128
-        ),
-        torch.randn(3, 3, 128),
-    )
-    return model, adapters, {"moe": comp}
-
-
 def _llm(tmp: Path, graphs: bool, hot_set: dict[str, Any]) -> Any:
-    from molora_runtime.engine.llm import LLM
-
-    model, adapters, comps = _setup(tmp)
-    return LLM(
-        model=model,
-        adapters=adapters,
-        compositions=comps,
-        device="cuda",
-        dtype="float32",
-        max_model_len=128,
-        max_num_seqs=8,
-        enable_cuda_graph=graphs,
-        hot_set=hot_set,
+    # ranks 8, 12, 16: one per pool rank and one padded up inside the r=16 pool
+    model, adapters, comps = tiny_model_set(
+        tmp, ranks=(8, 12, 16), seed=5, compositions={"moe": (["a", "b", "c"], 2)}
     )
+    return cuda_llm(model, adapters, comps, graphs, hot_set)
 
 
 def _run(llm: Any, seed: int = 0) -> list[list[int]]:

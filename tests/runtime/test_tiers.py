@@ -137,5 +137,5 @@ def test_a_synchronous_read_joins_the_background_fetch_of_the_same_adapter() -> 
     assert sorted(calls) == ["bad", "x"]  # one read each
     assert results["x"] is tier.get("x")
     assert isinstance(results["bad"], OSError)  # the fetch's own error, for the caller
-    assert tier.counters.fetches == 1 and tier.counters.failures == 1
+    assert tier.counters.loads == 1 and tier.counters.failures == 1
     tier.shutdown()

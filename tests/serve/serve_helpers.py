@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
+from adapter_store import open_registry
 from deployments.access.auth import KeyFile, new_key, write_key_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,3 +165,25 @@ def issue_keys(path: Path, holders: list[tuple[str, str, bool]]) -> dict[str, st
 def auth_on(key_file: Path) -> dict[str, Any]:
     """The server's `auth` section: API keys required, read from `key_file`."""
     return {"enabled": True, "keys_file": str(key_file)}
+
+
+def store_copy(tiny_assets: dict[str, Path], root: Path) -> Path:
+    """A writable copy of the tiny store at `root/store` (the session's store stays as built)."""
+    return Path(shutil.copytree(tiny_assets["store"], root / "store"))
+
+
+def adapter_files(store: Path, name: str = "math") -> Path:
+    """The folder of PEFT files of `name`'s current version in the local store at `store`."""
+    m = open_registry(str(store)).resolve("adapter", name)
+    return store / "adapters" / name / m.version / m.blob_dir
+
+
+def own_store(store: Path, root: Path) -> dict[str, Any]:
+    """The `store` section for a test's own store copy: its cache under `root`, re-read twice a
+    second so a publish shows up within the test."""
+    return {"url": str(store), "cache_dir": str(root / "cache"), "refresh_s": 0.5}
+
+
+def runtime_lora(load_dir: Path) -> dict[str, Any]:
+    """The server's `runtime_lora` section: loads allowed from `load_dir` (relative to the repo)."""
+    return {"load_dir": os.path.relpath(load_dir, ROOT)}

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import torch
 from serve_assets import COMPOSITION
-from serve_helpers import auth_on, deployed, issue_keys, shipped_args
+from serve_helpers import auth_on, deployed, issue_keys, runtime_lora, shipped_args
 
 from molora_runtime.lora.composition import CompositionConfig, save_composition
 from tests.support.seaweedfs import SeaweedFS
@@ -77,7 +77,7 @@ def lifecycle(request, ray_cluster, tiny_assets, tmp_path_factory) -> Iterator[d
         server={
             "default_max_tokens": 6,
             "auth": auth_on(root / "keys.json"),
-            "runtime_lora": {"load_dir": os.path.relpath(load_dir, Path(__file__).parents[2])},
+            "runtime_lora": runtime_lora(load_dir),
         },
     )
     args["store"] = {

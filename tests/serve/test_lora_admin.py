@@ -4,13 +4,20 @@ escapes), publishing through the store's rulebook, and the endpoints round-trip 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import auth_on, deployed, issue_keys, shipped_args
+from serve_helpers import (
+    adapter_files,
+    auth_on,
+    deployed,
+    issue_keys,
+    own_store,
+    runtime_lora,
+    shipped_args,
+    store_copy,
+)
 
 from deployments.catalog.lora_admin import (
     LoadLoraBody,
@@ -26,19 +33,12 @@ from deployments.config import StoreConfig
 MESSAGES = [{"role": "user", "content": "Say something."}]
 
 
-def _adapter_folder(store: Path, name: str = "math") -> Path:
-    from adapter_store import open_registry
-
-    m = open_registry(str(store)).resolve("adapter", name)
-    return store / "adapters" / name / m.version / m.blob_dir
-
-
 @pytest.fixture
 def lora_env(tiny_assets, tmp_path):
-    store = Path(shutil.copytree(tiny_assets["store"], tmp_path / "store"))
+    store = store_copy(tiny_assets, tmp_path)
     load_dir = tmp_path / "loras"
     load_dir.mkdir()
-    shutil.copytree(_adapter_folder(store), load_dir / "mine")
+    shutil.copytree(adapter_files(store), load_dir / "mine")
     base = json.loads((tiny_assets["model"] / "config.json").read_text())
     return {"store": StoreConfig(url=str(store)), "dir": load_dir, "base": base, "root": tmp_path}
 
@@ -134,10 +134,10 @@ def test_load_publishes_and_unload_yanks(lora_env):
 @pytest.fixture(scope="module")
 def secured_lora(ray_cluster, tiny_assets, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora-admin")
-    store = Path(shutil.copytree(tiny_assets["store"], root / "store"))
+    store = store_copy(tiny_assets, root)
     load_dir = root / "loras"
     load_dir.mkdir()
-    shutil.copytree(_adapter_folder(store, "poem"), load_dir / "poem-copy")
+    shutil.copytree(adapter_files(store, "poem"), load_dir / "poem-copy")
     keys = issue_keys(root / "keys.json", [("admin", "ops", True), ("user", "ops", False)])
     args = shipped_args(
         tiny_assets,
@@ -145,10 +145,10 @@ def secured_lora(ray_cluster, tiny_assets, tmp_path_factory):
         server={
             "default_max_tokens": 4,
             "auth": auth_on(root / "keys.json"),
-            "runtime_lora": {"load_dir": os.path.relpath(load_dir, Path(__file__).parents[2])},
+            "runtime_lora": runtime_lora(load_dir),
         },
     )
-    args["store"] = {"url": str(store), "cache_dir": str(root / "cache"), "refresh_s": 0.5}
+    args["store"] = own_store(store, root)
     with deployed(ray_cluster["url"], args):
         yield {"url": ray_cluster["url"], "keys": keys}
 

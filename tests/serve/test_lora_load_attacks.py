@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
+from serve_helpers import adapter_files, store_copy
 
+from adapter_store import open_registry
 from deployments.catalog.lora_admin import LoadLoraBody, LoraAdminError, load_lora
 from deployments.config import StoreConfig
 
@@ -45,16 +47,12 @@ ATTACKS: dict[str, tuple[Callable[[Path], None], str]] = {
 
 @pytest.mark.parametrize("case", sorted(ATTACKS))
 def test_hostile_folder_refused_at_runtime_load(tiny_assets, tmp_path: Path, case: str) -> None:
-    from adapter_store import open_registry
 
-    store = Path(shutil.copytree(tiny_assets["store"], tmp_path / "store"))
+    store = store_copy(tiny_assets, tmp_path)
     registry = open_registry(str(store))
-    math = registry.resolve("adapter", "math")
     load_dir = tmp_path / "loras"
     load_dir.mkdir()
-    folder = Path(
-        shutil.copytree(store / "adapters" / "math" / math.version / math.blob_dir, load_dir / "x")
-    )
+    folder = Path(shutil.copytree(adapter_files(store), load_dir / "x"))
     mutate, message = ATTACKS[case]
     mutate(folder)
     base = json.loads((tiny_assets["model"] / "config.json").read_text())

@@ -5,10 +5,10 @@ adapter under that name without touching the other's (no Ray: the store and the 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+from serve_helpers import adapter_files, store_copy
 
 from adapter_store.errors import InvalidInputError
 from deployments.access.tenancy import visible_catalog
@@ -28,10 +28,9 @@ from deployments.config import ServeConfig, StoreConfig
 def store_env(tiny_assets, tmp_path):
     from adapter_store import open_registry
 
-    store = Path(shutil.copytree(tiny_assets["store"], tmp_path / "store"))
+    store = store_copy(tiny_assets, tmp_path)
     registry = open_registry(str(store))
-    math = registry.resolve("adapter", "math")
-    folder = store / "adapters" / "math" / math.version / math.blob_dir
+    folder = adapter_files(store)
     registry.publish_adapter(folder, "secret", "v1", tenant="acme")  # a plain private name
     base = json.loads((tiny_assets["model"] / "config.json").read_text())
     return {"cfg": StoreConfig(url=str(store)), "registry": registry, "base": base}

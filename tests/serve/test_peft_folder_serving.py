@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import ROOT, deployed, shipped_args
+from serve_helpers import ROOT, adapter_files, deployed, shipped_args
 
 from adapter_store import open_backend, open_registry
 from adapter_store.errors import ReadOnlyStoreError
@@ -24,11 +24,6 @@ from deployments.ops import serve_cli
 from tests.support.seaweedfs import SeaweedFS
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
-
-
-def _folder(store: Path, name: str) -> Path:
-    m = open_registry(str(store)).resolve("adapter", name)
-    return store / "adapters" / name / m.version / m.blob_dir
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -83,7 +78,7 @@ def test_a_peft_folder_prefix_is_served_read_only(
         prefix = f"s3://{seaweed.create_bucket()}/ray/loras"
         backend = open_backend(prefix, seaweed.endpoint_url)
         flags += [prefix, "--store-endpoint-url", seaweed.endpoint_url]
-    src = _folder(tiny_assets["store"], "math")
+    src = adapter_files(tiny_assets["store"], "math")
     for path in sorted(src.iterdir()):
         backend.upload_file(f"ray-math/{path.name}", path)
     before = backend.list_keys("")
@@ -126,7 +121,7 @@ def test_a_runtime_load_on_the_default_config_writes_nothing_in_the_checkout(
     bundled = ROOT / "deployments" / "default_store"
     before = _snapshot(bundled)
     load_dir = tmp_path / "load"
-    shutil.copytree(_folder(tiny_assets["store"], "math"), load_dir / "mine")
+    shutil.copytree(adapter_files(tiny_assets["store"], "math"), load_dir / "mine")
     args = shipped_args(tiny_assets, server={"runtime_lora": {"load_dir": str(load_dir)}})
     args["store"] = {"cache_dir": str(tmp_path / "cache"), "refresh_s": 0.5}  # default url
     with deployed(url, args):
@@ -148,8 +143,8 @@ def test_a_runtime_load_on_the_default_config_writes_nothing_in_the_checkout(
 
 def test_a_runtime_load_into_a_read_only_store_is_403(tiny_assets, tmp_path: Path) -> None:
     peft = tmp_path / "loras"
-    shutil.copytree(_folder(tiny_assets["store"], "math"), peft / "ray-math")
-    shutil.copytree(_folder(tiny_assets["store"], "code"), tmp_path / "load" / "own")
+    shutil.copytree(adapter_files(tiny_assets["store"], "math"), peft / "ray-math")
+    shutil.copytree(adapter_files(tiny_assets["store"], "code"), tmp_path / "load" / "own")
     base = json.loads((tiny_assets["model"] / "config.json").read_text())
     before = _snapshot(peft)
     for store in (StoreConfig(url=f"peft:{peft}"), StoreConfig(url=str(peft), writable=None)):

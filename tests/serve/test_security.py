@@ -5,7 +5,6 @@ Retry-After) under 32 concurrent clients, and keys absent from every Ray log."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from pathlib import Path
 
@@ -13,7 +12,15 @@ import httpx
 import openai
 import pytest
 import torch
-from serve_helpers import auth_on, deployed, issue_keys, shipped_args
+from serve_helpers import (
+    adapter_files,
+    auth_on,
+    deployed,
+    issue_keys,
+    own_store,
+    shipped_args,
+    store_copy,
+)
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 PRIVATE_ACME = "acme-math"
@@ -26,10 +33,10 @@ def _tenant_store(tiny: dict[str, Path], root: Path) -> Path:
     from adapter_store import open_registry
     from molora_runtime.lora.composition import CompositionConfig, save_composition
 
-    store = Path(shutil.copytree(tiny["store"], root / "store"))
+    store = store_copy(tiny, root)
     registry = open_registry(str(store))
     math = registry.resolve("adapter", "math")
-    folder = store / "adapters" / "math" / math.version / math.blob_dir
+    folder = adapter_files(store)
     registry.publish_adapter(folder, PRIVATE_ACME, "v1", tenant="acme")
     registry.publish_adapter(folder, PRIVATE_GLOBEX, "v1", tenant="globex")
     comp = CompositionConfig(
@@ -83,7 +90,7 @@ def secured(ray_cluster, tiny_assets, tmp_path_factory):
             }
         },
     )
-    args["store"] = {"url": str(store), "cache_dir": str(root / "cache"), "refresh_s": 0.5}
+    args["store"] = own_store(store, root)
     with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=64):
         yield {"url": ray_cluster["url"], "keys": keys}
 

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
-from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
 import pytest
-from serve_helpers import auth_on, deployed, issue_keys, shipped_args
+from serve_helpers import (
+    adapter_files,
+    auth_on,
+    deployed,
+    issue_keys,
+    own_store,
+    shipped_args,
+    store_copy,
+)
 
 from benchmarks.slow_connections import run as slow_connections
 
@@ -34,10 +40,9 @@ def tenants(ray_cluster, tiny_assets, tmp_path_factory):
     from adapter_store import open_registry
 
     root = tmp_path_factory.mktemp("tenants")
-    store = Path(shutil.copytree(tiny_assets["store"], root / "store"))
+    store = store_copy(tiny_assets, root)
     registry = open_registry(str(store))
-    math = registry.resolve("adapter", "math")
-    folder = store / "adapters" / "math" / math.version / math.blob_dir
+    folder = adapter_files(store)
     registry.publish_adapter(folder, PRIVATE_EVIL, "v1", tenant="evil")
     registry.publish_adapter(folder, PRIVATE_ACME, "v1", tenant="acme")
     keys = issue_keys(
@@ -69,7 +74,7 @@ def tenants(ray_cluster, tiny_assets, tmp_path_factory):
             },
         },
     )
-    args["store"] = {"url": str(store), "cache_dir": str(root / "cache"), "refresh_s": 0.5}
+    args["store"] = own_store(store, root)
     with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=64):
         yield {"url": ray_cluster["url"], "keys": keys}
 
