@@ -101,11 +101,12 @@ def build_lora_context(
         backend=hot_set.backend,
         record_layers=record_layers,
     )
+    used = set(host_slots[host_slots > 0].tolist())
+    for seg in segments:
+        if isinstance(seg.route, LearnedRoute):
+            used.update(hot_set.expert_slots(seg.route.composition))
+    ctx.lora_layers = hot_set.slots.layers_of(used)
     if hot_set.backend.stacked:
-        used = set(host_slots[host_slots > 0].tolist())
-        for seg in segments:
-            if isinstance(seg.route, LearnedRoute):
-                used.update(hot_set.expert_slots(seg.route.composition))
         ctx.stacked_slots = stacked_range(used)
     if any_learned:
         ctx.comp_idx = torch.cat(comp_rows).to(device)

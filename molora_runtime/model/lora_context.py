@@ -66,6 +66,9 @@ class LoRAContext:
     temperature: torch.Tensor | None = None  # [T] float32, learned tokens' gate temperature
     # Slots [first, first + count) hold every adapter this step can touch (the stacked backend).
     stacked_slots: tuple[int, int] | None = None
+    # layers where some slot this step can touch holds weights (None: every layer); elsewhere
+    # every delta is exactly 0, so no projection computes one
+    lora_layers: frozenset[int] | None = None
     # every learned token on one composition (host-known): the layer's gate takes the fast path
     learned_plan: LearnedPlan | None = None
     record_layers: bool = False  # keep each layer's table (attribution / gate statistics)
@@ -84,6 +87,8 @@ class LoRAContext:
 
     def add_lora(self, y: torch.Tensor, x: torch.Tensor, buffers: Any, layer: int) -> torch.Tensor:
         """`y` plus the routed delta of `x` over `buffers` (in place where autograd allows)."""
+        if self.lora_layers is not None and layer not in self.lora_layers:
+            return y
         assert self.backend is not None, "a serving or training context names its backend"
         return self.backend.add(y, x, buffers, layer, self)
 
@@ -132,14 +137,17 @@ class LoRAContext:
         """Compute this layer's per-token table (learned rows from the gates on `normed`)."""
         if self._static is None:
             self._static = (self.slot_ids, self.weights)
+        idle = self.lora_layers is not None and layer not in self.lora_layers
+        if idle and not (self.record_layers or self.return_gate_logits):
+            return  # no projection of this layer reads the table
         if self.has_learned and self.learned_plan is not None:
-            self._fast_table(layer, normed)
+            self._fast_table(layer, normed, stacked=not idle)
         elif self.has_learned:
             self.slot_ids, self.weights = self._learned_table(layer, normed)
         if self.record_layers:
             self.layer_tables.append((self.slot_ids, self.weights))
 
-    def _fast_table(self, layer: int, normed: torch.Tensor) -> None:
+    def _fast_table(self, layer: int, normed: torch.Tensor, stacked: bool) -> None:
         """`learned_gate`'s path: one composition, one top-k, one temperature."""
         plan, g, static = self.learned_plan, self.gates, self._static
         assert plan is not None and g is not None and static is not None
@@ -154,7 +162,7 @@ class LoRAContext:
                 self.layer_logits.append(tempered)
             if self.return_gate_logits:
                 self.gate_logits.append(tempered)
-        if self.stacked_slots is not None and plan.all_learned:
+        if stacked and self.stacked_slots is not None and plan.all_learned:
             if plan.local_slots is None:
                 plan.local_slots = experts - self.stacked_slots[0]
             self._layer_gate = (self.slot_ids, gate)

@@ -73,3 +73,28 @@ def test_top1_weights_are_exactly_one() -> None:
     assert torch.equal(ctx.weights[:, 0], torch.ones(T))
     assert torch.equal(ctx.weights[:, 1:], torch.zeros(T, W - 1))
     assert set(ctx.slot_ids[:, 0].tolist()) <= {2, 5, 3, 4}
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_idle_layers_skip_the_stacked_gates_and_keep_the_records(record: bool) -> None:
+    """Layers no slot holds weights for build no stacked gate and add nothing; the tables of
+    the others, and the recorded tables of every layer, are those of a context without skips."""
+    full = context(T, 2, 1.0, plan=True)
+    skip = context(T, 2, 1.0, plan=True)
+    full.record_layers = skip.record_layers = record
+    skip.lora_layers = frozenset({1, 3})
+    gen = torch.Generator().manual_seed(5)
+    for layer in range(L):
+        normed = torch.randn(T, D, generator=gen)
+        full.begin_layer(layer, normed)
+        skip.begin_layer(layer, normed)
+        y = torch.randn(T, 6)
+        if layer in skip.lora_layers:
+            assert torch.equal(full.slot_ids, skip.slot_ids)
+            assert torch.equal(full.slot_gate(8, torch.float32).weights,
+                               skip.slot_gate(8, torch.float32).weights)  # fmt: skip
+        else:
+            assert skip.add_lora(y, torch.randn(T, D), object(), layer) is y
+    assert len(skip.layer_tables) == (L if record else 0)
+    for a, b in zip(full.layer_tables, skip.layer_tables, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
