@@ -23,9 +23,11 @@ from kernels.stacked import SlotGate, slot_gate
 from molora_runtime.model.learned_gate import (
     LayerGate,
     LearnedPlan,
+    PlanCache,
     all_gates,
     expand_gate,
     layer_gate,
+    plan_cache,
     slot_weights,
     table_of,
 )
@@ -51,6 +53,8 @@ class GateTable:
     bias: torch.Tensor
     expert_slots: torch.Tensor
     num_experts: torch.Tensor
+    # the fast path's step-independent parts per plan (`learned_gate.plan_cache`)
+    plans: dict[tuple, PlanCache] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,11 +112,11 @@ class LoRAContext:
         if gate is None:
             fast = self._layer_gate
             if fast is not None and fast[0] is self.slot_ids:
-                plan = self.learned_plan
-                assert plan is not None
-                gate = expand_gate(slot_weights(plan, fast[1], count), rank, dtype)
-                plan.ranks.append((rank, dtype))  # the next layers build it with the rest
-                plan.expander = None
+                cache = self.learned_plan.cache if self.learned_plan is not None else None
+                assert cache is not None
+                gate = expand_gate(slot_weights(cache, fast[1], count), rank, dtype)
+                cache.ranks.append((rank, dtype))  # the next layers build it with the rest
+                cache.expander = None
             else:
                 gate = slot_gate(self.slot_ids, self.weights, first, count, rank, dtype)
             cached[2][(rank, dtype)] = gate
@@ -151,10 +155,14 @@ class LoRAContext:
         """`learned_gate`'s path: one composition, one top-k, one temperature."""
         plan, g, static = self.learned_plan, self.gates, self._static
         assert plan is not None and g is not None and static is not None
-        gate = layer_gate(plan, g.weight, g.bias, layer, normed)
-        experts = g.expert_slots[plan.comp_slot, : plan.num_experts]
+        cache = plan.cache
+        if cache is None:
+            cache = plan.cache = plan_cache(
+                g.plans, plan, g.weight, g.bias, g.expert_slots, self.stacked_slots
+            )
+        gate = layer_gate(plan, cache, layer, normed)
         learned = None if plan.all_learned else self.comp_idx >= 0  # type: ignore[operator]
-        self.slot_ids, self.weights = table_of(gate, experts, static, learned)
+        self.slot_ids, self.weights = table_of(gate, cache, static, learned)
         if self.record_layers or self.return_gate_logits:
             t = plan.temperature
             tempered = gate.logits if t == 1.0 else gate.logits / t
@@ -163,11 +171,9 @@ class LoRAContext:
             if self.return_gate_logits:
                 self.gate_logits.append(tempered)
         if stacked and self.stacked_slots is not None and plan.all_learned:
-            if plan.local_slots is None:
-                plan.local_slots = experts - self.stacked_slots[0]
             self._layer_gate = (self.slot_ids, gate)
             self._gates = (
-                self.slot_ids, self.weights, all_gates(plan, gate, self.stacked_slots[1])
+                self.slot_ids, self.weights, all_gates(cache, gate, self.stacked_slots[1])
             )  # fmt: skip
 
     def _learned_table(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
