@@ -98,3 +98,30 @@ def test_idle_layers_skip_the_stacked_gates_and_keep_the_records(record: bool) -
     assert len(skip.layer_tables) == (L if record else 0)
     for a, b in zip(full.layer_tables, skip.layer_tables, strict=True):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_plan_cache_is_reused_across_steps_and_renewed_when_experts_move() -> None:
+    """A second step on the same gate table reuses the plan's cache and still gives the general
+    path's tables; experts bound to other slots key a new cache with the new slots."""
+    table = gate_table()
+    gen = torch.Generator().manual_seed(7)
+    caches = []
+    for experts in [(2, 5, 3, 4), (2, 5, 3, 4), (3, 2, 5, 4)]:
+        table.expert_slots[1, :4] = torch.tensor(experts)
+        general = context(T, 2, 1.0, plan=False)
+        fast = context(T, 2, 1.0, plan=True)
+        general.gates = fast.gates = table
+        assert fast.learned_plan is not None
+        fast.learned_plan.expert_slots = experts
+        for layer in range(L):
+            normed = torch.randn(T, D, generator=gen)
+            general.begin_layer(layer, normed)
+            fast.begin_layer(layer, normed)
+            assert torch.equal(general.slot_ids, fast.slot_ids)
+            for rank in RANKS:
+                a, b = general.slot_gate(rank, torch.float32), fast.slot_gate(rank, torch.float32)
+                assert torch.equal(a.inactive, b.inactive)
+                torch.testing.assert_close(a.weights, b.weights, atol=1e-6, rtol=0)
+        caches.append(fast.learned_plan.cache)
+    assert caches[0] is caches[1] and caches[2] is not caches[0]
+    assert len(table.plans) == 2
