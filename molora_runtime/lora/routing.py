@@ -61,7 +61,8 @@ def build_lora_context(
     topk_rows: list[torch.Tensor] = []
     temp_rows: list[torch.Tensor] = []
     any_learned = False
-    plans: set[tuple[int, int, int, float]] = set()  # (gate slot, experts, top-k, temperature)
+    # (gate slot, expert slots, top-k, temperature)
+    plans: set[tuple[int, tuple[int, ...], int, float]] = set()
     for seg in segments:
         n = int(seg.token_ids.shape[0])
         slots = torch.zeros(n, width, dtype=torch.long)
@@ -87,8 +88,8 @@ def build_lora_context(
             comp[:] = cslot
             topk[:] = route.top_k or info.top_k
             temp[:] = route.temperature or info.temperature
-            plans.add((cslot, len(info.experts), route.top_k or info.top_k,
-                       route.temperature or info.temperature))  # fmt: skip
+            plans.add((cslot, tuple(hot_set.expert_slots(route.composition)),
+                       route.top_k or info.top_k, route.temperature or info.temperature))  # fmt: skip
         slot_rows.append(slots)
         weight_rows.append(weights)
         comp_rows.append(comp)
@@ -101,11 +102,12 @@ def build_lora_context(
         backend=hot_set.backend,
         record_layers=record_layers,
     )
+    used = set(host_slots[host_slots > 0].tolist())
+    for seg in segments:
+        if isinstance(seg.route, LearnedRoute):
+            used.update(hot_set.expert_slots(seg.route.composition))
+    ctx.lora_layers = hot_set.slots.layers_of(used)
     if hot_set.backend.stacked:
-        used = set(host_slots[host_slots > 0].tolist())
-        for seg in segments:
-            if isinstance(seg.route, LearnedRoute):
-                used.update(hot_set.expert_slots(seg.route.composition))
         ctx.stacked_slots = stacked_range(used)
     if any_learned:
         ctx.comp_idx = torch.cat(comp_rows).to(device)
@@ -113,9 +115,9 @@ def build_lora_context(
         ctx.temperature = torch.cat(temp_rows).to(device)
         ctx.gates = hot_set.gates
         if len(plans) == 1:
-            ((cslot, n, k, t),) = plans
+            ((cslot, experts, k, t),) = plans
             all_learned = all(isinstance(s.route, LearnedRoute) for s in segments)
-            ctx.learned_plan = LearnedPlan(cslot, n, k, float(t), all_learned)
+            ctx.learned_plan = LearnedPlan(cslot, len(experts), k, float(t), all_learned, experts)
     return ctx
 
 

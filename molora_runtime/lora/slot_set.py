@@ -4,6 +4,7 @@ to the model's layers; the one place adapter weights are written into a slot."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import torch
 
@@ -106,6 +107,8 @@ class SlotBufferSet:
         for fused in model.fused_groups():
             fused.lora = self._attach([p.groups.get(fused.names) for p in self.parts])
         self.total_slots = config.num_slots + 1  # incl. the zero slot
+        # slot -> layers any of its modules holds weights for (an unlisted slot holds none)
+        self._layers: dict[int, frozenset[int]] = {}
         log.info(
             "LoRA slots: %s, %.1f MB",
             ", ".join(f"{p.slots} x rank {p.rank}" for p in self.pools),
@@ -157,6 +160,7 @@ class SlotBufferSet:
         all-zero and the load fails with the reason."""
         pool, part = self.pool_of(slot)
         row = pool.local(slot) - part.slot_base
+        self._layers.pop(slot, None)
         with torch.no_grad():
             try:
                 for module, buf in part.buffers.items():
@@ -174,9 +178,17 @@ class SlotBufferSet:
             except AdapterLoadError:
                 self.clear(slot)
                 raise
+        self._layers[slot] = frozenset(
+            layer for module in part.buffers for layer in weights.modules.get(module, {})
+        )
+
+    def layers_of(self, slots: Iterable[int]) -> frozenset[int]:
+        """Layers where at least one of `slots` holds weights: elsewhere their delta is 0."""
+        return frozenset().union(*(self._layers.get(s, frozenset()) for s in slots))
 
     def clear(self, slot: int) -> None:
         pool, part = self.pool_of(slot)
+        self._layers.pop(slot, None)
         with torch.no_grad():
             for buf in part.buffers.values():
                 buf.clear_slot(pool.local(slot) - part.slot_base)

@@ -5,8 +5,10 @@ temperature (known on the host when the step is built: `LearnedPlan`), a layer's
 handful of small ops instead of the general per-token path: one `addmm` over that composition's
 real experts only (no other compositions' rows, no masking of padding experts), top-k and a
 softmax over `[T, n]` (top-1: an argmax and weight 1), one gather of the experts' slots. For the
-stacked CPU backend it also builds the slot range's per-token weights `[T, count]` straight
-from the top-k pairs (one scatter), so each projection's `SlotGate` is one expansion of it.
+stacked CPU backend it also builds every projection's slot gate from the top-k pairs in one op
+(a weighted `embedding_bag` over a 0/1 expansion matrix; top-1: one row gather).
+What does not change from step to step (the layers' gate views, the expansion matrix, the
+padding) lives in a `PlanCache` on the gate table, so a decode step builds none of it again.
 The general path (`LoRAContext._learned_table`) stays for mixed steps, CUDA graphs and training.
 """
 
@@ -15,8 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn import functional as F
 
 from kernels.stacked import SlotGate
+
+CACHED_PLANS = 16  # plan caches kept per gate table (oldest dropped first)
+CACHED_FILLS = 64  # constant fills kept per plan cache, one per step size seen
 
 
 @dataclass
@@ -28,13 +34,33 @@ class LearnedPlan:
     top_k: int
     temperature: float
     all_learned: bool  # no token of the step takes a static route
-    # filled on first use, on the step's device
+    expert_slots: tuple[int, ...] = ()  # host copy of the experts' hot-set slots (cache key)
+    cache: PlanCache | None = None  # set by the context on first use
+
+
+@dataclass
+class PlanCache:
+    """A plan's step-independent parts, on the step's device (views stay valid: the gate
+    table is written in place)."""
+
+    weight_t: list[torch.Tensor]  # per layer `[d, n]`
+    bias: list[torch.Tensor]  # per layer `[n]`
+    experts: torch.Tensor  # [n] the experts' hot-set slots
     local_slots: torch.Tensor | None = None  # [n] expert -> column in the stacked slot range
-    ones: torch.Tensor | None = None  # [T, 1] top-1 weights
-    # the (rank, dtype) SlotGates the step's projections asked for, and the 0/1 matrix that
-    # expands an expert into all of them at once: [n, Σ count·rank]
+    # the (rank, dtype) SlotGates the projections read, and the 0/1 matrix that expands an
+    # expert into all of them at once: [n, Σ count·rank]
     ranks: list[tuple[int, torch.dtype]] = field(default_factory=list)
     expander: torch.Tensor | None = None
+    fills: dict[tuple[int, int], Fill] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Fill:
+    """Constant `[T, width]` tensors a layer's table reuses: padding and top-1 weights."""
+
+    zeros: torch.Tensor  # int64
+    zeros_f: torch.Tensor  # float32
+    ones_f: torch.Tensor  # float32
 
 
 @dataclass
@@ -46,35 +72,65 @@ class LayerGate:
     logits: torch.Tensor  # [T, n] float32 gate logits, bias added, before temperature
 
 
-def layer_gate(
-    plan: LearnedPlan, weight: torch.Tensor, bias: torch.Tensor, layer: int, normed: torch.Tensor
-) -> LayerGate:
-    """Top-k experts and weights of every token for `layer` (`weight [C, L, K, d]`, `bias [C, L, K]`)."""
-    c, n = plan.comp_slot, plan.num_experts
+def plan_cache(
+    caches: dict[tuple, PlanCache], plan: LearnedPlan, weight: torch.Tensor, bias: torch.Tensor,
+    expert_slots: torch.Tensor, stacked: tuple[int, int] | None,
+) -> PlanCache:  # fmt: skip
+    """The cache of `plan` in `caches` (`weight [C, L, K, d]`, `bias [C, L, K]`,
+    `expert_slots [C, K]`: the gate table), made on first use."""
+    key = (plan.comp_slot, plan.num_experts, plan.expert_slots, stacked)
+    cache = caches.get(key)
+    if cache is None:
+        c, n = plan.comp_slot, plan.num_experts
+        w, b = weight[c, :, :n], bias[c, :, :n]
+        cache = PlanCache(
+            [w[i].t() for i in range(w.shape[0])], list(b.unbind(0)), expert_slots[c, :n]
+        )
+        if stacked is not None:
+            cache.local_slots = cache.experts - stacked[0]
+        if len(caches) >= CACHED_PLANS:
+            caches.pop(next(iter(caches)))
+        caches[key] = cache
+    return cache
+
+
+def layer_gate(plan: LearnedPlan, cache: PlanCache, layer: int, normed: torch.Tensor) -> LayerGate:
+    """Top-k experts and weights of every token for `layer`."""
     x = normed if normed.dtype == torch.float32 else normed.float()
-    logits = torch.addmm(bias[c, layer, :n], x, weight[c, layer, :n].t())
-    k = min(plan.top_k, n)
+    logits = torch.addmm(cache.bias[layer], x, cache.weight_t[layer])
+    T, k = x.shape[0], min(plan.top_k, plan.num_experts)
     if k == 1:  # argmax is unchanged by a positive temperature, and one weight is 1
-        if plan.ones is None or plan.ones.shape[0] != x.shape[0]:
-            plan.ones = torch.ones(x.shape[0], 1, device=x.device)
-        return LayerGate(logits.argmax(dim=-1, keepdim=True), plan.ones, logits)
+        return LayerGate(logits.argmax(dim=-1, keepdim=True), _fill(cache, T, 1).ones_f, logits)
     scaled = logits if plan.temperature == 1.0 else logits / plan.temperature
     vals, idx = torch.topk(scaled, k, dim=-1)
     return LayerGate(idx, torch.softmax(vals, dim=-1), logits)
 
 
+def _fill(cache: PlanCache, T: int, width: int) -> Fill:
+    fill = cache.fills.get((T, width))
+    if fill is None:
+        dev = cache.experts.device
+        zeros = torch.zeros(T, width, dtype=torch.long, device=dev)
+        fill = Fill(zeros, zeros.float(), torch.ones(T, width, device=dev))
+        if len(cache.fills) >= CACHED_FILLS:
+            cache.fills.pop(next(iter(cache.fills)))
+        cache.fills[(T, width)] = fill
+    return fill
+
+
 def table_of(
-    gate: LayerGate, expert_slots: torch.Tensor, static: tuple[torch.Tensor, torch.Tensor],
+    gate: LayerGate, cache: PlanCache, static: tuple[torch.Tensor, torch.Tensor],
     learned: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The step's `(slot_ids, weights)` table `[T, W]` for a layer: learned rows from `gate`
-    (`expert_slots [n]` the composition's adapter slots), the others from `static`."""
+    """The step's `(slot_ids, weights)` table `[T, W]` for a layer: learned rows from `gate`,
+    the others from `static`."""
     static_slots, static_w = static
     W, k = static_slots.shape[1], gate.experts.shape[1]
-    slots, weights = expert_slots[gate.experts], gate.weights
+    slots, weights = cache.experts[gate.experts], gate.weights
     if k < W:
-        slots = torch.nn.functional.pad(slots, (0, W - k))
-        weights = torch.nn.functional.pad(weights, (0, W - k))
+        fill = _fill(cache, slots.shape[0], W - k)
+        slots = torch.cat((slots, fill.zeros), dim=1)
+        weights = torch.cat((weights, fill.zeros_f), dim=1)
     if learned is None:
         return slots, weights.to(static_w.dtype)
     return (
@@ -83,31 +139,33 @@ def table_of(
     )
 
 
-def slot_weights(plan: LearnedPlan, gate: LayerGate, count: int) -> torch.Tensor:
+def slot_weights(cache: PlanCache, gate: LayerGate, count: int) -> torch.Tensor:
     """Per-token weight of each slot of the stacked range `[T, count]` (all tokens learned)."""
-    assert plan.local_slots is not None
-    cols = plan.local_slots[gate.experts]
+    assert cache.local_slots is not None
+    cols = cache.local_slots[gate.experts]
     out = torch.zeros(cols.shape[0], count, device=cols.device)
     return out.scatter_(1, cols, gate.weights)
 
 
 def all_gates(
-    plan: LearnedPlan, gate: LayerGate, count: int
+    cache: PlanCache, gate: LayerGate, count: int
 ) -> dict[tuple[int, torch.dtype], SlotGate]:
     """Every `SlotGate` the step's projections read, from one expansion of the top-k pairs
     (top-1: one row gather): each gate is a column block of one `[T, Σ count·rank]` table."""
-    if not plan.ranks:
+    if not cache.ranks:
         return {}
-    if plan.expander is None:
-        plan.expander = _expander(plan, count)
+    if cache.expander is None:
+        cache.expander = _expander(cache, count)
     if gate.experts.shape[1] == 1:  # top-1: the weight is 1
-        rows = plan.expander[gate.experts[:, 0]]
-    else:  # each column has one nonzero term, so the sum is exact
-        rows = (plan.expander[gate.experts] * gate.weights.unsqueeze(2)).sum(dim=1)
+        rows = F.embedding(gate.experts[:, 0], cache.expander)
+    else:  # each column has one nonzero term, so the weighted sum is exact
+        rows = F.embedding_bag(
+            gate.experts, cache.expander, per_sample_weights=gate.weights, mode="sum"
+        )
     inactive = rows == 0
     by_dtype = {torch.float32: rows}
     out, col = {}, 0
-    for rank, dtype in plan.ranks:
+    for rank, dtype in cache.ranks:
         if dtype not in by_dtype:
             by_dtype[dtype] = rows.to(dtype)
         width = count * rank
@@ -118,11 +176,11 @@ def all_gates(
     return out
 
 
-def _expander(plan: LearnedPlan, count: int) -> torch.Tensor:
+def _expander(cache: PlanCache, count: int) -> torch.Tensor:
     """`[n, Σ count·rank]`: expert e's row is 1 on its slot's rank columns of every block."""
-    assert plan.local_slots is not None
-    eye = torch.eye(count, device=plan.local_slots.device)[plan.local_slots]  # [n, count]
-    blocks = [eye.repeat_interleave(rank, dim=1) for rank, _ in plan.ranks]
+    assert cache.local_slots is not None
+    eye = torch.eye(count, device=cache.local_slots.device)[cache.local_slots]  # [n, count]
+    blocks = [eye.repeat_interleave(rank, dim=1) for rank, _ in cache.ranks]
     return torch.cat(blocks, dim=1)
 
 

@@ -23,9 +23,11 @@ from kernels.stacked import SlotGate, slot_gate
 from molora_runtime.model.learned_gate import (
     LayerGate,
     LearnedPlan,
+    PlanCache,
     all_gates,
     expand_gate,
     layer_gate,
+    plan_cache,
     slot_weights,
     table_of,
 )
@@ -51,6 +53,8 @@ class GateTable:
     bias: torch.Tensor
     expert_slots: torch.Tensor
     num_experts: torch.Tensor
+    # the fast path's step-independent parts per plan (`learned_gate.plan_cache`)
+    plans: dict[tuple, PlanCache] = field(default_factory=dict)
 
 
 @dataclass
@@ -66,6 +70,9 @@ class LoRAContext:
     temperature: torch.Tensor | None = None  # [T] float32, learned tokens' gate temperature
     # Slots [first, first + count) hold every adapter this step can touch (the stacked backend).
     stacked_slots: tuple[int, int] | None = None
+    # layers where some slot this step can touch holds weights (None: every layer); elsewhere
+    # every delta is exactly 0, so no projection computes one
+    lora_layers: frozenset[int] | None = None
     # every learned token on one composition (host-known): the layer's gate takes the fast path
     learned_plan: LearnedPlan | None = None
     record_layers: bool = False  # keep each layer's table (attribution / gate statistics)
@@ -84,6 +91,8 @@ class LoRAContext:
 
     def add_lora(self, y: torch.Tensor, x: torch.Tensor, buffers: Any, layer: int) -> torch.Tensor:
         """`y` plus the routed delta of `x` over `buffers` (in place where autograd allows)."""
+        if self.lora_layers is not None and layer not in self.lora_layers:
+            return y
         assert self.backend is not None, "a serving or training context names its backend"
         return self.backend.add(y, x, buffers, layer, self)
 
@@ -103,11 +112,11 @@ class LoRAContext:
         if gate is None:
             fast = self._layer_gate
             if fast is not None and fast[0] is self.slot_ids:
-                plan = self.learned_plan
-                assert plan is not None
-                gate = expand_gate(slot_weights(plan, fast[1], count), rank, dtype)
-                plan.ranks.append((rank, dtype))  # the next layers build it with the rest
-                plan.expander = None
+                cache = self.learned_plan.cache if self.learned_plan is not None else None
+                assert cache is not None
+                gate = expand_gate(slot_weights(cache, fast[1], count), rank, dtype)
+                cache.ranks.append((rank, dtype))  # the next layers build it with the rest
+                cache.expander = None
             else:
                 gate = slot_gate(self.slot_ids, self.weights, first, count, rank, dtype)
             cached[2][(rank, dtype)] = gate
@@ -132,21 +141,28 @@ class LoRAContext:
         """Compute this layer's per-token table (learned rows from the gates on `normed`)."""
         if self._static is None:
             self._static = (self.slot_ids, self.weights)
+        idle = self.lora_layers is not None and layer not in self.lora_layers
+        if idle and not (self.record_layers or self.return_gate_logits):
+            return  # no projection of this layer reads the table
         if self.has_learned and self.learned_plan is not None:
-            self._fast_table(layer, normed)
+            self._fast_table(layer, normed, stacked=not idle)
         elif self.has_learned:
             self.slot_ids, self.weights = self._learned_table(layer, normed)
         if self.record_layers:
             self.layer_tables.append((self.slot_ids, self.weights))
 
-    def _fast_table(self, layer: int, normed: torch.Tensor) -> None:
+    def _fast_table(self, layer: int, normed: torch.Tensor, stacked: bool) -> None:
         """`learned_gate`'s path: one composition, one top-k, one temperature."""
         plan, g, static = self.learned_plan, self.gates, self._static
         assert plan is not None and g is not None and static is not None
-        gate = layer_gate(plan, g.weight, g.bias, layer, normed)
-        experts = g.expert_slots[plan.comp_slot, : plan.num_experts]
+        cache = plan.cache
+        if cache is None:
+            cache = plan.cache = plan_cache(
+                g.plans, plan, g.weight, g.bias, g.expert_slots, self.stacked_slots
+            )
+        gate = layer_gate(plan, cache, layer, normed)
         learned = None if plan.all_learned else self.comp_idx >= 0  # type: ignore[operator]
-        self.slot_ids, self.weights = table_of(gate, experts, static, learned)
+        self.slot_ids, self.weights = table_of(gate, cache, static, learned)
         if self.record_layers or self.return_gate_logits:
             t = plan.temperature
             tempered = gate.logits if t == 1.0 else gate.logits / t
@@ -154,12 +170,10 @@ class LoRAContext:
                 self.layer_logits.append(tempered)
             if self.return_gate_logits:
                 self.gate_logits.append(tempered)
-        if self.stacked_slots is not None and plan.all_learned:
-            if plan.local_slots is None:
-                plan.local_slots = experts - self.stacked_slots[0]
+        if stacked and self.stacked_slots is not None and plan.all_learned:
             self._layer_gate = (self.slot_ids, gate)
             self._gates = (
-                self.slot_ids, self.weights, all_gates(plan, gate, self.stacked_slots[1])
+                self.slot_ids, self.weights, all_gates(cache, gate, self.stacked_slots[1])
             )  # fmt: skip
 
     def _learned_table(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,3 +73,55 @@ def test_top1_weights_are_exactly_one() -> None:
     assert torch.equal(ctx.weights[:, 0], torch.ones(T))
     assert torch.equal(ctx.weights[:, 1:], torch.zeros(T, W - 1))
     assert set(ctx.slot_ids[:, 0].tolist()) <= {2, 5, 3, 4}
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_idle_layers_skip_the_stacked_gates_and_keep_the_records(record: bool) -> None:
+    """Layers no slot holds weights for build no stacked gate and add nothing; the tables of
+    the others, and the recorded tables of every layer, are those of a context without skips."""
+    full = context(T, 2, 1.0, plan=True)
+    skip = context(T, 2, 1.0, plan=True)
+    full.record_layers = skip.record_layers = record
+    skip.lora_layers = frozenset({1, 3})
+    gen = torch.Generator().manual_seed(5)
+    for layer in range(L):
+        normed = torch.randn(T, D, generator=gen)
+        full.begin_layer(layer, normed)
+        skip.begin_layer(layer, normed)
+        y = torch.randn(T, 6)
+        if layer in skip.lora_layers:
+            assert torch.equal(full.slot_ids, skip.slot_ids)
+            assert torch.equal(full.slot_gate(8, torch.float32).weights,
+                               skip.slot_gate(8, torch.float32).weights)  # fmt: skip
+        else:
+            assert skip.add_lora(y, torch.randn(T, D), object(), layer) is y
+    assert len(skip.layer_tables) == (L if record else 0)
+    for a, b in zip(full.layer_tables, skip.layer_tables, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_plan_cache_is_reused_across_steps_and_renewed_when_experts_move() -> None:
+    """A second step on the same gate table reuses the plan's cache and still gives the general
+    path's tables; experts bound to other slots key a new cache with the new slots."""
+    table = gate_table()
+    gen = torch.Generator().manual_seed(7)
+    caches = []
+    for experts in [(2, 5, 3, 4), (2, 5, 3, 4), (3, 2, 5, 4)]:
+        table.expert_slots[1, :4] = torch.tensor(experts)
+        general = context(T, 2, 1.0, plan=False)
+        fast = context(T, 2, 1.0, plan=True)
+        general.gates = fast.gates = table
+        assert fast.learned_plan is not None
+        fast.learned_plan.expert_slots = experts
+        for layer in range(L):
+            normed = torch.randn(T, D, generator=gen)
+            general.begin_layer(layer, normed)
+            fast.begin_layer(layer, normed)
+            assert torch.equal(general.slot_ids, fast.slot_ids)
+            for rank in RANKS:
+                a, b = general.slot_gate(rank, torch.float32), fast.slot_gate(rank, torch.float32)
+                assert torch.equal(a.inactive, b.inactive)
+                torch.testing.assert_close(a.weights, b.weights, atol=1e-6, rtol=0)
+        caches.append(fast.learned_plan.cache)
+    assert caches[0] is caches[1] and caches[2] is not caches[0]
+    assert len(table.plans) == 2

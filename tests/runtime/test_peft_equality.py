@@ -132,3 +132,45 @@ def test_regex_rank_and_alpha_patterns_equal_peft(tiny_llama: Path, tmp_path: Pa
     )
     assert got["x"]["error"] is None
     assert got["x"]["tokens"] == peft_tokens(pm, [prompt], ["rx"], 8, None)[0]
+
+
+def test_layer_subset_adapter_equals_peft_and_skips_idle_layers(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """An adapter trained on layer 1 only (`layers_to_transform`) beside one on every layer and
+    the base model: PEFT's tokens, and a step touching only the first adds no delta on layer 0."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from molora_runtime.lora.routing import RouteSegment, build_lora_context
+    from molora_runtime.routes import SingleRoute
+    from tests.runtime.rt_util import build_engine, make_peft_adapter
+
+    folder = make_peft_adapter(
+        tiny_llama, tmp_path / "l1", r=4, alpha=8, seed=21, layers_to_transform=[1]
+    )
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    pm = PeftModel.from_pretrained(base, str(folder), adapter_name="l1")
+    pm.load_adapter(str(tiny_adapters["a"]), adapter_name="a")
+    pm.eval()
+    engine = build_engine(tiny_llama, {"l1": folder, "a": tiny_adapters["a"]})
+    routes = ["l1", "a", None, "l1"]
+    prompts = random_prompts(len(routes), 256, [8], seed=21)
+    expected = peft_tokens(pm, prompts, [r or BASE for r in routes], 10, None)
+    got = run_to_completion(
+        engine,
+        [request(f"q{i}", p, r, 10) for i, (p, r) in enumerate(zip(prompts, routes, strict=True))],
+    )
+    for i, route in enumerate(routes):
+        assert got[f"q{i}"]["tokens"] == expected[i], f"route {route}"
+    assert expected[0] != peft_tokens(pm, [prompts[0]], [BASE], 10, None)[0]
+
+    hot_set = engine.hot_set
+    alone = [RouteSegment(SingleRoute(adapter="l1"), torch.tensor([5, 6]))]
+    ctx = build_lora_context(alone, hot_set, 2, torch.device("cpu"))
+    assert ctx is not None and ctx.lora_layers == frozenset({1})
+    y = torch.zeros(2, 4)
+    assert ctx.add_lora(y, torch.ones(2, 4), object(), 0) is y  # layer 0: not even a backend call
+    both = [*alone, RouteSegment(SingleRoute(adapter="a"), torch.tensor([7]))]
+    ctx = build_lora_context(both, hot_set, 2, torch.device("cpu"))
+    assert ctx is not None and ctx.lora_layers == frozenset({0, 1})
