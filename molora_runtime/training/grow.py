@@ -95,9 +95,7 @@ def stay_out_loss(
     return total / max(len(gate_logits), 1)
 
 
-def _pairs_with_new(
-    old: list[str], new: str, count: int, seed: int, split: str
-) -> list[Example]:
+def _pairs_with_new(old: list[str], new: str, count: int, seed: int, split: str) -> list[Example]:
     """Two-task prompts of the new domain and each old one in turn, in both orders."""
     if count <= 0:
         return []

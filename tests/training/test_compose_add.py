@@ -100,7 +100,9 @@ def test_only_the_new_rows_train(world: dict) -> None:
 def test_publishes_next_version_and_serves_it(world: dict) -> None:
     registry = fresh(world)
     v1 = registry.manifest("composition", "mol", "v1")
-    v1_gates = load_composition("mol", AdapterStoreSource(registry=registry).composition_path("mol@v1"))
+    v1_gates = load_composition(
+        "mol", AdapterStoreSource(registry=registry).composition_path("mol@v1")
+    )
     cfg = ComposeAddConfig(
         composition="mol", adapter="multiplication", device="cpu", grow=TINY_GROW
     )
@@ -172,4 +174,3 @@ def test_cli_exit_codes(world: dict, capsys: pytest.CaptureFixture[str]) -> None
     assert molora([*args, "--adapter", "counting", "--json"]) == 3
     assert '"exit_code": 3' in capsys.readouterr().out
     assert molora([*args, "--adapter", "reversal", "--steps", "0"]) == 3
-
