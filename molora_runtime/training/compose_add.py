@@ -18,7 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoTokenizer
 
-from adapter_store.errors import InvalidInputError
+from adapter_store.errors import InvalidInputError, VersionExistsError
 from adapter_store.extend import check_new_expert, next_version
 from adapter_store.manifest import AdapterManifest, CompositionManifest
 from adapter_store.names import parse_ref
@@ -115,7 +115,7 @@ def plan_add(registry: Registry, cfg: ComposeAddConfig) -> AddPlan:
     versions = [v.version for v in registry.versions("composition", composition.name)]
     version = cfg.version or next_version(versions)
     if version in versions:
-        raise InvalidInputError(
+        raise VersionExistsError(
             f"composition {composition.name}@{version} exists; versions are immutable"
         )
     top_k = cfg.top_k or composition.top_k

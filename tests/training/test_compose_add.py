@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from adapter_store.errors import InvalidInputError, NotFoundError
+from adapter_store.errors import InvalidInputError, NotFoundError, VersionExistsError
 from adapter_store.extend import next_version
 from adapter_store.source import AdapterStoreSource
 from adapter_store.versions import Registry, open_registry
@@ -151,7 +151,7 @@ def test_publishes_next_version_and_serves_it(world: dict) -> None:
         ("mol@v1", "foreign", {}, InvalidInputError, "base model"),
         ("mol@v1", "reversal", {"data": "nope"}, InvalidInputError, "no training domain"),
         ("mol@v1", "reversal", {"data": "sorting"}, InvalidInputError, "domain of its own"),
-        ("mol@v1", "reversal", {"version": "v1"}, InvalidInputError, "immutable"),
+        ("mol@v1", "reversal", {"version": "v1"}, VersionExistsError, "immutable"),
         ("mol@v1", "reversal", {"top_k": 9}, InvalidInputError, "top_k=9"),
     ],
 )
@@ -174,3 +174,4 @@ def test_cli_exit_codes(world: dict, capsys: pytest.CaptureFixture[str]) -> None
     assert molora([*args, "--adapter", "counting", "--json"]) == 3
     assert '"exit_code": 3' in capsys.readouterr().out
     assert molora([*args, "--adapter", "reversal", "--steps", "0"]) == 3
+    assert molora([*args, "--adapter", "reversal", "--version", "v1"]) == 5
