@@ -19,6 +19,7 @@ from molora_runtime.lora.composition import load_composition
 from molora_runtime.model.loader import load_model
 from molora_runtime.model.tiny import make_tiny_model
 from molora_runtime.routes import LearnedRoute
+from molora_runtime.training.batching import IGNORE
 from molora_runtime.training.compose_add import (
     ComposeAddConfig,
     GrowSettings,
@@ -26,6 +27,7 @@ from molora_runtime.training.compose_add import (
     train_new_rows,
 )
 from molora_runtime.training.experts import attach_experts
+from molora_runtime.training.grow import grow_examples, stay_out_loss
 from molora_runtime.training.router import load_experts
 from tests.runtime.rt_util import make_composition, make_peft_adapter
 
@@ -64,6 +66,27 @@ def test_next_version_counts_up_and_refuses_other_schemes() -> None:
     assert next_version(["v2", "v10", "v9"]) == "v11"
     with pytest.raises(InvalidInputError, match="--version"):
         next_version(["v2", "2024-01"])
+
+
+def test_training_data_mixes_the_new_domain_with_a_replay_of_the_old() -> None:
+    examples = grow_examples(OLD, "multiplication", 40, seed=0, new_fraction=0.5)
+    with_new = [e for e in examples if "multiplication" in e.domains]
+    assert len(examples) == 40 and len(with_new) == 20
+    pairs = [tuple(e.domains) for e in with_new if e.kind == "mixed"]
+    assert {p for p in pairs} == {
+        (a, b) for o in OLD for a, b in [("multiplication", o), (o, "multiplication")]
+    }
+    replay = [e for e in examples if "multiplication" not in e.domains]
+    assert {d for e in replay for d in e.domains} == set(OLD)
+
+
+def test_stay_out_hinge_only_bites_where_the_new_row_enters_the_old_top_k() -> None:
+    labels = torch.tensor([0, 1, 2, IGNORE])
+    low = torch.tensor([[3.0, 2.0, 0.0]] * 4)  # new logit a margin below the 2nd old one
+    assert stay_out_loss([low], labels, new_index=2, top_k=2, margin=1.0).item() == 0.0
+    high = torch.tensor([[3.0, 2.0, 2.5]] * 4)
+    loss = stay_out_loss([high], labels, new_index=2, top_k=2, margin=1.0)
+    assert loss.item() == pytest.approx(1.5)  # tokens of the new expert and unlabelled ones skip
 
 
 def test_only_the_new_rows_train(world: dict) -> None:
