@@ -47,12 +47,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--store", default=str(DEFAULT_STORE), help="store holding `molora`")
     p.add_argument("--new", default="multiplication", help="the new expert's domain")
-    p.add_argument("--adapter-steps", type=int, default=40)
-    p.add_argument("--gate-steps", type=int, default=16, help="compose add and scratch each")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--per-domain", type=int, default=8, help="single-domain eval prompts")
-    p.add_argument("--mixed", type=int, default=12, help="mixed eval prompts, each kind")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--adapter-steps", type=int, default=16)
+    p.add_argument("--gate-steps", type=int, default=8, help="compose add and scratch each")
+    p.add_argument("--gate-lr", type=float, default=5e-2)
+    p.add_argument("--batch-size", type=int, default=4, help="gate training batch")
+    p.add_argument("--per-domain", type=int, default=6, help="single-domain eval prompts")
+    p.add_argument("--mixed", type=int, default=8, help="mixed eval prompts, each kind")
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--work", default=str(molora_home() / "train" / "compose_add"))
     p.add_argument("--out", default=str(RESULTS_DIR / "compose_add.json"))
     return p.parse_args()
@@ -70,7 +71,7 @@ def new_adapter(args: argparse.Namespace) -> tuple[Path, float]:
     trained once per config; its CPU-minutes are kept beside it."""
     cfg = AdapterTrainConfig(
         model=args.model, domain=args.new, rank=16, alpha=32, first_layer=16,
-        steps=args.adapter_steps, batch_size=8, lr=4e-3, seed=0, threads=args.threads,
+        steps=args.adapter_steps, batch_size=8, lr=4e-3, warmup=2, seed=0, threads=args.threads,
         output=str(Path(args.work) / f"{args.new}-{args.adapter_steps}"),
     )  # fmt: skip
     folder, meter = Path(cfg.output), Path(cfg.output) / "cpu_minutes.json"
@@ -111,7 +112,9 @@ def main() -> None:
         registry = open_registry(f"{tmp}/store|{args.store}")
         old = registry.latest("composition", NAME)
         expert = registry.publish_adapter(adapter_dir, args.new, "v1", base_model=args.model)
-        grow = GrowSettings(steps=args.gate_steps, batch_size=args.batch_size)
+        grow = GrowSettings(
+            steps=args.gate_steps, batch_size=args.batch_size, lr=args.gate_lr, warmup=1
+        )
         cfg = ComposeAddConfig(
             composition=old.ref, adapter=expert.ref, device="cpu", threads=args.threads, grow=grow
         )
@@ -122,7 +125,7 @@ def main() -> None:
         adapters = {ref: str(source.adapter_path(ref)) for ref in refs}
         scratch_cfg = RouterTrainConfig(
             model=args.model, adapters=adapters, output=f"{tmp}/scratch", top_k=old.top_k,
-            steps=args.gate_steps, batch_size=args.batch_size, lr=2e-2, seed=0,
+            steps=args.gate_steps, batch_size=args.batch_size, lr=args.gate_lr, warmup=1, seed=0,
             threads=args.threads, device="cpu", checkpoint_every=10**6,
         )  # fmt: skip
         scratch_dir, scratch_min = cpu_minutes(train_router, scratch_cfg)
