@@ -74,7 +74,7 @@ def new_adapter(args: argparse.Namespace) -> tuple[Path, float]:
         steps=args.adapter_steps, batch_size=8, lr=4e-3, warmup=2, seed=0, threads=args.threads,
         output=str(Path(args.work) / f"{args.new}-{args.adapter_steps}"),
     )  # fmt: skip
-    folder, meter = Path(cfg.output), Path(cfg.output) / "cpu_minutes.json"
+    folder, meter = Path(cfg.output), Path(f"{cfg.output}.cpu_minutes.json")
     if meter.is_file():
         return folder, json.loads(meter.read_text())["cpu_minutes"]
     _, minutes = cpu_minutes(train_adapter, cfg)
