@@ -13,6 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,7 +32,12 @@ from molora_runtime.model.model_paths import resolve_model_path
 from molora_runtime.training.adapter import pick_device, seed_everything
 from molora_runtime.training.data import DOMAINS
 from molora_runtime.training.experts import attach_experts
-from molora_runtime.training.grow import GrownGates, grow_examples, stay_out_loss
+from molora_runtime.training.grow import (
+    GrownGates,
+    grow_examples,
+    prototype_init,
+    stay_out_loss,
+)
 from molora_runtime.training.record import write_card
 from molora_runtime.training.router import load_experts, routed_batches, train_gates
 
@@ -53,7 +59,11 @@ class GrowSettings(BaseModel):
     stay_out: float = Field(
         1.0, ge=0, description="weight of the hinge keeping the new row out of old tokens' top-k"
     )
-    margin: float = Field(1.0, ge=0, description="logit margin of that hinge")
+    margin: float = Field(1.0, ge=0, description="logit margin of that hinge and of the init")
+    init: Literal["prototype", "mean"] = Field(
+        "prototype", description="new row from the domains' mean gate inputs, or the rows' mean"
+    )
+    init_batches: int = Field(4, ge=1, description="batches the prototype init reads")
     seed: int = 0
 
 
@@ -152,6 +162,8 @@ def train_new_rows(
     batches = routed_batches(
         tokenizer, examples, [*old_domains, new_domain], settings.batch_size, device
     )
+    if settings.init == "prototype":
+        prototype_init(lm, grown, batches[: settings.init_batches], settings.margin, temperature)
 
     def hinge(gate_logits: list[torch.Tensor], batch) -> tuple[torch.Tensor, str]:
         labels = batch.route_labels.reshape(-1)

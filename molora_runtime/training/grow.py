@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from molora_runtime.lora.context import GateTable
+from molora_runtime.model.attention_meta import DenseAttention
+from molora_runtime.model.decoder import CausalLM
 from molora_runtime.training.batching import IGNORE
 from molora_runtime.training.data import (
     Example,
@@ -24,7 +26,8 @@ from molora_runtime.training.data import (
     generate_tasks,
     mixed_examples,
 )
-from molora_runtime.training.experts import Gates
+from molora_runtime.training.experts import Gates, learned_context
+from molora_runtime.training.router import TokenBatch
 
 # Seeds of the new-domain tasks paired with old ones (apart from the single-domain draws).
 PAIR_SEED = 7_919
@@ -72,6 +75,60 @@ class GrownGates:
 
     def table(self) -> GateTable:
         return Gates(self.weight, self.bias).table()  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def prototype_init(
+    lm: CausalLM,
+    grown: GrownGates,
+    batches: list[TokenBatch],
+    margin: float = 1.0,
+    temperature: float = 1.0,
+) -> None:
+    """Point each layer's new row from the old domains' mean gate input to the new domain's.
+
+    With u = mean(new) - mean(old) and m their midpoint, the new logit becomes the old rows'
+    mean logit plus s·u·(x - m): at m it is the mean-of-rows start, at the new domain's mean it
+    clears the best old logit by `margin`, at the old domains' mean it falls as far below.
+    """
+    K, L = grown.new_index, grown.old_weight.shape[0]
+    d = grown.old_weight.shape[2]
+    device = grown.old_weight.device
+    sums = torch.zeros(2, L, d, device=device)
+    counts = torch.zeros(2, device=device)
+    for batch in batches:
+        B, T = batch.input_ids.shape
+        ctx = learned_context(grown, B * T, top_k=K + 1, temperature=temperature)
+        inputs: list[torch.Tensor] = []
+        serve = ctx.begin_layer
+
+        def capture(layer: int, normed: torch.Tensor, serve=serve, inputs=inputs) -> None:
+            inputs.append(normed.float())
+            serve(layer, normed)
+
+        ctx.begin_layer = capture  # type: ignore[method-assign]
+        meta = DenseAttention(
+            batch=B, seq_len=T, positions=torch.arange(T, device=device).repeat(B)
+        )
+        lm.hidden_states(batch.input_ids.reshape(-1), meta, None, ctx)
+        assert batch.route_labels is not None
+        labels = batch.route_labels.reshape(-1)
+        is_new = labels == K
+        is_old = (labels != IGNORE) & ~is_new
+        x = torch.stack(inputs)  # [L, tokens, d]
+        sums[0] += x[:, is_old].sum(1)
+        sums[1] += x[:, is_new].sum(1)
+        counts += torch.stack([is_old.sum(), is_new.sum()])
+    if bool((counts == 0).any()):
+        return  # no labelled tokens of one side: keep the mean-of-rows start
+    mu_old, mu_new = sums[0] / counts[0], sums[1] / counts[1]  # [L, d]
+    u, mid = mu_new - mu_old, (mu_new + mu_old) / 2
+    w_bar, b_bar = grown.old_weight.mean(1), grown.old_bias.mean(1)  # [L, d], [L]
+    at_new = torch.einsum("lkd,ld->lk", grown.old_weight, mu_new) + grown.old_bias
+    gap = at_new.max(1).values - at_new.mean(1)
+    scale = 2 * (gap + margin) / (u * u).sum(1).clamp(min=1e-6)
+    grown.new_weight.copy_((w_bar + scale[:, None] * u).unsqueeze(1))
+    grown.new_bias.copy_((b_bar - scale * (u * mid).sum(1)).unsqueeze(1))
 
 
 def stay_out_loss(

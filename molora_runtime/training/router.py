@@ -32,8 +32,7 @@ from molora_runtime.training.adapter import lr_at, pick_device, seed_everything
 from molora_runtime.training.batching import IGNORE, collate, encode_routed
 from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
 from molora_runtime.training.data import DOMAINS, domain_examples, mixed_examples
-from molora_runtime.training.experts import Gates, attach_experts, learned_context
-from molora_runtime.training.grow import GrownGates
+from molora_runtime.training.experts import Gates, TrainableGates, attach_experts, learned_context
 from molora_runtime.training.progress import Progress
 from molora_runtime.training.record import write_card
 
@@ -137,7 +136,7 @@ ExtraLoss = Callable[[list[torch.Tensor], "TokenBatch"], tuple[torch.Tensor, str
 
 def routed_loss(
     lm: CausalLM,
-    gates: Gates | GrownGates,
+    gates: TrainableGates,
     batch: TokenBatch,
     balance_weight: float,
     entropy_weight: float,
@@ -174,7 +173,7 @@ def routed_loss(
 
 def train_gates(
     lm: CausalLM,
-    gates: Gates | GrownGates,
+    gates: TrainableGates,
     batches: list[TokenBatch],
     *,
     lr: float,
