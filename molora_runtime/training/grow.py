@@ -44,9 +44,9 @@ class GrownGates:
 
     @classmethod
     def extend(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> GrownGates:
-        """The new row starts as the mean of the old rows: its logit is the old logits' mean,
-        never above the top-1 one, so the served top-1 route is unchanged before training and
-        the row starts neither dominant nor dead."""
+        """The new row starts as the mean of the old rows (`prototype_init` then aims it): its
+        logit is the old logits' mean, never above the top-1 one, so the served top-1 route is
+        unchanged and the row starts neither dominant nor dead."""
         weight = weight.detach().float()
         bias = torch.zeros(weight.shape[:2]) if bias is None else bias.detach().float()
         bias = bias.to(weight.device)
