@@ -52,12 +52,12 @@ class GrowSettings(BaseModel):
     lr: float = Field(2e-2, gt=0)
     warmup: int = Field(3, ge=0)
     new_fraction: float = Field(
-        0.4, gt=0, lt=1, description="share of prompts with the new domain (rest: replay)"
+        0.5, gt=0, lt=1, description="share of prompts with the new domain (rest: replay)"
     )
     single_fraction: float = Field(0.5, ge=0, le=1, description="share of one-domain prompts")
     route_supervision: float = Field(1.0, ge=0)
     stay_out: float = Field(
-        4.0, ge=0, description="weight of the hinge keeping the new row out of old tokens' top-k"
+        2.0, ge=0, description="weight of the hinge keeping the new row out of old tokens' top-k"
     )
     margin: float = Field(1.0, ge=0, description="logit margin of that hinge and of the init")
     init: Literal["prototype", "mean"] = Field(
