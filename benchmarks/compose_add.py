@@ -48,7 +48,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--store", default=str(DEFAULT_STORE), help="store holding `molora`")
     p.add_argument("--new", default="multiplication", help="the new expert's domain")
     p.add_argument("--adapter-steps", type=int, default=16)
-    p.add_argument("--gate-steps", type=int, default=16, help="compose add and scratch each")
+    p.add_argument("--gate-steps", type=int, default=32, help="compose add and scratch each")
     p.add_argument("--gate-lr", type=float, default=5e-2)
     p.add_argument("--batch-size", type=int, default=4, help="gate training batch")
     p.add_argument("--per-domain", type=int, default=12, help="single-domain eval prompts")
