@@ -11,7 +11,6 @@ from molora_runtime.training.data import (
     score_completion,
 )
 
-
 # 1-digit products: 100 questions in all, so train and eval draws cannot be disjoint.
 SMALL_SPACE = {"multiplication"}
 
