@@ -32,7 +32,10 @@ class TensorInfo(BaseModel):
 
 
 def _looks_pickled(head: bytes) -> bool:
-    # torch.save writes a zip ("PK"); raw pickles start with the PROTO opcode 0x80.
+    # torch.save writes a zip ("PK"); raw pickles start with the PROTO opcode 0x80. A
+    # safetensors header length can start with the same bytes, but its JSON then opens at byte 8.
+    if head[8:9] == b"{":
+        return False
     return head[:2] == b"PK" or head[:1] == b"\x80"
 
 
@@ -40,14 +43,15 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     """Tensor name → info; raises InvalidInputError naming the file and the defect."""
     size = path.stat().st_size
     with path.open("rb") as fh:
-        head = fh.read(8)
+        head = fh.read(9)
+        fh.seek(8)
         if _looks_pickled(head):
             raise InvalidInputError(
                 f"{path.name} is a pickle/torch.save file, not safetensors: pickles are refused"
             )
         if len(head) < 8:
             raise InvalidInputError(f"{path.name} is not a safetensors file (too short)")
-        (n,) = struct.unpack("<Q", head)
+        (n,) = struct.unpack("<Q", head[:8])
         if n > MAX_HEADER_BYTES or 8 + n > size:
             raise InvalidInputError(
                 f"{path.name} is not a valid safetensors file (bad header size)"

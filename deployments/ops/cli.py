@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "molora_runtime.model.cli",
     "adapter_store.cli",
     "molora_runtime.training.cli",
+    "molora_runtime.training.compose_cli",
     "deployments.ops.dashboards_cli",
     "deployments.ops.k8s_cli",
     "deployments.ops.keys_cli",

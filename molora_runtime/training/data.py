@@ -1,4 +1,4 @@
-"""Task data for composable specialization: four reasoning-gym domains and mixed prompts.
+"""Task data for composable specialization: reasoning-gym domains and mixed prompts.
 
 Every example, single-domain or mixed, uses one numbered-list format so the same adapters serve
 both: the user lists tasks as `N. question`, the assistant answers `N. answer`, one per line.
@@ -69,6 +69,12 @@ DOMAINS: dict[str, DomainSpec] = {
             generator="word_sequence_reversal",
             config={"min_words": 3, "max_words": 4},
         ),
+        # Not in the default composition: the expert `molora compose add` adds to it.
+        DomainSpec(
+            name="multiplication",
+            generator="products",
+            config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        ),
     )
 }
 
@@ -117,6 +123,8 @@ def _compact_question(domain: str, entry: dict[str, Any]) -> str:
         return f"Sort these numbers in {meta['direction']} order: {numbers}"
     if domain == "reversal":  # instructions on the answer format, then the task on its last line
         return entry["question"].strip().splitlines()[-1].strip()
+    if domain == "multiplication":  # the expression without the answer-format sentence
+        return f"Multiply: {meta['expression']}"
     return entry["question"].strip()
 
 

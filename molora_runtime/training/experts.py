@@ -9,6 +9,7 @@ does for a served composition.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -53,6 +54,21 @@ def training_backend(device: torch.device) -> LoRABackend:
     return TritonBackend() if device.type == "cuda" else ReferenceBackend()
 
 
+class TrainableGates(Protocol):
+    """What router training needs of a composition's gates: the [L, K, d] / [L, K] tensors the
+    forward reads, the tensors the optimizer steps, and the engine's gate table."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+    @property
+    def bias(self) -> torch.Tensor: ...
+
+    def params(self) -> dict[str, torch.nn.Parameter]: ...
+
+    def table(self) -> GateTable: ...
+
+
 @dataclass
 class Gates:
     """One composition's per-layer linear gates d→K (the tensors saved in gates.safetensors)."""
@@ -85,7 +101,7 @@ class Gates:
 
 
 def learned_context(
-    gates: Gates,
+    gates: TrainableGates,
     num_tokens: int,
     top_k: int,
     temperature: float = 1.0,

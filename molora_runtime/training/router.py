@@ -13,7 +13,7 @@ against that domain: the LM loss alone sees little of the routing signal in a sh
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from molora_runtime.training.adapter import lr_at, pick_device, seed_everything
 from molora_runtime.training.batching import IGNORE, collate, encode_routed
 from molora_runtime.training.checkpoint import load_checkpoint, save_checkpoint
 from molora_runtime.training.data import DOMAINS, domain_examples, mixed_examples
-from molora_runtime.training.experts import Gates, attach_experts, learned_context
+from molora_runtime.training.experts import Gates, TrainableGates, attach_experts, learned_context
 from molora_runtime.training.progress import Progress
 from molora_runtime.training.record import write_card
 
@@ -130,14 +130,19 @@ def supervision_loss(gate_logits: list[torch.Tensor], route_labels: torch.Tensor
     return total / max(len(gate_logits), 1)
 
 
+# An added loss term over (gate logits of every layer, batch): its value and its log name.
+ExtraLoss = Callable[[list[torch.Tensor], "TokenBatch"], tuple[torch.Tensor, str]]
+
+
 def routed_loss(
     lm: CausalLM,
-    gates: Gates,
+    gates: TrainableGates,
     batch: TokenBatch,
     balance_weight: float,
     entropy_weight: float,
     temperature: float = 1.0,
     route_supervision: float = 0.0,
+    extra_loss: ExtraLoss | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """LM loss on labelled tokens with dense learned routing, plus balance and entropy terms."""
     B, T = batch.input_ids.shape
@@ -159,12 +164,16 @@ def routed_loss(
         sup = supervision_loss(ctx.gate_logits, batch.route_labels.reshape(-1))
         loss = loss + route_supervision * sup
         parts["route"] = sup.item()
+    if extra_loss is not None:
+        term, name = extra_loss(ctx.gate_logits, batch)
+        loss = loss + term
+        parts[name] = term.item()
     return loss, parts
 
 
 def train_gates(
     lm: CausalLM,
-    gates: Gates,
+    gates: TrainableGates,
     batches: list[TokenBatch],
     *,
     lr: float,
@@ -178,6 +187,7 @@ def train_gates(
     optimizer: torch.optim.Optimizer | None = None,
     on_step=None,
     label: str = "router",
+    extra_loss: ExtraLoss | None = None,
 ) -> torch.optim.Optimizer:
     """Optimise only the gate tensors over `batches` (one step each), steps [start, stop)."""
     params = list(gates.params().values())
@@ -187,7 +197,14 @@ def train_gates(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, len(batches), warmup, lr)
         loss, parts = routed_loss(
-            lm, gates, batches[step], balance_weight, entropy_weight, temperature, route_supervision
+            lm,
+            gates,
+            batches[step],
+            balance_weight,
+            entropy_weight,
+            temperature,
+            route_supervision,
+            extra_loss,
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -240,6 +257,19 @@ def iter_chunks(items: list, size: int) -> Iterator[list]:
         yield items[i : i + size]
 
 
+def routed_batches(
+    tokenizer, examples: list, domains: list[str], batch_size: int, device: torch.device
+) -> list[TokenBatch]:
+    """Examples as padded batches whose route labels index `domains` (the gate order)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batches = []
+    for chunk in iter_chunks(examples, batch_size):
+        encoded = [encode_routed(tokenizer, e, domains) for e in chunk]
+        pairs = [(ids, labels) for ids, labels, _ in encoded]
+        batches.append(token_batch(pairs, pad, [routes for *_, routes in encoded]).to(device))
+    return batches
+
+
 def public_config(cfg: RouterTrainConfig) -> RouterTrainConfig:
     """The config as recorded: folders shown by name only (no machine paths)."""
     return cfg.model_copy(
@@ -267,13 +297,7 @@ def train_router(cfg: RouterTrainConfig) -> Path:
     examples = router_examples(
         cfg.domains(), cfg.steps * cfg.batch_size, cfg.seed, cfg.single_fraction
     )
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    domains = cfg.domains()
-    batches = []
-    for chunk in iter_chunks(examples, cfg.batch_size):
-        encoded = [encode_routed(tokenizer, e, domains) for e in chunk]
-        pairs = [(ids, labels) for ids, labels, _ in encoded]
-        batches.append(token_batch(pairs, pad, [routes for *_, routes in encoded]).to(device))
+    batches = routed_batches(tokenizer, examples, cfg.domains(), cfg.batch_size, device)
 
     out = Path(cfg.output)
     ckpt = out / "checkpoint"

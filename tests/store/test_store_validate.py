@@ -180,3 +180,18 @@ def test_verify_applies_the_rulebook(registry: Registry, alpha: Path) -> None:
     ]
     problems = registry.verify(m.model_copy(update={"files": entries}))
     assert len(problems) == 1 and "breaks the rules" in problems[0] and "bias" in problems[0]
+
+
+def test_header_length_that_starts_like_a_pickle_is_accepted(
+    registry: Registry, alpha: Path
+) -> None:
+    """A header length whose low byte is 0x80 (the pickle PROTO opcode) is still safetensors."""
+    path = alpha / "adapter_model.safetensors"
+    tensors = load_file(str(path))
+    for pad in range(256):
+        save_file(tensors, str(path), metadata={"pad": "x" * pad})
+        if path.read_bytes()[0] == 0x80:
+            break
+    assert path.read_bytes()[0] == 0x80
+    registry.publish_adapter(alpha, "lucky", "1")
+    assert registry.names("adapter") == ["lucky"]

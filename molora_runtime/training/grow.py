@@ -1,0 +1,203 @@
+"""Growing a trained composition by one expert: only the new expert's gate rows train.
+
+The composition's old gate rows, its experts and the base model stay frozen (the old rows are
+plain tensors, not parameters, so nothing can move them); each layer's gate gains one row
+(weight [d] and bias) for the new expert. The data mixes the new domain (alone and paired with
+each old one) with a replay of the old domains, so the route supervision teaches the new row
+where to fire and, on replay tokens, where not to; a hinge keeps its logit below the old
+top-k on those tokens, so the old domains keep their routes under the served top-k.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from molora_runtime.lora.context import GateTable
+from molora_runtime.model.attention_meta import DenseAttention
+from molora_runtime.model.decoder import CausalLM
+from molora_runtime.training.batching import IGNORE
+from molora_runtime.training.data import (
+    Example,
+    Task,
+    domain_examples,
+    generate_tasks,
+    mixed_examples,
+)
+from molora_runtime.training.experts import Gates, learned_context
+from molora_runtime.training.router import TokenBatch
+
+# Seeds of the new-domain tasks paired with old ones (apart from the single-domain draws).
+PAIR_SEED = 7_919
+
+
+@dataclass
+class GrownGates:
+    """A composition's frozen gates [L, K, d] plus one trainable row per layer (expert K+1)."""
+
+    old_weight: torch.Tensor  # [L, K, d], frozen
+    old_bias: torch.Tensor  # [L, K], frozen
+    new_weight: torch.nn.Parameter  # [L, 1, d]
+    new_bias: torch.nn.Parameter  # [L, 1]
+
+    @classmethod
+    def extend(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> GrownGates:
+        """The new row starts as the mean of the old rows (`prototype_init` then aims it): its
+        logit is the old logits' mean, never above the top-1 one, so the served top-1 route is
+        unchanged and the row starts neither dominant nor dead."""
+        weight = weight.detach().float()
+        bias = torch.zeros(weight.shape[:2]) if bias is None else bias.detach().float()
+        bias = bias.to(weight.device)
+        return cls(
+            old_weight=weight,
+            old_bias=bias,
+            new_weight=torch.nn.Parameter(weight.mean(dim=1, keepdim=True).clone()),
+            new_bias=torch.nn.Parameter(bias.mean(dim=1, keepdim=True).clone()),
+        )
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return torch.cat([self.old_weight, self.new_weight], dim=1)
+
+    @property
+    def bias(self) -> torch.Tensor:
+        return torch.cat([self.old_bias, self.new_bias], dim=1)
+
+    @property
+    def new_index(self) -> int:
+        return self.old_weight.shape[1]
+
+    def params(self) -> dict[str, torch.nn.Parameter]:
+        """The only tensors the optimizer sees."""
+        return {"gate.new_weight": self.new_weight, "gate.new_bias": self.new_bias}
+
+    def table(self) -> GateTable:
+        return Gates(self.weight, self.bias).table()  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def prototype_init(
+    lm: CausalLM,
+    grown: GrownGates,
+    batches: list[TokenBatch],
+    margin: float = 1.0,
+    temperature: float = 1.0,
+) -> None:
+    """Point each layer's new row from the old domains' mean gate input to the new domain's.
+
+    With u = mean(new) - mean(old) and m their midpoint, the new logit becomes the old rows'
+    mean logit plus s·u·(x - m): at m it is the mean-of-rows start, at the new domain's mean it
+    clears the best old logit by `margin`, at the old domains' mean it falls as far below.
+    """
+    K, L = grown.new_index, grown.old_weight.shape[0]
+    d = grown.old_weight.shape[2]
+    device = grown.old_weight.device
+    sums = torch.zeros(2, L, d, device=device)
+    counts = torch.zeros(2, device=device)
+    for batch in batches:
+        B, T = batch.input_ids.shape
+        ctx = learned_context(grown, B * T, top_k=K + 1, temperature=temperature)
+        inputs: list[torch.Tensor] = []
+        serve = ctx.begin_layer
+
+        def capture(layer: int, normed: torch.Tensor, serve=serve, inputs=inputs) -> None:
+            inputs.append(normed.float())
+            serve(layer, normed)
+
+        ctx.begin_layer = capture  # type: ignore[method-assign]
+        meta = DenseAttention(
+            batch=B, seq_len=T, positions=torch.arange(T, device=device).repeat(B)
+        )
+        lm.hidden_states(batch.input_ids.reshape(-1), meta, None, ctx)
+        assert batch.route_labels is not None
+        labels = batch.route_labels.reshape(-1)
+        is_new = labels == K
+        is_old = (labels != IGNORE) & ~is_new
+        x = torch.stack(inputs)  # [L, tokens, d]
+        sums[0] += x[:, is_old].sum(1)
+        sums[1] += x[:, is_new].sum(1)
+        counts += torch.stack([is_old.sum(), is_new.sum()])
+    if bool((counts == 0).any()):
+        return  # no labelled tokens of one side: keep the mean-of-rows start
+    mu_old, mu_new = sums[0] / counts[0], sums[1] / counts[1]  # [L, d]
+    u, mid = mu_new - mu_old, (mu_new + mu_old) / 2
+    w_bar, b_bar = grown.old_weight.mean(1), grown.old_bias.mean(1)  # [L, d], [L]
+    at_new = torch.einsum("lkd,ld->lk", grown.old_weight, mu_new) + grown.old_bias
+    gap = at_new.max(1).values - at_new.mean(1)
+    scale = 2 * (gap + margin) / (u * u).sum(1).clamp(min=1e-6)
+    grown.new_weight.copy_((w_bar + scale[:, None] * u).unsqueeze(1))
+    grown.new_bias.copy_((b_bar - scale * (u * mid).sum(1)).unsqueeze(1))
+
+
+def stay_out_loss(
+    gate_logits: list[torch.Tensor],
+    route_labels: torch.Tensor,
+    new_index: int,
+    top_k: int,
+    margin: float = 1.0,
+) -> torch.Tensor:
+    """On tokens labelled with an old expert, how far the new logit reaches into the old top-k:
+    mean of relu(new - (k-th largest old) + margin) over layers and tokens."""
+    keep = (route_labels != IGNORE) & (route_labels != new_index)
+    total = torch.zeros((), device=route_labels.device)
+    if not bool(keep.any()):
+        return total
+    for logits in gate_logits:
+        rows = logits[keep].float()
+        old = rows[:, :new_index]
+        kth = old.topk(min(top_k, new_index), dim=-1).values[:, -1]
+        total = total + torch.relu(rows[:, new_index] - kth + margin).mean()
+    return total / max(len(gate_logits), 1)
+
+
+def _pairs_with_new(old: list[str], new: str, count: int, seed: int, split: str) -> list[Example]:
+    """Two-task prompts of the new domain and each old one in turn, in both orders."""
+    if count <= 0:
+        return []
+    base = seed * 131 + PAIR_SEED + (1_000_000 if split == "eval" else 0)
+    new_tasks = iter(generate_tasks(new, count, base))
+    old_tasks: dict[str, iter] = {
+        d: iter(generate_tasks(d, count, base + 1 + i)) for i, d in enumerate(old)
+    }
+    out = []
+    for i in range(count):
+        other = old[i % len(old)]
+        pair: list[Task] = [next(new_tasks), next(old_tasks[other])]
+        if (i // len(old)) % 2:
+            pair.reverse()
+        out.append(Example(tasks=pair, kind="mixed"))
+    return out
+
+
+def mixed_with_new(old: list[str], new: str, count: int, seed: int) -> list[Example]:
+    """Eval prompts that need the new skill: the new domain paired with each old one."""
+    return _pairs_with_new(old, new, count, seed, "eval")
+
+
+def grow_examples(
+    old: list[str],
+    new: str,
+    count: int,
+    seed: int,
+    new_fraction: float = 0.5,
+    single_fraction: float = 0.5,
+) -> list[Example]:
+    """`count` training prompts: `new_fraction` with the new domain (alone or paired with an
+    old one), the rest a replay of the old domains (alone or paired), shuffled."""
+    n_new = round(count * new_fraction)
+    n_new_single = round(n_new * single_fraction)
+    n_old = count - n_new
+    n_old_single = round(n_old * single_fraction)
+    per_old = -(-n_old_single // len(old)) if old else 0
+    examples = domain_examples(new, n_new_single, seed, "train")
+    examples += _pairs_with_new(old, new, n_new - n_new_single, seed, "train")
+    replay = [e for d in old for e in domain_examples(d, per_old, seed + 7, "train")]
+    examples += replay[:n_old_single]
+    if len(old) > 1:
+        examples += mixed_examples(old, n_old - n_old_single, seed, "train")
+    else:
+        examples += replay[n_old_single:n_old]
+    random.Random(seed).shuffle(examples)
+    return examples

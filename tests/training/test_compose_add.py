@@ -1,0 +1,200 @@
+"""`molora compose add` on a tiny model and a real local store: only the new gate rows train,
+the next version is published beside an untouched old one, it serves through the engine, and
+bad inputs are refused with clear errors before anything is written."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from adapter_store.errors import InvalidInputError, NotFoundError, VersionExistsError
+from adapter_store.extend import next_version
+from adapter_store.source import AdapterStoreSource
+from adapter_store.versions import Registry, open_registry
+from deployments.ops.cli import main as molora
+from molora_runtime.engine.llm import LLM
+from molora_runtime.engine.types import SamplingParams
+from molora_runtime.lora.composition import load_composition
+from molora_runtime.model.loader import load_model
+from molora_runtime.model.tiny import make_tiny_model
+from molora_runtime.routes import LearnedRoute
+from molora_runtime.training.batching import IGNORE
+from molora_runtime.training.compose_add import (
+    ComposeAddConfig,
+    GrowSettings,
+    compose_add,
+    train_new_rows,
+)
+from molora_runtime.training.experts import attach_experts
+from molora_runtime.training.grow import grow_examples, stay_out_loss
+from molora_runtime.training.router import load_experts
+from tests.runtime.rt_util import make_composition, make_peft_adapter
+
+OLD = ["arithmetic", "sorting"]
+TINY_GROW = GrowSettings(steps=3, batch_size=2, lr=0.05, warmup=0)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A tiny base (with a real tokenizer), four r=4 adapters on it, one r=8, one on another
+    base, and a store holding them and composition `mol@v1` over arithmetic and sorting."""
+    root = tmp_path_factory.mktemp("compose-add")
+    base = make_tiny_model(root / "base", with_tokenizer=True, hidden_size=32)
+    other = make_tiny_model(root / "other", with_tokenizer=True, hidden_size=32, seed=1)
+    folders = {
+        name: make_peft_adapter(base, root / name, r=4, alpha=8, seed=i, std=0.05)
+        for i, name in enumerate([*OLD, "multiplication", "reversal"])
+    }
+    folders["counting"] = make_peft_adapter(base, root / "counting", r=8, alpha=8, seed=9)
+    folders["foreign"] = make_peft_adapter(other, root / "foreign", r=4, alpha=8, seed=10)
+    store = root / "store"
+    registry = open_registry(str(store), create=True)
+    for name, folder in folders.items():
+        registry.publish_adapter(folder, name, "v1")
+    comp = make_composition(base, root / "mol", [f"{n}@v1" for n in OLD], top_k=1, gate_scale=0.1)
+    registry.publish_composition(comp, "mol", "v1")
+    return {"base": base, "store": store, "folders": folders}
+
+
+def fresh(world: dict) -> Registry:
+    return open_registry(str(world["store"]))
+
+
+def test_next_version_counts_up_and_refuses_other_schemes() -> None:
+    assert next_version([]) == "v1"
+    assert next_version(["v2", "v10", "v9"]) == "v11"
+    with pytest.raises(InvalidInputError, match="--version"):
+        next_version(["v2", "2024-01"])
+
+
+def test_training_data_mixes_the_new_domain_with_a_replay_of_the_old() -> None:
+    examples = grow_examples(OLD, "multiplication", 40, seed=0, new_fraction=0.5)
+    with_new = [e for e in examples if "multiplication" in e.domains]
+    assert len(examples) == 40 and len(with_new) == 20
+    pairs = [tuple(e.domains) for e in with_new if e.kind == "mixed"]
+    assert {p for p in pairs} == {
+        (a, b) for o in OLD for a, b in [("multiplication", o), (o, "multiplication")]
+    }
+    replay = [e for e in examples if "multiplication" not in e.domains]
+    assert {d for e in replay for d in e.domains} == set(OLD)
+
+
+def test_stay_out_hinge_only_bites_where_the_new_row_enters_the_old_top_k() -> None:
+    labels = torch.tensor([0, 1, 2, IGNORE])
+    low = torch.tensor([[3.0, 2.0, 0.0]] * 4)  # new logit a margin below the 2nd old one
+    assert stay_out_loss([low], labels, new_index=2, top_k=2, margin=1.0).item() == 0.0
+    high = torch.tensor([[3.0, 2.0, 2.5]] * 4)
+    loss = stay_out_loss([high], labels, new_index=2, top_k=2, margin=1.0)
+    assert loss.item() == pytest.approx(1.5)  # tokens of the new expert and unlabelled ones skip
+
+
+def test_only_the_new_rows_train(world: dict) -> None:
+    """Old rows, base weights and expert slot buffers are bit-identical after training."""
+    base = world["base"]
+    lm = load_model(base, dtype=torch.float32)
+    refs = {n: str(world["folders"][n]) for n in [*OLD, "multiplication"]}
+    attach_experts(lm, load_experts(lm, refs))
+    before = {k: v.clone() for k, v in lm.state_dict().items()}
+    buffers = {
+        (lin.name, lin.layer): (lin.lora.A.clone(), lin.lora.B.clone())
+        for lin in lm.lora_linears()
+        if lin.lora is not None
+    }
+    assert buffers, "the experts adapt some projection"
+    L, d = lm.arch.num_layers, lm.arch.hidden_size
+    weight, bias = torch.randn(L, 2, d), torch.randn(L, 2)
+    grown, cpu_s = train_new_rows(
+        lm, AutoTokenizer.from_pretrained(base), weight, bias, OLD, "multiplication", TINY_GROW, 1
+    )
+    assert cpu_s > 0
+    assert torch.equal(grown.weight[:, :2], weight) and torch.equal(grown.bias[:, :2], bias)
+    init = weight.mean(1)
+    assert not torch.equal(grown.weight[:, 2].detach(), init), "the new row did not move"
+    after = lm.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    for lin in lm.lora_linears():
+        if lin.lora is not None:
+            a, b = buffers[(lin.name, lin.layer)]
+            assert torch.equal(lin.lora.A, a) and torch.equal(lin.lora.B, b)
+    assert set(grown.params()) == {"gate.new_weight", "gate.new_bias"}
+
+
+def test_publishes_next_version_and_serves_it(world: dict) -> None:
+    registry = fresh(world)
+    v1 = registry.manifest("composition", "mol", "v1")
+    v1_gates = load_composition(
+        "mol", AdapterStoreSource(registry=registry).composition_path("mol@v1")
+    )
+    cfg = ComposeAddConfig(
+        composition="mol", adapter="multiplication", device="cpu", grow=TINY_GROW
+    )
+    manifest, _ = compose_add(registry, cfg)
+    assert manifest.ref == "mol@v2"
+    assert manifest.adapters == ["arithmetic@v1", "sorting@v1", "multiplication@v1"]
+
+    registry = fresh(world)
+    assert registry.manifest("composition", "mol", "v1") == v1  # version N unchanged
+    assert registry.verify(v1) == []
+    assert registry.latest("composition", "mol").version == "v2"
+    source = AdapterStoreSource(store_url=str(world["store"]))
+    v2 = load_composition("mol", source.composition_path("mol@v2"))
+    assert v2.gate_weight.shape[1] == 3
+    assert torch.equal(v2.gate_weight[:, :2], v1_gates.gate_weight)
+    assert v2.gate_bias is not None and v1_gates.gate_bias is not None
+    assert torch.equal(v2.gate_bias[:, :2], v1_gates.gate_bias)
+
+    llm = LLM(
+        model=world["base"],
+        source=source,
+        dtype="float32",
+        device="cpu",
+        enable_cuda_graph=False,
+        max_model_len=256,
+        max_num_seqs=4,
+        hot_set={"num_slots": 4},
+    )
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    out = llm.generate(
+        ["1. Multiply: 3 * 4"], sp, routes=LearnedRoute(composition="mol", top_k=3),
+        return_attribution=True,
+    )  # fmt: skip
+    assert len(out[0].token_ids) == 4
+    served = {name.split("@")[0] for a in out[0].attribution or [] for name in a.adapters}
+    assert "multiplication" in served, served
+
+
+@pytest.mark.parametrize(
+    ("composition", "adapter", "extra", "error", "match"),
+    [
+        ("nope", "multiplication", {}, NotFoundError, "nope"),
+        ("mol@v1", "nope", {}, NotFoundError, "nope"),
+        ("mol@v1", "sorting", {}, InvalidInputError, "already expert 2"),
+        ("mol@v1", "counting", {}, InvalidInputError, "rank 8"),
+        ("mol@v1", "foreign", {}, InvalidInputError, "base model"),
+        ("mol@v1", "reversal", {"data": "nope"}, InvalidInputError, "no training domain"),
+        ("mol@v1", "reversal", {"data": "sorting"}, InvalidInputError, "domain of its own"),
+        ("mol@v1", "reversal", {"version": "v1"}, VersionExistsError, "immutable"),
+        ("mol@v1", "reversal", {"top_k": 9}, InvalidInputError, "top_k=9"),
+    ],
+)
+def test_bad_inputs_are_refused_before_anything_is_written(
+    world: dict, composition: str, adapter: str, extra: dict, error: type, match: str
+) -> None:
+    registry = fresh(world)
+    before = {k for k in registry.backend.list_keys("")}
+    cfg = ComposeAddConfig(composition=composition, adapter=adapter, device="cpu", **extra)
+    with pytest.raises(error, match=match):
+        compose_add(registry, cfg)
+    assert {k for k in fresh(world).backend.list_keys("")} == before
+
+
+def test_cli_exit_codes(world: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(world["store"])
+    args = ["compose", "add", "--store", store, "--composition", "mol@v1"]
+    assert molora([*args, "--adapter", "ghost"]) == 4
+    assert "ghost" in capsys.readouterr().err
+    assert molora([*args, "--adapter", "counting", "--json"]) == 3
+    assert '"exit_code": 3' in capsys.readouterr().out
+    assert molora([*args, "--adapter", "reversal", "--steps", "0"]) == 3
+    assert molora([*args, "--adapter", "reversal", "--version", "v1"]) == 5
