@@ -73,11 +73,28 @@ void attend_one(const float* q, const T* kc, const T* vc, const int32_t* table, 
   }
 }
 
+// 0 when every block a length reaches is in the table and in the cache, else which check failed:
+// the kernel reads raw memory, so nothing is read before this passes.
+int64_t check_tables(const int32_t* tables, int64_t table_stride, const int32_t* lens,
+                     int64_t batch, int64_t bs, int64_t num_blocks) {
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t used = (static_cast<int64_t>(lens[b]) + bs - 1) / bs;
+    if (used > table_stride) return 1;
+    for (int64_t i = 0; i < used; ++i) {
+      const int32_t block = tables[b * table_stride + i];
+      if (block < 0 || block >= num_blocks) return 2;
+    }
+  }
+  return 0;
+}
+
 template <typename T>
-void paged_decode(const float* q, const T* kc, const T* vc, const int32_t* tables,
-                  int64_t table_stride, const int32_t* lens, float* out, int64_t batch,
-                  int64_t heads, int64_t kv_heads, int64_t bs, int64_t hd, float scale,
-                  int threads) {
+int64_t paged_decode(const float* q, const T* kc, const T* vc, const int32_t* tables,
+                     int64_t table_stride, const int32_t* lens, float* out, int64_t batch,
+                     int64_t heads, int64_t kv_heads, int64_t bs, int64_t hd, int64_t num_blocks,
+                     float scale, int threads) {
+  const int64_t bad = check_tables(tables, table_stride, lens, batch, bs, num_blocks);
+  if (bad) return bad;
   const int64_t group = heads / kv_heads;
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
@@ -94,32 +111,34 @@ void paged_decode(const float* q, const T* kc, const T* vc, const int32_t* table
                  group, scale, out + offset, scores, row);
     }
   }
+  return 0;
 }
 
 }  // namespace
 
 // q, out: [batch, heads, hd] fp32 contiguous; caches: [blocks, kv_heads, bs, hd] contiguous,
 // fp32 or bf16; tables: [batch, table_stride] int32; lens: [batch] int32. Addresses come as
-// integers: the caller (cpu_paged_attention.paged_decode) checks shapes, dtypes and that every
-// table entry a length reaches is a valid block, and passes torch's intra-op thread count.
-static void decode_fp32(uintptr_t q, uintptr_t kc, uintptr_t vc, uintptr_t tables,
-                        int64_t table_stride, uintptr_t lens, uintptr_t out, int64_t batch,
-                        int64_t heads, int64_t kv_heads, int64_t bs, int64_t hd, double scale,
-                        int threads) {
-  paged_decode(reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(kc),
+// integers: the caller (cpu_paged_attention.paged_decode) checks shapes and dtypes and passes
+// torch's intra-op thread count; the tables are checked here (returns 1: a length runs past its
+// table, 2: a block outside the cache; nothing is computed then).
+static int64_t decode_fp32(uintptr_t q, uintptr_t kc, uintptr_t vc, uintptr_t tables,
+                           int64_t table_stride, uintptr_t lens, uintptr_t out, int64_t batch,
+                           int64_t heads, int64_t kv_heads, int64_t bs, int64_t hd,
+                           int64_t num_blocks, double scale, int threads) {
+  return paged_decode(reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(kc),
                reinterpret_cast<const float*>(vc), reinterpret_cast<const int32_t*>(tables),
                table_stride, reinterpret_cast<const int32_t*>(lens), reinterpret_cast<float*>(out),
-               batch, heads, kv_heads, bs, hd, static_cast<float>(scale), threads);
+               batch, heads, kv_heads, bs, hd, num_blocks, static_cast<float>(scale), threads);
 }
 
-static void decode_bf16(uintptr_t q, uintptr_t kc, uintptr_t vc, uintptr_t tables,
-                        int64_t table_stride, uintptr_t lens, uintptr_t out, int64_t batch,
-                        int64_t heads, int64_t kv_heads, int64_t bs, int64_t hd, double scale,
-                        int threads) {
-  paged_decode(reinterpret_cast<const float*>(q), reinterpret_cast<const uint16_t*>(kc),
+static int64_t decode_bf16(uintptr_t q, uintptr_t kc, uintptr_t vc, uintptr_t tables,
+                           int64_t table_stride, uintptr_t lens, uintptr_t out, int64_t batch,
+                           int64_t heads, int64_t kv_heads, int64_t bs, int64_t hd,
+                           int64_t num_blocks, double scale, int threads) {
+  return paged_decode(reinterpret_cast<const float*>(q), reinterpret_cast<const uint16_t*>(kc),
                reinterpret_cast<const uint16_t*>(vc), reinterpret_cast<const int32_t*>(tables),
                table_stride, reinterpret_cast<const int32_t*>(lens), reinterpret_cast<float*>(out),
-               batch, heads, kv_heads, bs, hd, static_cast<float>(scale), threads);
+               batch, heads, kv_heads, bs, hd, num_blocks, static_cast<float>(scale), threads);
 }
 
 // The kernels release the GIL: the engine's step thread and the server's event loop run beside them.
