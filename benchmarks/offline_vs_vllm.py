@@ -132,7 +132,7 @@ def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
         out[side] = {
             "cpu_ms_per_token": statistics.median(s["cpu_ms_per_token"] for s in samples),
             "tok_per_s": max(s["tok_per_s"] for s in samples),
-            "waited_s_per_run": statistics.median(s["waited_s"] for s in samples),
+            "waited_s_per_run": round(statistics.median(s["waited_s"] for s in samples), 2),
         }
     vllm = out.get("vllm", {}).get("cpu_ms_per_token")
     for side in out:
