@@ -1,16 +1,20 @@
 """Decode attention over block tables: one query token per sequence, its context in KV blocks.
 
-One math, two paths, both held to `kernels.paged_attention.paged_decode_attention_reference`:
-CUDA runs the Triton kernel (`kernels.triton_paged_attention`); the CPU gathers each sequence's
-blocks once into the operand of two batched GEMMs per layer (`gathered_decode`), over the eager
-step's `DecodePlan` (only the real blocks) or, for a static-shape step, a plan made from the
-padded block tables (every padded block read and masked).
+One math, three paths, all held to `kernels.paged_attention.paged_decode_attention_reference`:
+CUDA runs the Triton kernel (`kernels.triton_paged_attention`); the CPU runs whichever of two
+was measured faster for the cache's shape on this CPU (`cpu_attention_choice`): the C++ kernel
+reading blocks in place (`kernels.cpu_paged_attention`), or a gather of each sequence's blocks
+into the operand of two batched GEMMs per layer (`gathered_decode`), over the eager step's
+`DecodePlan` (only the real blocks) or, for a static-shape step, a plan made from the padded
+block tables (every padded block read and masked).
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels import cpu_paged_attention
+from molora_runtime.model import cpu_attention_choice
 from molora_runtime.model.attention_meta import CacheAttention, DecodePlan
 
 
@@ -97,7 +101,15 @@ def paged_decode(
     meta: CacheAttention,
     scale: float,
 ) -> torch.Tensor:
-    """One layer's decodes: the eager CPU step over its plan, anything else over the tables."""
+    """One layer's decodes: on CPU the kernel or the gathered path, whichever was measured
+    faster for this cache (the gathered one over the eager step's plan where there is one)."""
+    if (
+        not q.is_cuda
+        and cpu_attention_choice.choose(k_cache, q.shape[1], paged_decode_tables) == "kernel"
+    ):
+        return cpu_paged_attention.paged_decode(
+            q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale
+        )
     if not q.is_cuda and meta.decode_plan is not None and not meta.static:
         return gathered_decode(q, k_cache, v_cache, meta.decode_plan, scale)
     return paged_decode_tables(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)

@@ -1,0 +1,132 @@
+"""Which CPU decode attention serves a KV-cache shape, decided by timing both on this CPU.
+
+Two paths compute the same attention (`kernels.paged_attention` holds their twin): the C++
+kernel reading blocks in place (`kernels.cpu_paged_attention`) and the PyTorch path that gathers
+blocks into batched GEMMs (`paged_decode.gathered_decode`). Which is faster depends on the CPU
+(native bf16 GEMMs or not, vector width) and the cache's dtype and head layout, so the first
+decode of each shape times both at a few batch sizes (`kernels.gemm_chooser`), keeps the winner
+for the process and the table per machine kind (`kernels.gemm_choice_cache`), and logs it once.
+`MOLORA_CPU_ATTENTION` (`kernel`, `gathered`; default `auto`) forces one where it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+from kernels import cpu_paged_attention, gemm_choice_cache, gemm_chooser
+
+log = logging.getLogger(__name__)
+
+ATTENTION_ENV = "MOLORA_CPU_ATTENTION"
+KINDS = ("kernel", "gathered")
+BATCHES = (1, 8, 32)  # decode batch sizes timed
+CONTEXT = 256  # context length of every timed sequence
+
+# q, k_cache, v_cache, block_tables, context_lens, scale -> out: the gathered PyTorch path
+DecodeFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+]
+
+_chosen: dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def forced_kind() -> str | None:
+    """The kind `MOLORA_CPU_ATTENTION` forces, or None for `auto`; any other value is refused."""
+    value = os.environ.get(ATTENTION_ENV, "auto").strip().lower()
+    if value == "auto":
+        return None
+    if value not in KINDS:
+        raise ValueError(f"{ATTENTION_ENV}={value!r}: expected auto or one of {', '.join(KINDS)}")
+    return value
+
+
+def shape_key(k_cache: torch.Tensor, heads: int) -> str:
+    _, kv_heads, block_size, hd = k_cache.shape
+    dtype = str(k_cache.dtype).removeprefix("torch.")
+    return f"attention:{dtype}:heads={heads}/{kv_heads}:block={block_size}:hd={hd}:ctx={CONTEXT}"
+
+
+def candidates(
+    k_cache: torch.Tensor, heads: int, kinds: Sequence[str], gathered: DecodeFn
+) -> dict[str, gemm_chooser.Candidate]:
+    """Each kind as a `gemm_chooser` candidate: a decode of `b` random sequences of `CONTEXT`
+    positions over a cache shaped like `k_cache` (scattered blocks)."""
+    _, kv_heads, block_size, hd = k_cache.shape
+    width = -(-CONTEXT // block_size)
+    gen = torch.Generator().manual_seed(0)
+    num_blocks = max(BATCHES) * width + 1
+    shape = (num_blocks, kv_heads, block_size, hd)
+    k = torch.randn(shape, generator=gen).to(k_cache.dtype)
+    v = torch.randn(shape, generator=gen).to(k_cache.dtype)
+    blocks = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    run: dict[str, DecodeFn] = {"kernel": cpu_paged_attention.paged_decode, "gathered": gathered}
+
+    def candidate(kind: str) -> gemm_chooser.Candidate:
+        def make(b: int) -> gemm_chooser.Runner:
+            q = torch.randn(b, heads, hd, generator=gen).to(k_cache.dtype)
+            tables = blocks[: b * width].view(b, width)
+            lens = torch.full((b,), CONTEXT, dtype=torch.int32)
+            return lambda: run[kind](q, k, v, tables, lens, hd**-0.5)
+
+        return make
+
+    return {kind: candidate(kind) for kind in kinds}
+
+
+def runnable_kinds(k_cache: torch.Tensor) -> list[str]:
+    """The kinds that can serve `k_cache` here (the gathered path always can)."""
+    kernel = (
+        k_cache.device.type == "cpu"
+        and k_cache.dtype in cpu_paged_attention.CACHE_DTYPES
+        and cpu_paged_attention.available()
+    )
+    return ["kernel", "gathered"] if kernel else ["gathered"]
+
+
+def choose(k_cache: torch.Tensor, heads: int, gathered: DecodeFn) -> str:
+    """The kind that serves decodes over caches shaped like `k_cache` with `heads` query heads:
+    forced, decided earlier in this process, stored for this machine, or measured now
+    (`gathered`: the PyTorch path, over padded block tables)."""
+    key = shape_key(k_cache, heads)
+    if key in _chosen:
+        return _chosen[key]
+    with _lock:
+        if key in _chosen:
+            return _chosen[key]
+        runnable = runnable_kinds(k_cache)
+        forced = forced_kind()
+        if forced is not None and forced in runnable:
+            _chosen[key] = forced
+            return forced
+        if forced is not None:
+            log.warning("%s=%s cannot run %s here; choosing by measurement",
+                        ATTENTION_ENV, forced, key)  # fmt: skip
+        if len(runnable) == 1:
+            _chosen[key] = runnable[0]
+            return runnable[0]
+        table = gemm_choice_cache.load(key)
+        source = "stored"
+        if table is None or not set(runnable) <= set(table):
+            with torch.no_grad():
+                table = gemm_chooser.measure(
+                    candidates(k_cache, heads, runnable, gathered), BATCHES
+                )
+            gemm_choice_cache.store(key, table)
+            source = "measured"
+        winner = gemm_chooser.pick(table, allowed=runnable)
+        _chosen[key] = winner
+    title = f"CPU decode attention for {key} ({source}, us per layer by batch)"
+    log.info("%s", gemm_chooser.format_table(title, table, winner))
+    return winner
+
+
+def forget() -> None:
+    """Drop this process's decisions (tests, or a forced kind changed in the environment)."""
+    with _lock:
+        _chosen.clear()
