@@ -22,6 +22,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -175,6 +176,29 @@ def _import(module: str, library: Path) -> ModuleType:
     loaded = importlib.util.module_from_spec(found)
     found.loader.exec_module(loaded)
     return loaded
+
+
+class LazyExtension:
+    """One extension per process, built (or its verified build loaded) on first use. A failure
+    is logged once, with what the caller falls back to, and remembered: no retry per call."""
+
+    def __init__(self, build: Callable[[], ModuleType], fallback: str, logger: logging.Logger):
+        self._build, self._fallback, self._log = build, fallback, logger
+        self._lock = threading.Lock()
+        self._library: ModuleType | None = None
+        self._attempted = False
+
+    def get(self) -> ModuleType | None:
+        if self._attempted:
+            return self._library
+        with self._lock:
+            if not self._attempted:
+                try:
+                    self._library = self._build()
+                except (OSError, RuntimeError) as exc:  # the build's own errors are RuntimeErrors
+                    self._log.warning("%s: %s", self._fallback, exc)
+                self._attempted = True
+        return self._library
 
 
 def load(spec: ExtensionSpec) -> ModuleType:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -37,10 +36,6 @@ SPEC = ExtensionSpec(
 SWITCH_ENV = "MOLORA_CPU_PAGED_ATTENTION"
 CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
-_lock = threading.Lock()
-_library: ModuleType | None = None
-_load_attempted = False
-
 
 def build() -> ModuleType:
     """The kernel's extension module: the verified cached build, else a fresh one. Raises
@@ -50,20 +45,13 @@ def build() -> ModuleType:
     return cpu_extension_build.load(SPEC)
 
 
+_extension = cpu_extension_build.LazyExtension(
+    lambda: build(), "CPU paged attention kernel unavailable, decode gathers blocks", log
+)
+
+
 def _load() -> ModuleType | None:
-    global _library, _load_attempted
-    if _load_attempted:
-        return _library
-    with _lock:
-        if not _load_attempted:
-            try:
-                _library = build()
-            except (OSError, RuntimeError) as exc:
-                log.warning(
-                    "CPU paged attention kernel unavailable, decode gathers blocks: %s", exc
-                )
-            _load_attempted = True
-    return _library
+    return _extension.get()
 
 
 def available() -> bool:

@@ -23,7 +23,6 @@ import os
 import platform
 import shutil
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -50,10 +49,6 @@ PANEL_DTYPES = (torch.float32, torch.bfloat16)
 # Column order inside a bf16 panel row: j and 8 + j share a 32-bit lane, which the kernel splits
 # into two fp32 registers with a shift and a mask (see load_row in the C++ source).
 BF16_ORDER = [c for j in range(PANEL_WIDTH // 2) for c in (j, PANEL_WIDTH // 2 + j)]
-
-_lock = threading.Lock()
-_library: ModuleType | None = None
-_load_attempted = False
 
 
 @dataclass(frozen=True)
@@ -102,20 +97,13 @@ def build() -> ModuleType:
     return lib
 
 
+_extension = cpu_extension_build.LazyExtension(
+    lambda: build(), "CPU panel GEMM unavailable, its shapes run on oneDNN or F.linear", log
+)
+
+
 def _load() -> ModuleType | None:
-    global _library, _load_attempted
-    if _load_attempted:
-        return _library
-    with _lock:
-        if not _load_attempted:
-            try:
-                _library = build()
-            except (OSError, RuntimeError) as exc:  # the build's own errors are RuntimeErrors
-                log.warning(
-                    "CPU panel GEMM unavailable, its shapes run on oneDNN or F.linear: %s", exc
-                )
-            _load_attempted = True
-    return _library
+    return _extension.get()
 
 
 def has_avx512() -> bool:

@@ -126,8 +126,8 @@ def test_no_compiler_falls_back_loudly(
 ) -> None:
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(pg, "_load_attempted", False)
-    monkeypatch.setattr(pg, "_library", None)
+    fresh = cpu_extension_build.LazyExtension(pg.build, "CPU panel GEMM unavailable", pg.log)
+    monkeypatch.setattr(pg, "_extension", fresh)
     with caplog.at_level(logging.WARNING, logger=pg.__name__):
         assert pg._load() is None
     assert "CPU panel GEMM unavailable" in caplog.text and "no C++ compiler" in caplog.text
