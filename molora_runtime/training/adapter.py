@@ -12,6 +12,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,6 +29,15 @@ from molora_runtime.training.data import DOMAINS, domain_examples
 from molora_runtime.training.progress import Progress
 from molora_runtime.training.record import write_card
 from molora_runtime.training.vocab_lora import attach_frozen_adapter
+
+
+def _frozen_adapter(positions: str) -> Any:
+    """The field of a frozen PEFT folder that serves `positions` while the trained one serves
+    the rest (training as a vocab route serves)."""
+    return Field(
+        None,
+        description=f"PEFT folder (frozen) that serves {positions} positions, as a vocab route does",
+    )
 
 
 class AdapterTrainConfig(BaseModel):
@@ -66,10 +76,7 @@ class AdapterTrainConfig(BaseModel):
     mixture: dict[str, float] | None = Field(
         None, description="multimodal domains only: task kind -> share, replacing the default"
     )
-    image_adapter: str | None = Field(
-        None,
-        description="PEFT folder (frozen) that serves image-range positions, as a vocab route does",
-    )
+    image_adapter: str | None = _frozen_adapter("image-range")
     code_dropout: float = Field(
         0.0,
         ge=0,
@@ -77,10 +84,7 @@ class AdapterTrainConfig(BaseModel):
         description="multimodal domains only: share of the answer's input image codes "
         "replaced by random codes (labels kept), so the prompt's digit must be used",
     )
-    text_adapter: str | None = Field(
-        None,
-        description="PEFT folder (frozen) that serves text positions, as a vocab route does",
-    )
+    text_adapter: str | None = _frozen_adapter("text")
     routed_fraction: float = Field(
         1.0,
         ge=0,
@@ -138,7 +142,7 @@ def load_base(model: str, device: torch.device):
 
 def train_adapter(cfg: AdapterTrainConfig) -> Path:
     """Train and save one adapter; resumes from `<output>/checkpoint` when present."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # the optional `train` extra
 
     if cfg.domain not in DOMAINS and cfg.domain not in MULTIMODAL_DOMAINS:
         known = sorted([*DOMAINS, *MULTIMODAL_DOMAINS])
@@ -234,7 +238,7 @@ def warm_start(model, folder: Path) -> None:
     Every LoRA weight must be covered and match in shape: a partial start would silently train
     some matrices from zero.
     """
-    from peft import set_peft_model_state_dict
+    from peft import set_peft_model_state_dict  # the optional `train` extra
 
     weights = {k: v.float() for k, v in load_file(str(folder / ADAPTER_WEIGHTS)).items()}
     result = set_peft_model_state_dict(model, weights)

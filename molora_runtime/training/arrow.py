@@ -17,7 +17,7 @@ def load_arrow_model(
     model: str, adapter_folders: list[str], top_k: int = 1, temperature: float = 1.0
 ):
     """A transformers model with PEFT's Arrow router over `adapter_folders`, plus its tokenizer."""
-    from peft import ArrowConfig, create_arrow_model
+    from peft import ArrowConfig, create_arrow_model  # the optional `train` extra
 
     base, tokenizer = load_base(model, torch.device("cpu"))
     arrow = create_arrow_model(
@@ -37,7 +37,7 @@ def _skip_unadapted_layers(model) -> int:
     have no weights (their `layers_to_transform` leaves the layer out) it would route over an
     empty set and fail, while the correct output there is simply the base projection.
     """
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # the optional `train` extra
 
     skipped = 0
     for module in model.modules():

@@ -17,6 +17,72 @@ from molora_runtime.training.record import write_card
 M = TypeVar("M", bound=BaseModel)
 
 
+Option = tuple[str, type | None, Any, str | None]  # flag, type (None: text), default, help
+
+_COMMON: tuple[Option, ...] = (
+    ("--model", None, DEFAULT_MODEL, "base model alias or HF folder"),
+    ("--seed", int, 0, None),
+    ("--device", None, "auto", "auto, cpu or cuda"),
+    ("--threads", int, None, "torch CPU threads"),
+    ("--checkpoint-every", int, 50, None),
+)
+_ADAPTER: tuple[Option, ...] = (
+    ("--rank", int, 8, None),
+    ("--alpha", float, 16.0, None),
+    ("--target-modules", None, None, "comma list (default: all linears)"),
+    ("--first-layer", int, 0, "adapt layers >= this one"),
+    ("--steps", int, 150, None),
+    (
+        "--stop-at",
+        int,
+        None,
+        "end (and save) after this step of the --steps schedule; resumes its checkpoint",
+    ),
+    ("--batch-size", int, 8, None),
+    ("--lr", float, 2e-3, None),
+    ("--init-from", None, None, "PEFT folder to continue from (same rank and layers)"),
+    ("--mixture", None, None, "multimodal task shares, e.g. read=0.85,mixed=0.15"),
+    (
+        "--image-adapter",
+        None,
+        None,
+        "frozen PEFT folder serving image-code positions (train as the vocab route serves)",
+    ),
+    (
+        "--code-dropout",
+        float,
+        0.0,
+        "multimodal: share of input image codes replaced by random ones (labels kept)",
+    ),
+    (
+        "--text-adapter",
+        None,
+        None,
+        "frozen PEFT folder serving text positions (train `draw` as the vocab route serves)",
+    ),
+    (
+        "--routed-fraction",
+        float,
+        1.0,
+        "share of steps trained routed with --image/--text-adapter (others alone)",
+    ),
+)
+_ROUTER: tuple[Option, ...] = (
+    ("--top-k", int, 2, None),
+    ("--steps", int, 100, None),
+    ("--batch-size", int, 8, None),
+    ("--lr", float, 5e-3, None),
+    ("--balance-weight", float, 0.01, None),
+    ("--single-fraction", float, 0.5, "share of single-domain examples in the mixed training data"),
+    (
+        "--route-supervision",
+        float,
+        1.0,
+        "weight of the gate-vs-known-domain loss (0 = train the gates by LM loss only)",
+    ),
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser("train", help="train LoRA adapters and composition routers")
     sub = train.add_subparsers(dest="train_command", required=True)
@@ -26,53 +92,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--domain", required=True, help="task domain (see molora_runtime.training.data)"
     )
     ad.add_argument("--output", required=True, help="PEFT folder to write (resumes if present)")
-    _common(ad)
-    ad.add_argument("--rank", type=int, default=8)
-    ad.add_argument("--alpha", type=float, default=16.0)
-    ad.add_argument("--target-modules", default=None, help="comma list (default: all linears)")
-    ad.add_argument("--first-layer", type=int, default=0, help="adapt layers >= this one")
-    ad.add_argument("--steps", type=int, default=150)
-    ad.add_argument(
-        "--stop-at",
-        type=int,
-        default=None,
-        help="end (and save) after this step of the --steps schedule; resumes its checkpoint",
-    )
-    ad.add_argument("--batch-size", type=int, default=8)
-    ad.add_argument("--lr", type=float, default=2e-3)
-    ad.add_argument(
-        "--init-from", default=None, help="PEFT folder to continue from (same rank and layers)"
-    )
     ad.add_argument(
         "--loss-per-example",
         action="store_true",
         help="average the loss per example, then over the batch (default: over all tokens)",
     )
-    ad.add_argument(
-        "--mixture", default=None, help="multimodal task shares, e.g. read=0.85,mixed=0.15"
-    )
-    ad.add_argument(
-        "--image-adapter",
-        default=None,
-        help="frozen PEFT folder serving image-code positions (train as the vocab route serves)",
-    )
-    ad.add_argument(
-        "--code-dropout",
-        type=float,
-        default=0.0,
-        help="multimodal: share of input image codes replaced by random ones (labels kept)",
-    )
-    ad.add_argument(
-        "--text-adapter",
-        default=None,
-        help="frozen PEFT folder serving text positions (train `draw` as the vocab route serves)",
-    )
-    ad.add_argument(
-        "--routed-fraction",
-        type=float,
-        default=1.0,
-        help="share of steps trained routed with --image/--text-adapter (others alone)",
-    )
+    _add_options(ad, _COMMON + _ADAPTER)
     ad.set_defaults(func=_adapter)
 
     ro = sub.add_parser("router", help="train only the per-layer gates of a composition")
@@ -84,42 +109,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="an expert adapter (repeat; gate order = argument order)",
     )
     ro.add_argument("--output", required=True, help="composition folder to write")
-    _common(ro)
-    ro.add_argument("--top-k", type=int, default=2)
-    ro.add_argument("--steps", type=int, default=100)
-    ro.add_argument("--batch-size", type=int, default=8)
-    ro.add_argument("--lr", type=float, default=5e-3)
-    ro.add_argument("--balance-weight", type=float, default=0.01)
-    ro.add_argument(
-        "--single-fraction",
-        type=float,
-        default=0.5,
-        help="share of single-domain examples in the mixed training data",
-    )
-    ro.add_argument(
-        "--route-supervision",
-        type=float,
-        default=1.0,
-        help="weight of the gate-vs-known-domain loss (0 = train the gates by LM loss only)",
-    )
+    _add_options(ro, _COMMON + _ROUTER)
     ro.set_defaults(func=_router)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help="base model alias or HF folder")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--checkpoint-every", type=int, default=50)
+def _add_options(p: argparse.ArgumentParser, options: tuple[Option, ...]) -> None:
+    for flag, kind, default, text in options:
+        p.add_argument(flag, type=kind, default=default, help=text)
 
 
-def _command_line() -> str:
+def command_line() -> str:
     """The command as typed, with the home directory shown as `~` (no machine paths recorded)."""
     home = str(Path.home())
     return ("molora " + shlex.join(sys.argv[1:])).replace(home, "~")
 
 
-def _config(
+def config_from_args(
     cls: type[M], args: argparse.Namespace, skip: frozenset[str] = frozenset(), **values: Any
 ) -> M:
     """`cls` from the options named like its fields (less `skip`), plus the parsed `values`."""
@@ -128,21 +133,24 @@ def _config(
 
 
 def _adapter(args: argparse.Namespace) -> int:
-    # Training loads transformers and peft (the `train` extra): only when a command trains.
+    # Imported when a command trains: transformers and the training modules stay off the
+    # start-up of every other `molora` command.
     from molora_runtime.training.adapter import AdapterTrainConfig, public_config, train_adapter
 
     extra = {"target_modules": args.target_modules.split(",")} if args.target_modules else {}
     if args.mixture:
         extra["mixture"] = parse_mixture(args.mixture)
-    cfg = _config(AdapterTrainConfig, args, skip=frozenset({"target_modules", "mixture"}), **extra)
+    cfg = config_from_args(
+        AdapterTrainConfig, args, skip=frozenset({"target_modules", "mixture"}), **extra
+    )
     out = train_adapter(cfg)
-    write_card(out, f"LoRA adapter `{cfg.domain}`", public_config(cfg), _command_line())
+    write_card(out, f"LoRA adapter `{cfg.domain}`", public_config(cfg), command_line())
     print(f"adapter written to {out}")
     return 0
 
 
 def _router(args: argparse.Namespace) -> int:
-    # Training loads transformers and peft (the `train` extra): only when a command trains.
+    # Imported when a command trains (see `_adapter`).
     from molora_runtime.training.router import RouterTrainConfig, public_config, train_router
 
     adapters: dict[str, str] = {}
@@ -151,8 +159,8 @@ def _router(args: argparse.Namespace) -> int:
         if not sep:
             raise SystemExit(f"--adapter {item!r} must be NAME=PEFT_FOLDER")
         adapters[name] = folder
-    cfg = _config(RouterTrainConfig, args, adapters=adapters)
+    cfg = config_from_args(RouterTrainConfig, args, adapters=adapters)
     out = train_router(cfg)
-    write_card(out, "MoLoRA composition (learned gates)", public_config(cfg), _command_line())
+    write_card(out, "MoLoRA composition (learned gates)", public_config(cfg), command_line())
     print(f"composition written to {out}")
     return 0

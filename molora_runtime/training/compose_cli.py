@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from adapter_store.config import load_settings, open_backend, resolve_store_url
 from adapter_store.errors import StoreError
 from adapter_store.versions import Registry
-from molora_runtime.training.cli import _command_line
+from molora_runtime.training.cli import command_line, config_from_args
 
 INVALID_INPUT = 3
 
@@ -49,32 +49,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add(args: argparse.Namespace) -> int:
-    # Training loads transformers (the `train` extra): only when a command trains.
+    # Imported when a command trains: transformers and the training modules stay off the
+    # start-up of every other `molora` command.
     from molora_runtime.training.compose_add import ComposeAddConfig, GrowSettings, compose_add
 
     try:
-        cfg = ComposeAddConfig(
-            composition=args.composition,
-            adapter=args.adapter,
-            data=args.data,
-            version=args.version_,
-            top_k=args.top_k,
-            description=args.description,
-            device=args.device,
-            threads=args.threads,
-            grow=GrowSettings(
-                steps=args.steps,
-                batch_size=args.batch_size,
-                lr=args.lr,
-                new_fraction=args.new_fraction,
-                stay_out=args.stay_out,
-                seed=args.seed,
-            ),
-        )
+        grow = config_from_args(GrowSettings, args)
+        cfg = config_from_args(ComposeAddConfig, args, version=args.version_, grow=grow)
         settings = load_settings()
         url = resolve_store_url(args.store, settings)
         registry = Registry(open_backend(url, args.endpoint_url or settings.endpoint_url))
-        manifest, cpu_s = compose_add(registry, cfg, _command_line())
+        manifest, cpu_s = compose_add(registry, cfg, command_line())
     except StoreError as exc:
         return _fail(args, exc, exc.exit_code)
     except ValidationError as exc:

@@ -130,7 +130,7 @@ def _compact_question(domain: str, entry: dict[str, Any]) -> str:
 
 def generate_tasks(domain: str, count: int, seed: int) -> list[Task]:
     """`count` tasks of `domain` from its generator at `seed` (deterministic)."""
-    import reasoning_gym
+    import reasoning_gym  # the optional `train` extra
 
     spec = DOMAINS[domain]
     dataset = reasoning_gym.create_dataset(spec.generator, seed=seed, size=count, **spec.config)

@@ -80,7 +80,7 @@ def plot_gate_shares(
     shares: dict[str, list[list[float]]], experts: list[str], path: Path, layers: list[int]
 ) -> None:
     """One heat map per domain: layers on x, experts on y, colour = share of top-1 picks."""
-    import matplotlib
+    import matplotlib  # the optional `train` extra
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -46,7 +46,7 @@ def attach_frozen_adapter(model, folder: Path, at: str, trained: str = "default"
     """Load `folder` as a frozen adapter for the `at` ("image" or "text") positions and route
     every LoRA linear by the position mask. With the mask unset (`route.image = None`) the
     trained adapter serves every position."""
-    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import Linear as LoraLinear  # the optional `train` extra
 
     if at not in ("image", "text"):
         raise ValueError(f"at is 'image' or 'text', got {at!r}")
