@@ -12,13 +12,13 @@ for the process and the table per machine kind (`kernels.gemm_choice_cache`), an
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 
 import torch
 
 from kernels import cpu_paged_attention, gemm_choice_cache, gemm_chooser
+from molora_runtime.model.forced_choice import forced_choice
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +38,7 @@ _lock = threading.Lock()
 
 def forced_kind() -> str | None:
     """The kind `MOLORA_CPU_ATTENTION` forces, or None for `auto`; any other value is refused."""
-    value = os.environ.get(ATTENTION_ENV, "auto").strip().lower()
-    if value == "auto":
-        return None
-    if value not in KINDS:
-        raise ValueError(f"{ATTENTION_ENV}={value!r}: expected auto or one of {', '.join(KINDS)}")
-    return value
+    return forced_choice(ATTENTION_ENV, KINDS)
 
 
 def shape_key(k_cache: torch.Tensor, heads: int) -> str:

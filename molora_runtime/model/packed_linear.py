@@ -18,7 +18,6 @@ the source of truth (checkpoints, training, the embedding a tied LM head shares)
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Sequence
 
@@ -27,6 +26,7 @@ from torch.nn import functional as F
 
 from kernels import cpu_panel_gemm, gemm_choice_cache, gemm_chooser
 from kernels.cpu_panel_gemm import PanelWeight
+from molora_runtime.model.forced_choice import forced_choice
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +102,7 @@ def pack_as(weight: torch.Tensor, kind: str) -> PackedWeight | None:
 
 def forced_kind() -> str | None:
     """The kind `MOLORA_CPU_GEMM` forces, or None for `auto`; any other value is refused."""
-    value = os.environ.get(GEMM_ENV, "auto").strip().lower()
-    if value == "auto":
-        return None
-    if value not in KINDS:
-        raise ValueError(f"{GEMM_ENV}={value!r}: expected auto or one of {', '.join(KINDS)}")
-    return value
+    return forced_choice(GEMM_ENV, KINDS)
 
 
 def shape_key(weight: torch.Tensor, rows: Sequence[int]) -> str:
