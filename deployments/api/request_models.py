@@ -20,7 +20,9 @@ from deployments.api.tool_models import ToolFields
 from molora_runtime.engine.types import (
     MAX_INT32,
     MAX_SEED,
+    CacheSalt,
     ChatTemplateValue,
+    GateSummaryLayers,
     check_chat_template_kwargs,
 )
 from molora_runtime.multimodal.prompt import IMAGE_SLOT
@@ -91,9 +93,7 @@ class MoloraOptions(Payload):
         description="a learned composition's gate over each choice's generated tokens (expert "
         "shares, mean weights, mean entropy) in `molora.gate_summary`; a 400 on other routes",
     )
-    gate_summary_layers: bool = Field(
-        False, description="with gate_summary: each layer's top-1 expert shares too"
-    )
+    gate_summary_layers: GateSummaryLayers = False
 
     @model_validator(mode="after")
     def _layers_need_summary(self) -> MoloraOptions:
@@ -167,13 +167,7 @@ class _SamplingFields(Payload):
     include_stop_str_in_output: bool = Field(
         False, description="vLLM extension: keep the matched stop string in the text"
     )
-    cache_salt: str | None = Field(
-        None,
-        min_length=1,
-        max_length=1024,
-        description="vLLM's prefix-cache salt: cached prompt blocks are shared only between "
-        "requests of one tenant with the same salt",
-    )
+    cache_salt: CacheSalt = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=MAX_N, description="choices to generate (seeds seed, seed+1, ...)")

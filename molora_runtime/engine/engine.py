@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from molora_runtime.config import EngineConfig
+from molora_runtime.delegate import Delegate
 from molora_runtime.engine.adapter_binding import AdapterBinder
 from molora_runtime.engine.block_manager import BlockManager
 from molora_runtime.engine.device import load_tokenizer, pick_device, pick_dtype
@@ -133,25 +134,10 @@ class LLMEngine:
         self._lock = threading.Lock()
         self._seed_gen = torch.Generator().manual_seed(config.seed)
 
-    @property
-    def waiting(self) -> deque[Sequence]:
-        return self.scheduler.waiting
-
-    @property
-    def running(self) -> list[Sequence]:
-        return self.scheduler.running
-
-    @property
-    def forked_prefills(self) -> int:
-        return self.scheduler.forked_prefills
-
-    @property
-    def graph_runner(self) -> Any:
-        return self.runner.graph_runner
-
-    @graph_runner.setter
-    def graph_runner(self, runner: Any) -> None:
-        self.runner.graph_runner = runner
+    waiting = Delegate[deque[Sequence]]("scheduler.waiting")
+    running = Delegate[list[Sequence]]("scheduler.running")
+    forked_prefills = Delegate[int]("scheduler.forked_prefills")
+    graph_runner = Delegate[Any]("runner.graph_runner", writable=True)  # tests swap it
 
     def _cache_identity(self, seq: Sequence) -> bytes:
         """The prefix-cache key of `seq`: route identity salted with tenant and cache_salt."""

@@ -8,6 +8,7 @@ from enum import Enum
 
 import torch
 
+from molora_runtime.delegate import Delegate
 from molora_runtime.engine.structured import GrammarState
 from molora_runtime.engine.types import (
     FinishReason,
@@ -57,13 +58,8 @@ class Sequence:
     first_token_at: float | None = None
     started_at: float | None = None  # first admission to running (queue time ends)
 
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def route(self) -> RouteSpec:
-        return self.request.route
+    request_id = Delegate[str]("request.request_id")
+    route = Delegate[RouteSpec]("request.route")
 
     @property
     def composition(self) -> str | None:

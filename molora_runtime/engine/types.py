@@ -16,6 +16,21 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 MAX_INT32 = 2**31 - 1
 MAX_SEED = 2**64 - 1
 
+# the engine's and the API's cache salt (the API passes it through unchanged)
+CacheSalt = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=1024,
+        description="vLLM's prefix-cache salt: cached prompt blocks are shared only between "
+        "requests of one tenant with the same salt",
+    ),
+]
+# the engine's and the API's switch for per-layer detail in a gate summary
+GateSummaryLayers = Annotated[
+    bool, Field(description="with the gate summary: each layer's top-1 expert shares too")
+]
+
 # `chat_template_kwargs`: scalars only, and none of the names the renderer itself passes
 ChatTemplateValue = (
     bool
@@ -148,9 +163,7 @@ class GenerationRequest(BaseModel):
         description="a learned route's gate summary over the generated tokens, on the last "
         "output (a learned route only: InvalidRequestError otherwise)",
     )
-    gate_summary_layers: bool = Field(
-        False, description="with return_gate_summary: each layer's top-1 expert shares too"
-    )
+    gate_summary_layers: GateSummaryLayers = False
     response_format: ResponseFormat | None = Field(
         None, description="constrain the output to JSON (optionally matching a JSON Schema)"
     )
@@ -183,12 +196,7 @@ class GenerationRequest(BaseModel):
     def _template_kwargs(cls, value: dict[str, object] | None) -> dict[str, object] | None:
         return check_chat_template_kwargs(value)
 
-    cache_salt: str | None = Field(
-        None,
-        min_length=1,
-        max_length=1024,
-        description="vLLM's per-request prefix-cache salt: blocks are shared only with the same salt",
-    )
+    cache_salt: CacheSalt = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerationRequest:
