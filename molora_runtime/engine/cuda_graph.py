@@ -13,10 +13,9 @@ from __future__ import annotations
 import torch
 
 from molora_runtime.engine.step_batch import StepBatch
+from molora_runtime.engine.step_model import StepModel
 from molora_runtime.lora.context import LoRAContext
-from molora_runtime.lora.hotset import HotSet
-from molora_runtime.model.attention_meta import CacheAttention, KVCache
-from molora_runtime.model.decoder import CausalLM
+from molora_runtime.model.attention_meta import CacheAttention
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -32,22 +31,14 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 class CudaGraphRunner:
     def __init__(
-        self,
-        model: CausalLM,
-        kv: KVCache,
-        hot_set: HotSet,
-        width: int,
-        device: torch.device,
-        max_batch: int,
-        max_blocks_per_seq: int,
-        capture: bool | None = None,
+        self, step: StepModel, max_batch: int, max_blocks_per_seq: int, capture: bool | None = None
     ) -> None:
-        self.model, self.kv, self.hot_set = model, kv, hot_set
-        self.device = device
-        self.capture = device.type == "cuda" if capture is None else capture
+        self.model, self.kv, self.hot_set = step.model, step.kv, step.hot_set
+        self.device = dev = step.device
+        self.capture = dev.type == "cuda" if capture is None else capture
         self.max_batch = max_batch
         self.buckets = batch_buckets(max_batch)
-        B, W, dev = max_batch, width, device
+        B, W, kv = max_batch, step.width, step.kv
         # The per-token int64 inputs are rows of one device tensor, so one host→device copy
         # fills them; `_host` is its (pinned, on CUDA) staging twin, written through numpy.
         self._rows = torch.zeros(4, B, dtype=torch.long, device=dev)

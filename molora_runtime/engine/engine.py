@@ -32,6 +32,7 @@ from molora_runtime.engine.route_key import RouteIdentities, cache_identity, cha
 from molora_runtime.engine.scheduler import Scheduler
 from molora_runtime.engine.sequence import Sequence
 from molora_runtime.engine.step_batch import StepBatch
+from molora_runtime.engine.step_model import StepModel
 from molora_runtime.engine.structured import GrammarCompiler
 from molora_runtime.engine.types import (
     BlockStats,
@@ -119,11 +120,7 @@ class LLMEngine:
         )
         use_graphs = config.enable_cuda_graph and self.device.type == "cuda"
         self.runner = ModelRunner(
-            self.model,
-            self.kv,
-            self.hot_set,
-            self.width,
-            self.device,
+            StepModel(self.model, self.kv, self.hot_set, self.width, self.device),
             max_blocks_per_seq=-(-self.max_seq_len // bs),
             graph_max_batch=min(config.cuda_graph_max_batch, config.max_num_seqs)
             if use_graphs

@@ -8,33 +8,24 @@ import torch
 
 from molora_runtime.engine.cuda_graph import CudaGraphRunner
 from molora_runtime.engine.step_batch import StepBatch
+from molora_runtime.engine.step_model import StepModel
 from molora_runtime.lora.context import LoRAContext
-from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.routing import RouteSegment, build_lora_context
-from molora_runtime.model.attention_meta import KVCache, step_attention
-from molora_runtime.model.decoder import CausalLM
+from molora_runtime.model.attention_meta import step_attention
 from molora_runtime.routes import BaseRoute, LearnedRoute
 
 
 class ModelRunner:
     def __init__(
-        self,
-        model: CausalLM,
-        kv: KVCache,
-        hot_set: HotSet,
-        width: int,
-        device: torch.device,
-        max_blocks_per_seq: int,
-        graph_max_batch: int | None = None,
+        self, step: StepModel, max_blocks_per_seq: int, graph_max_batch: int | None = None
     ) -> None:
         """`graph_max_batch`: capture decode graphs up to this batch (None: eager only)."""
-        self.model, self.kv, self.hot_set = model, kv, hot_set
-        self.width, self.device = width, device
+        self.step = step
+        self.model, self.kv, self.hot_set = step.model, step.kv, step.hot_set
+        self.width, self.device = step.width, step.device
         self.graph_runner: CudaGraphRunner | None = None
         if graph_max_batch is not None:
-            self.graph_runner = CudaGraphRunner(
-                model, kv, hot_set, width, device, graph_max_batch, max_blocks_per_seq
-            )
+            self.graph_runner = CudaGraphRunner(step, graph_max_batch, max_blocks_per_seq)
             self.graph_runner.capture_all()
 
     def run(self, batch: StepBatch) -> tuple[torch.Tensor, LoRAContext | None]:

@@ -27,15 +27,10 @@ def approx_list(values):
 
 class CountingRunner(CudaGraphRunner):
     def __init__(self, engine) -> None:
-        kv = engine.kv
         super().__init__(
-            engine.model,
-            kv,
-            engine.hot_set,
-            engine.width,
-            engine.device,
+            engine.runner.step,
             max_batch=engine.config.max_num_seqs,
-            max_blocks_per_seq=-(-engine.max_seq_len // kv.block_size),
+            max_blocks_per_seq=-(-engine.max_seq_len // engine.kv.block_size),
             capture=False,
         )
         self.sizes: list[int] = []
