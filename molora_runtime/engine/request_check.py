@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from molora_runtime.engine.structured import GrammarCompiler
@@ -20,6 +21,13 @@ NO_TOOL_FORMAT = (
     "tool-calling template (engine.chat_template, `molora serve --chat-template hermes`), or "
     "force a call with tool_choice 'required' or a named function"
 )
+
+
+def check_in_vocab(ids: Iterable[int], vocab_size: int, what: str) -> None:
+    """Refuse token ids outside `[0, vocab_size)` (a 400 naming the first few)."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"{what} {bad[:5]} are outside the vocabulary [0, {vocab_size})")
 
 
 class RequestChecker:
@@ -50,11 +58,7 @@ class RequestChecker:
     def encode_prompt(self, req: GenerationRequest) -> list[int]:
         if req.prompt_token_ids is not None:
             ids = list(req.prompt_token_ids)
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise InvalidRequestError(
-                    f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
-                )
+            check_in_vocab(ids, self.vocab_size, "prompt token ids")
             return ids
         if self.tokenizer is None:
             raise InvalidRequestError("this model has no tokenizer: send prompt_token_ids")
@@ -111,11 +115,7 @@ class RequestChecker:
         """Text of token ids (special tokens kept, as vLLM's /detokenize)."""
         if self.tokenizer is None:
             raise InvalidRequestError("this model has no tokenizer")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
-            )
+        check_in_vocab(ids, self.vocab_size, "token ids")
         return self.tokenizer.decode(ids)
 
     def _check_lengths(self, n: int, req: GenerationRequest) -> None:
@@ -145,17 +145,8 @@ class RequestChecker:
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         self._check_lengths(len(ids), req)
-        p, vocab = req.sampling, self.vocab_size
-        bad = [t for t in p.stop_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})"
-            )
-        bad = [t for t in p.logit_bias if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
-            )
+        check_in_vocab(req.sampling.stop_token_ids, self.vocab_size, "stop_token_ids")
+        check_in_vocab(req.sampling.logit_bias, self.vocab_size, "logit_bias token ids")
         if req.response_format is not None:
             self.grammars.check(req.response_format)  # compiled later, in the fair compile queue
         self._check_route(req)
