@@ -68,7 +68,8 @@ class TritonBackend(ReferenceBackend):
         pairs = [buf.kernel_pair(layer) for buf, _ in members]
         if _needs_grad(x, ctx.weights, *(t for pair in pairs for t in pair)):
             return super().add(y, x, buffers, layer, ctx)
-        from kernels.triton_ops import routed_lora_multi_triton  # triton only where it runs
+        # triton: the optional `kernels` extra, imported only on the path that runs it
+        from kernels.triton_ops import routed_lora_multi_triton
 
         deltas = routed_lora_multi_triton(
             x, pairs, ctx.slot_ids, ctx.weights, plan=ctx.kernel_meta()
