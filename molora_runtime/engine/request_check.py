@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from molora_runtime.engine.structured import GrammarCompiler
@@ -30,30 +31,20 @@ def check_in_vocab(ids: Iterable[int], vocab_size: int, what: str) -> None:
         raise InvalidRequestError(f"{what} {bad[:5]} are outside the vocabulary [0, {vocab_size})")
 
 
+@dataclass(eq=False)
 class RequestChecker:
-    """Turns a request into prompt ids or raises InvalidRequestError (a 400) / lookup errors."""
+    """Turns a request into prompt ids or raises InvalidRequestError (a 400) / lookup errors.
+    `kv_tokens`: tokens the whole KV budget holds (one sequence can never exceed it)."""
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        vocab_size: int,
-        max_model_len: int,
-        kv_tokens: int,
-        limits: RouteLimits,
-        hot_set: HotSet,
-        width: int,
-        grammars: GrammarCompiler,
-    ) -> None:
-        """`kv_tokens`: tokens the whole KV budget holds (one sequence can never exceed it)."""
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.max_model_len = max_model_len
-        self.kv_tokens = kv_tokens
-        self.limits = limits
-        self.hot_set = hot_set
-        self.width = width
-        self.grammars = grammars
-        self._tool_format: bool | None = None  # whether the chat template renders tools
+    tokenizer: Any
+    vocab_size: int
+    max_model_len: int
+    kv_tokens: int
+    limits: RouteLimits
+    hot_set: HotSet
+    width: int
+    grammars: GrammarCompiler
+    _tool_format: bool | None = field(default=None, init=False)  # the template renders tools
 
     def encode_prompt(self, req: GenerationRequest) -> list[int]:
         if req.prompt_token_ids is not None:
