@@ -150,6 +150,20 @@ async def test_oversized_body_refused_from_its_headers(direct) -> None:
     await isolation.test_oversized_body_refused_from_its_headers(direct)
 
 
+async def test_an_oversized_chunked_body_is_cut_at_the_cap(direct) -> None:
+    """No Content-Length to refuse from: the byte cap (1 MiB) cuts the body as it arrives."""
+
+    async def body() -> Any:
+        for _ in range(18):  # 1.125 MiB
+            yield b" " * 65536
+
+    async with httpx.AsyncClient(base_url=direct["url"], timeout=60) as http:
+        resp = await http.post(
+            "/v1/chat/completions", content=body(), headers=_headers(direct, "globex")
+        )
+    attacks._assert_openai_error(resp, 413, "exceeds")
+
+
 async def test_slow_bodies_do_not_freeze_the_endpoint(direct) -> None:
     await isolation.test_slow_bodies_do_not_freeze_the_endpoint(direct)
 
