@@ -4,9 +4,10 @@ direct ingress), with no Serve proxy in front of it.
 One app for the module, configured as the union of what the proxy-path modules deploy (API keys,
 per-key quotas, the admission caps, a one-sequence engine so a queued request shows when another
 is dropped); their own tests then run unchanged against the router's port: auth (401), quotas
-(429 with Retry-After), body size (413), slow bodies (408, the endpoint not frozen), bad JSON
-(400 in the OpenAI shape) and disconnect = abort. Flooding and overload are checked here: every
-answer is a whole completion or a 429/503 with Retry-After, and another tenant's requests complete.
+(429 with Retry-After), body size (413), slow bodies and idle keep-alives (408, the endpoint not
+frozen), bad JSON (400 in the OpenAI shape) and disconnect = abort. Flooding and overload are
+checked here: every answer is a whole completion or a 429/503 with Retry-After, and another
+tenant's requests complete.
 """
 
 from __future__ import annotations
@@ -166,6 +167,10 @@ async def test_an_oversized_chunked_body_is_cut_at_the_cap(direct) -> None:
 
 async def test_slow_bodies_do_not_freeze_the_endpoint(direct) -> None:
     await isolation.test_slow_bodies_do_not_freeze_the_endpoint(direct)
+
+
+async def test_reconnecting_slow_bodies_and_idle_keep_alives(direct) -> None:
+    await isolation.test_reconnecting_slow_bodies_and_idle_keep_alives(direct)
 
 
 async def test_bad_json_is_a_400_in_the_openai_shape(direct) -> None:
