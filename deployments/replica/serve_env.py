@@ -45,6 +45,7 @@ LOCAL_DRAINING_S = 2.0
 CLUSTER_DRAINING_S = 15.0
 ENABLE = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 MIN_PORT = "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"
+MAX_PORT = "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"
 # Linux holds a closed connection's port in TIME_WAIT for 60 s.
 PORT_WAIT_S = 90.0
 logger = logging.getLogger("ray.serve")
@@ -58,17 +59,21 @@ SERVE_ENV_VARS: dict[str, str] = {
 
 
 def direct_ingress_env(
-    port: int = ROUTER_PORT, draining_s: float = LOCAL_DRAINING_S, enabled: bool = True
+    port: int = ROUTER_PORT,
+    draining_s: float = LOCAL_DRAINING_S,
+    enabled: bool = True,
+    pool: int = 1,
 ) -> dict[str, str]:
     """What the processes of the cluster (Serve's controller too) must inherit for the router to
-    serve on `port`; `enabled=False` is the switch back to Serve's proxy alone."""
+    serve on `port`; `enabled=False` is the switch back to Serve's proxy alone. `pool` > 1 lets
+    a node hold that many routers, on `port` and the ports above it (the lowest free first)."""
     if not enabled:
         return {ENABLE: "0"}
     return {
         ENABLE: "1",
-        # Serve's pool is [min, max): exactly `port` on every node.
+        # Serve's pool is [min, max): by default exactly `port` on every node.
         MIN_PORT: str(port),
-        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 1),
+        MAX_PORT: str(port + pool),
         # A freed port is otherwise held back minutes (for HAProxy, not used here): with a pool
         # of one, a router restarted on its node could not serve until then.
         "RAY_SERVE_PORT_QUARANTINE_S": "0",
@@ -121,10 +126,13 @@ async def wait_for_router_port(
     """Called at the end of the router's constructor, before Serve binds its server: wait until
     the fixed port is free. Serve binds it without SO_REUSEADDR and, on a failed bind, takes the
     port out of the node's pool for good; with a pool of one port, a router restarted while the
-    last one's connections linger in TIME_WAIT would leave the node without a router."""
+    last one's connections linger in TIME_WAIT would leave the node without a router. A pool of
+    several ports needs no wait: Serve moves on to the next one."""
     if environ.get(ENABLE) != "1" or not environ.get(MIN_PORT):
         return True
     port = int(environ[MIN_PORT])
+    if int(environ.get(MAX_PORT) or port + 1) - port > 1:
+        return True
     deadline = time.monotonic() + timeout_s
     warned = False
     while not port_free(port):

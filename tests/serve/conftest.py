@@ -14,10 +14,11 @@ from start_once import StartOnce
 from tests.support.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
 
 # Started by tests/conftest.py's setup hook for the first test that needs `ray_cluster`; a start
-# that fails (twice: it is retried on fresh ports) is one error with Ray's log tails.
+# that fails (twice: it is retried on fresh ports) is one error with Ray's log tails. Direct
+# ingress is on, as shipped: `url` is Serve's proxy, the routers serve HTTP from `router_port` up.
 RAY = StartOnce(
     "ray_cluster",
-    lambda: start_local_cluster(num_cpus=8),
+    lambda: start_local_cluster(num_cpus=8, direct_ingress=True),
     stop_local_cluster,
     errors=(ClusterStartError,),
 )
@@ -31,7 +32,11 @@ def tiny_assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def ray_cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     cluster = RAY.ensure(request.node.nodeid)
-    yield {"url": cluster.url, "metrics_port": cluster.metrics_port}
+    yield {
+        "url": cluster.url,
+        "metrics_port": cluster.metrics_port,
+        "router_port": cluster.router_port,
+    }
     RAY.stop()
 
 

@@ -11,15 +11,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import yaml
-from serve_helpers import shipped_args
+from serve_helpers import openai_client, shipped_args
 
 from benchmarks.server_process import session_processes, stop, wait_up
 from deployments.access.auth import KeyFile, new_key, write_key_file
@@ -169,21 +171,41 @@ async def test_a_client_disconnect_aborts_the_request(served: Served) -> None:
 
 
 def test_a_killed_router_ends_its_stream_and_its_successor_takes_the_port(served: Served) -> None:
-    """Router death on the direct path: the connection ends without `[DONE]` (no proxy is left
-    to write an error event); Serve starts a new router, which gets the same fixed port."""
+    """Router death on the direct path: the connection is cut (no proxy is left to write an
+    error event), so a stream ends without `[DONE]` in httpx's RemoteProtocolError and a request
+    still waiting in the OpenAI SDK raises APIConnectionError, both at once rather than at their
+    read timeouts; Serve starts a new router, which gets the same fixed port."""
     (router,) = [p for p in session_processes(served.proc, alive_only=True) if "Router" in p.label]
     body = _chat(max_tokens=LONG, ignore_eos=True, stream=True)
+    sdk = openai_client(served.url, served.key)
+    sdk_error: list[BaseException] = []
+
+    def waiting_sdk_stream() -> None:  # queued behind the stream below (one sequence at a time)
+        try:
+            for _ in sdk.chat.completions.create(**_chat(max_tokens=LONG, stream=True)):
+                pass
+        except Exception as exc:
+            sdk_error.append(exc)
+
+    waiting = threading.Thread(target=waiting_sdk_stream, daemon=True)
     lines: list[str] = []
     with (
         httpx.Client(base_url=served.url, headers=served.headers, timeout=60) as http,
-        pytest.raises(httpx.HTTPError),
+        pytest.raises(httpx.RemoteProtocolError),
         http.stream("POST", "/v1/chat/completions", json=body) as resp,
     ):
         for line in resp.iter_lines():
             lines.append(line)
             if len(lines) == 3:
+                waiting.start()
+                time.sleep(0.5)
                 os.kill(router.pid, signal.SIGKILL)
     assert "data: [DONE]" not in lines
+    waiting.join(timeout=90)
+    assert not waiting.is_alive()
+    (error,) = sdk_error
+    assert isinstance(error, openai.APIConnectionError), repr(error)
+    assert not isinstance(error, openai.APITimeoutError), repr(error)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:

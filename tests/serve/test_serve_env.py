@@ -19,7 +19,7 @@ from deployments.replica.serve_env import (
     wait_for_router_port,
 )
 from tests.support import ports
-from tests.support.local_ray import HARNESS_ENV_VARS
+from tests.support.local_ray import ROUTER_POOL, harness_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,6 +71,8 @@ def test_the_pool_is_the_one_port() -> None:
     assert list(range(low, high)) == [ROUTER_PORT]
     assert env["RAY_SERVE_PORT_QUARANTINE_S"] == "0"
     assert direct_ingress_env(enabled=False) == {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+    wide = direct_ingress_env(20000, pool=4)  # room for more routers on a node (the harness)
+    assert wide["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] == "20004"
 
 
 def test_an_unpinned_cluster_is_named() -> None:
@@ -92,15 +94,18 @@ def test_the_test_cluster_runs_the_fast_path(ray_cluster) -> None:
     process itself keeps Ray's defaults."""
     import ray
 
+    expected = harness_env(ray_cluster["router_port"])
+
     @ray.remote(num_cpus=0)
     def worker_view() -> tuple[dict[str, str | None], bool]:
         from deployments.replica.serve_env import serve_fast_path_active
 
-        return {k: os.environ.get(k) for k in SERVE_ENV_VARS}, serve_fast_path_active()
+        return {k: os.environ.get(k) for k in expected}, serve_fast_path_active()
 
     env, active = ray.get(worker_view.remote(), timeout=60)
-    # The harness serves through Serve's proxy (test_direct_ingress.py runs the shipped mode).
-    assert env == HARNESS_ENV_VARS
+    # Direct ingress on, as shipped, from a pool of ports drawn for this run.
+    assert env == expected and env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    assert int(env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]) == ray_cluster["router_port"]
     assert active
     assert "RAY_SERVE_THROUGHPUT_OPTIMIZED" not in os.environ
 
@@ -122,5 +127,7 @@ async def test_the_router_waits_for_its_port_while_closed_connections_linger() -
     other = ports.free_port(exclude=[port])
     assert port_free(other)
     assert await wait_for_router_port(direct_ingress_env(other), timeout_s=0.3) is True
-    # Not pinned (the harness, or a bare `serve run`): nothing to wait for.
+    # A pool of several ports (the harness): Serve takes the next one, nothing to wait for.
+    assert await wait_for_router_port(direct_ingress_env(port, pool=ROUTER_POOL), timeout_s=0)
+    # Not pinned (direct ingress off, or a bare `serve run`): nothing to wait for.
     assert await wait_for_router_port({"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}, timeout_s=0)

@@ -6,6 +6,13 @@ themselves and report them back, so no number is handed to Ray; Serve's HTTP por
 port lost to a race, or anything else) is retried once, whole, on fresh ports. A start that fails
 twice raises `ClusterStartError` with the tail of the raylet, dashboard-agent, GCS and proxy logs.
 
+Direct ingress (`direct_ingress=True`, the shipped mode): the router replicas serve HTTP
+themselves from a pool of `ROUTER_POOL` ports right above the proxy's, drawn with it per run (a
+fixed 8000 would collide between parallel sessions); Serve's proxy serves the same app on
+`url`, and `router_url` finds the port a router answers on. A pool of several ports lets a test
+deploy more than one router, and a port a stopped router's connections still hold (TIME_WAIT) is
+skipped by Serve for the next one.
+
 Auth: Ray token authentication stays on (Ray 2.60's default for a new local cluster). Without it
 every Serve replica's gRPC server, which listens on all interfaces and unpickles requests, would
 take unauthenticated calls. A `disabled` RAY_AUTH_MODE in the environment is overridden here.
@@ -18,6 +25,7 @@ HTTP service, which nothing here needs (the metrics exporter is separate and pic
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -28,13 +36,25 @@ from pathlib import Path
 from typing import Any
 
 from deployments.api.proxy_guard import PROXY_ENV_VARS
-from deployments.replica.serve_env import ENABLE, SERVE_ENV_VARS
+from deployments.replica.serve_env import ENABLE, SERVE_ENV_VARS, direct_ingress_env
 from tests.support import ports
 
-# The shipped Serve settings with direct ingress off: test clusters serve through Serve's proxy
-# on a port drawn per run (a router's fixed port would collide between parallel sessions);
-# tests/serve/test_direct_ingress.py runs the shipped mode under `serve run`.
+# The shipped Serve settings with direct ingress off: such a cluster serves through Serve's proxy
+# alone (the multi-node harness; `start_local_cluster(direct_ingress=False)`).
 HARNESS_ENV_VARS: dict[str, str] = {**SERVE_ENV_VARS, ENABLE: "0"}
+ROUTER_POOL = 8  # ports a node's routers may take, right above the proxy's
+# Nothing has to deregister a loopback router: undeploys between test modules need no drain.
+HARNESS_DRAINING_S = 0.0
+
+
+def harness_env(router_port: int | None) -> dict[str, str]:
+    """What the cluster's processes inherit: the shipped Serve settings, with direct ingress on
+    the pool from `router_port` (None: off, Serve's proxy alone)."""
+    if router_port is None:
+        return dict(HARNESS_ENV_VARS)
+    direct = direct_ingress_env(router_port, HARNESS_DRAINING_S, pool=ROUTER_POOL)
+    return {**SERVE_ENV_VARS, **direct}
+
 
 # Newest first in the report: the logs that say why a local cluster did not come up.
 LOG_PATTERNS = (
@@ -57,11 +77,32 @@ class LocalCluster:
     metrics_port: int
     temp_dir: Path
     session_dir: Path | None = None
+    router_port: int | None = None  # the first port of the routers' pool (direct ingress on)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
+        """Serve's HTTP proxy."""
         return f"http://127.0.0.1:{self.http_port}"
+
+
+def router_url(router_port: int, timeout_s: float = 60.0) -> str:
+    """The URL of the one router serving HTTP itself from the pool at `router_port`: the pool's
+    port that answers `/health` (Serve hands the lowest port it can bind)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for port in range(router_port, router_port + ROUTER_POOL):
+            url = f"http://127.0.0.1:{port}"
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                continue
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no router answers on ports {router_port}-{port}")
+        time.sleep(0.5)
 
 
 def require_token_auth() -> None:
@@ -113,14 +154,14 @@ def _wait_proxies_healthy(timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def cluster_serve_env() -> Iterator[None]:
-    """The shipped configs' Serve settings (`HARNESS_ENV_VARS`) and the proxy's stream guard
+def cluster_serve_env(router_port: int | None = None) -> Iterator[None]:
+    """The shipped configs' Serve settings (`harness_env`) and the proxy's stream guard
     (deployments/api/proxy_guard.py) in the environment the cluster's processes inherit from
     its raylet, but not in this process: its own Serve (test handles on short-lived event
     loops) keeps Ray's defaults."""
     import ray.serve  # noqa: F401  (the driver's Serve constants are read now, without them)
 
-    wanted = {**HARNESS_ENV_VARS, **PROXY_ENV_VARS}
+    wanted = {**harness_env(router_port), **PROXY_ENV_VARS}
     saved = {key: os.environ.get(key) for key in wanted}
     os.environ.update(wanted)
     try:
@@ -131,6 +172,11 @@ def cluster_serve_env() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _draw_port(span: int) -> int:
+    """The proxy's port, with the `span` ports above it bindable too (the routers' pool)."""
+    return ports.free_ports(1, offsets=range(span + 1))[0]
 
 
 def _stop_ray() -> None:
@@ -146,15 +192,22 @@ def _stop_ray() -> None:
 
 
 def _start_once(
-    num_cpus: int, system_config: dict[str, Any] | None, http_port: int, ready_timeout_s: float
+    num_cpus: int,
+    system_config: dict[str, Any] | None,
+    http_port: int,
+    ready_timeout_s: float,
+    direct_ingress: bool,
 ) -> LocalCluster:
     import ray
     from ray import serve
 
     temp_dir = Path(tempfile.mkdtemp(prefix="molora-ray-"))  # its own logs; short socket paths
-    cluster = LocalCluster(http_port=http_port, metrics_port=-1, temp_dir=temp_dir)
+    router_port = http_port + 1 if direct_ingress else None
+    cluster = LocalCluster(
+        http_port=http_port, metrics_port=-1, temp_dir=temp_dir, router_port=router_port
+    )
     try:
-        with cluster_serve_env():
+        with cluster_serve_env(router_port):
             context = ray.init(
                 num_cpus=num_cpus,
                 include_dashboard=False,
@@ -189,16 +242,23 @@ def start_local_cluster(
     system_config: dict[str, Any] | None = None,
     attempts: int = 2,
     ready_timeout_s: float = 90.0,
-    pick_port: Callable[[], int] = ports.free_port,
+    pick_port: Callable[[], int] | None = None,
+    direct_ingress: bool = False,
 ) -> LocalCluster:
-    """Start Ray (head on 127.0.0.1) and Serve's HTTP proxy; retried once on fresh ports."""
+    """Start Ray (head on 127.0.0.1) and Serve's HTTP proxy, with `direct_ingress` the routers'
+    own servers on the ports above it; retried once on fresh ports."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     require_token_auth()
+    if pick_port is None:
+        span = ROUTER_POOL if direct_ingress else 0
+        pick_port = functools.partial(_draw_port, span)
     errors: list[str] = []
     tail = ""
     for attempt in range(1, attempts + 1):
         try:
-            return _start_once(num_cpus, system_config, pick_port(), ready_timeout_s)
+            return _start_once(
+                num_cpus, system_config, pick_port(), ready_timeout_s, direct_ingress
+            )
         except ClusterStartError as exc:
             errors.append(f"=== attempt {attempt}/{attempts}: {exc.error}")
             tail = exc.tail

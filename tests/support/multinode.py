@@ -100,8 +100,8 @@ def app_config(
     replicas on worker nodes' `model_slot`s (fractional CPUs), two routers on the head."""
     shipped = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     app = copy.deepcopy(shipped["applications"][0])
-    # Served through Serve's proxy, as the one-node harness (HARNESS_ENV_VARS): two routers share
-    # the head, so the one-router-per-node rule of direct ingress's fixed port is lifted too.
+    # Served through Serve's proxy alone (HARNESS_ENV_VARS): two routers share the head, so the
+    # one-router-per-node rule of direct ingress's fixed port is lifted too.
     app["runtime_env"]["env_vars"].update(HARNESS_ENV_VARS)
     args = app["args"]
     args["engine"].update(
