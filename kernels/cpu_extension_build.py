@@ -16,14 +16,16 @@ import importlib.util
 import json
 import logging
 import os
+import platform
 import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 
 CACHE_ENV = "MOLORA_KERNEL_CACHE"
 MANIFEST = "manifest.json"
+# Every CPU kernel here: AVX2/FMA tiles (AVX-512 ones only by function attribute), OpenMP threads.
+AVX2_OPENMP_CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+OPENMP_LDFLAGS = ("-fopenmp",)
 _lock = threading.Lock()
 
 
@@ -57,8 +62,8 @@ class ExtensionSpec:
 
     name: str
     source: Path
-    cflags: tuple[str, ...]
-    ldflags: tuple[str, ...] = ()
+    cflags: tuple[str, ...] = AVX2_OPENMP_CFLAGS
+    ldflags: tuple[str, ...] = OPENMP_LDFLAGS
 
     @property
     def module(self) -> str:
@@ -213,3 +218,69 @@ def load(spec: ExtensionSpec) -> ModuleType:
         if library is not None:
             return _import(library.stem, library)
         return build(spec)
+
+
+def cpu_supported() -> bool:
+    """Whether this CPU runs the AVX2/FMA kernels."""
+    if platform.machine().lower() not in {"x86_64", "amd64"}:
+        return False
+    return torch.backends.cpu.get_cpu_capability() in {"AVX2", "AVX512"}
+
+
+def compiler() -> str | None:
+    """The C++ compiler `torch.utils.cpp_extension` will use, if there is one."""
+    return shutil.which(os.environ.get("CXX") or "c++")
+
+
+@dataclass(frozen=True)
+class CpuKernel:
+    """One C++ CPU kernel that callers may do without: its on/off switch (`switch_env=0`), its
+    verified build loaded once per process, and the build-ahead command (`make models`, the
+    image). `fallback` says what callers run where it is off or cannot be built."""
+
+    spec: ExtensionSpec
+    title: str
+    fallback: str
+    switch_env: str
+    logger: logging.Logger
+    check: Callable[[ModuleType], None] | None = None  # raises RuntimeError on a wrong library
+    _lazy: LazyExtension = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        lazy = LazyExtension(self.build, f"{self.title} unavailable, {self.fallback}", self.logger)
+        object.__setattr__(self, "_lazy", lazy)
+
+    def build(self) -> ModuleType:
+        """The extension module: the verified cached build, else a fresh one. Raises
+        RuntimeError with the reason (no compiler, no ninja, the compiler's output)."""
+        if compiler() is None:
+            raise RuntimeError("no C++ compiler found (set CXX or install g++)")
+        lib = load(self.spec)
+        if self.check is not None:
+            self.check(lib)
+        return lib
+
+    def library(self) -> ModuleType | None:
+        """The module, built or loaded on the first call; None (logged once) where it cannot be."""
+        return self._lazy.get()
+
+    def available(self) -> bool:
+        """Whether the kernel is on and runs here (builds the library on the first call)."""
+        if os.environ.get(self.switch_env, "1") == "0" or not cpu_supported():
+            return False
+        return self.library() is not None
+
+    def build_ahead(self) -> int:
+        """`python -m <kernel module>`: build now. Exits 0 where the kernel cannot be built
+        here (callers then run their fallback) after saying why, loudly."""
+        logging.basicConfig(level=logging.INFO)
+        if not cpu_supported():
+            print(f"{self.title}: this CPU has no AVX2/FMA; {self.fallback}", file=sys.stderr)
+            return 0
+        try:
+            lib = self.build()
+        except RuntimeError as exc:
+            print(f"WARNING: {self.title} not built ({exc}); {self.fallback}", file=sys.stderr)
+            return 0
+        print(f"{self.title} built and verified: {lib.__file__}")
+        return 0
