@@ -16,16 +16,13 @@ import importlib.util
 import json
 import logging
 import os
-import platform
 import re
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -183,29 +180,6 @@ def _import(module: str, library: Path) -> ModuleType:
     return loaded
 
 
-class LazyExtension:
-    """One extension per process, built (or its verified build loaded) on first use. A failure
-    is logged once, with what the caller falls back to, and remembered: no retry per call."""
-
-    def __init__(self, build: Callable[[], ModuleType], fallback: str, logger: logging.Logger):
-        self._build, self._fallback, self._log = build, fallback, logger
-        self._lock = threading.Lock()
-        self._library: ModuleType | None = None
-        self._attempted = False
-
-    def get(self) -> ModuleType | None:
-        if self._attempted:
-            return self._library
-        with self._lock:
-            if not self._attempted:
-                try:
-                    self._library = self._build()
-                except (OSError, RuntimeError) as exc:  # the build's own errors are RuntimeErrors
-                    self._log.warning("%s: %s", self._fallback, exc)
-                self._attempted = True
-        return self._library
-
-
 def load(spec: ExtensionSpec) -> ModuleType:
     """The extension of `spec`: the cached build once its hash is verified, else a fresh build
     (a cached library that fails verification is refused, logged and replaced, never opened)."""
@@ -218,69 +192,3 @@ def load(spec: ExtensionSpec) -> ModuleType:
         if library is not None:
             return _import(library.stem, library)
         return build(spec)
-
-
-def cpu_supported() -> bool:
-    """Whether this CPU runs the AVX2/FMA kernels."""
-    if platform.machine().lower() not in {"x86_64", "amd64"}:
-        return False
-    return torch.backends.cpu.get_cpu_capability() in {"AVX2", "AVX512"}
-
-
-def compiler() -> str | None:
-    """The C++ compiler `torch.utils.cpp_extension` will use, if there is one."""
-    return shutil.which(os.environ.get("CXX") or "c++")
-
-
-@dataclass(frozen=True)
-class CpuKernel:
-    """One C++ CPU kernel that callers may do without: its on/off switch (`switch_env=0`), its
-    verified build loaded once per process, and the build-ahead command (`make models`, the
-    image). `fallback` says what callers run where it is off or cannot be built."""
-
-    spec: ExtensionSpec
-    title: str
-    fallback: str
-    switch_env: str
-    logger: logging.Logger
-    check: Callable[[ModuleType], None] | None = None  # raises RuntimeError on a wrong library
-    _lazy: LazyExtension = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        lazy = LazyExtension(self.build, f"{self.title} unavailable, {self.fallback}", self.logger)
-        object.__setattr__(self, "_lazy", lazy)
-
-    def build(self) -> ModuleType:
-        """The extension module: the verified cached build, else a fresh one. Raises
-        RuntimeError with the reason (no compiler, no ninja, the compiler's output)."""
-        if compiler() is None:
-            raise RuntimeError("no C++ compiler found (set CXX or install g++)")
-        lib = load(self.spec)
-        if self.check is not None:
-            self.check(lib)
-        return lib
-
-    def library(self) -> ModuleType | None:
-        """The module, built or loaded on the first call; None (logged once) where it cannot be."""
-        return self._lazy.get()
-
-    def available(self) -> bool:
-        """Whether the kernel is on and runs here (builds the library on the first call)."""
-        if os.environ.get(self.switch_env, "1") == "0" or not cpu_supported():
-            return False
-        return self.library() is not None
-
-    def build_ahead(self) -> int:
-        """`python -m <kernel module>`: build now. Exits 0 where the kernel cannot be built
-        here (callers then run their fallback) after saying why, loudly."""
-        logging.basicConfig(level=logging.INFO)
-        if not cpu_supported():
-            print(f"{self.title}: this CPU has no AVX2/FMA; {self.fallback}", file=sys.stderr)
-            return 0
-        try:
-            lib = self.build()
-        except RuntimeError as exc:
-            print(f"WARNING: {self.title} not built ({exc}); {self.fallback}", file=sys.stderr)
-            return 0
-        print(f"{self.title} built and verified: {lib.__file__}")
-        return 0

@@ -4,7 +4,7 @@ The PyTorch CPU path gathers each sequence's blocks into one contiguous operand 
 bf16 cache to fp32) before two batched GEMMs; at decode sizes that copy dominates the layer's
 attention. The C++ kernel (`csrc/paged_decode.cpp`) walks each sequence's block table instead,
 one (sequence, KV head) task per OpenMP iteration, fp32 scores, softmax and sums. It is built and
-verified like the panel GEMM (`kernels.cpu_extension_build`); where it cannot be built or the
+verified like the panel GEMM (`kernels.cpu_kernel`); where it cannot be built or the
 CPU lacks AVX2/FMA, `available()` is False (with a warning) and callers keep the PyTorch path.
 Which of the two runs a shape is measured per CPU by the runtime, not decided here.
 `kernels.paged_attention.paged_decode_attention_reference` is its twin.
@@ -12,27 +12,23 @@ Which of the two runs a shape is measured per CPU by the runtime, not decided he
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import torch
 
-from kernels import cpu_extension_build
 from kernels.cpu_extension_build import ExtensionSpec
+from kernels.cpu_kernel import CpuKernel
 from kernels.paged_inputs import check_paged_inputs
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
 SPEC = ExtensionSpec(name="molora_paged_decode", source=SOURCE)
 SWITCH_ENV = "MOLORA_CPU_PAGED_ATTENTION"
 CACHE_DTYPES = (torch.float32, torch.bfloat16)
-KERNEL = cpu_extension_build.CpuKernel(
+KERNEL = CpuKernel(
     spec=SPEC,
     title="CPU paged attention",
     fallback="decode gathers blocks",
     switch_env=SWITCH_ENV,
-    logger=log,
 )
 
 

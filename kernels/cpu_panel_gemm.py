@@ -18,7 +18,6 @@ warning) and callers keep their oneDNN path; `MOLORA_CPU_PANEL_GEMM=0` turns the
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -26,10 +25,8 @@ from types import ModuleType
 import torch
 from torch.nn import functional as F
 
-from kernels import cpu_extension_build
 from kernels.cpu_extension_build import ExtensionSpec
-
-log = logging.getLogger(__name__)
+from kernels.cpu_kernel import CpuKernel
 
 SOURCE = Path(__file__).parent / "csrc" / "panel_gemm.cpp"
 SPEC = ExtensionSpec(name="molora_panel_gemm", source=SOURCE)
@@ -68,12 +65,11 @@ def _check_width(lib: ModuleType) -> None:
         raise RuntimeError("panel width of the built library differs from PANEL_WIDTH")
 
 
-KERNEL = cpu_extension_build.CpuKernel(
+KERNEL = CpuKernel(
     spec=SPEC,
     title="CPU panel GEMM",
     fallback="its shapes run on oneDNN or F.linear",
     switch_env=SWITCH_ENV,
-    logger=log,
     check=_check_width,
 )
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils import cpp_extension
 
-from kernels import cpu_extension_build
+from kernels import cpu_extension_build, cpu_kernel
 from kernels import cpu_panel_gemm as pg
 from kernels.cpu_extension_build import CACHE_ENV
 
@@ -27,8 +27,8 @@ needs_kernel = pytest.mark.skipif(not pg.available(), reason="no AVX2/FMA CPU or
 
 def test_kernel_is_built_wherever_it_can_run() -> None:
     can_build = (
-        cpu_extension_build.cpu_supported()
-        and cpu_extension_build.compiler() is not None
+        cpu_kernel.cpu_supported()
+        and cpu_kernel.compiler() is not None
         and cpp_extension.is_ninja_available()
     )
     assert pg.available() == can_build
@@ -131,7 +131,7 @@ def test_no_compiler_falls_back_loudly(
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     fresh = dataclasses.replace(pg.KERNEL)  # the same kernel, not yet loaded in this process
-    with caplog.at_level(logging.WARNING, logger=pg.__name__):
+    with caplog.at_level(logging.WARNING, logger=cpu_kernel.__name__):
         assert fresh.library() is None
     assert "CPU panel GEMM unavailable" in caplog.text and "no C++ compiler" in caplog.text
 
