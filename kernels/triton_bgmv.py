@@ -15,10 +15,10 @@ import triton
 import triton.language as tl
 
 from kernels.triton_common import (
+    GroupLaunch,
     flat_strides,
     load_tile,
     pad3,
-    pair_shape,
     select_expand_operands,
     select_int,
     select_ptr,
@@ -114,17 +114,11 @@ def _choose_split(x: torch.Tensor, programs: int, d_in: int, block_k: int) -> in
     return split
 
 
-def bgmv(
-    x: torch.Tensor,
-    As: list[torch.Tensor],
-    Bs: list[torch.Tensor],
-    slot_ids: torch.Tensor,
-    weights: torch.Tensor,
-    outs: list[torch.Tensor],
-    split: int | None = None,
-) -> None:
-    """Write Σ_j w · B_o[s] A_o[s] x into each `outs[o]` (up to three outputs, same rank)."""
-    T, K, num_out, _, r, d_in, P, block_r = pair_shape(slot_ids, As)
+def bgmv(launch: GroupLaunch, split: int | None = None) -> None:
+    """Write Σ_j w · B_o[s] A_o[s] x into the launch's outputs, one program per (token, top-k
+    pair); `split` overrides the split-K choice (tests)."""
+    x, As, Bs, slot_ids, weights, outs = launch
+    T, K, num_out, _, r, d_in, P, block_r = launch.shape()
     block_k = max(16, min(triton.next_power_of_2(d_in), 8192 // block_r))
     if split is None:
         split = _choose_split(x, P * num_out, d_in, block_k)

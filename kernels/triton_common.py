@@ -96,10 +96,21 @@ class PairShape(NamedTuple):
     block_r: int
 
 
-def pair_shape(slot_ids: torch.Tensor, As: list[torch.Tensor]) -> PairShape:
-    T, K = slot_ids.shape
-    S, r, d_in = As[0].shape
-    return PairShape(T, K, len(As), S, r, d_in, T * K, rank_block(r))
+class GroupLaunch(NamedTuple):
+    """One shrink + expand: up to MAX_OUTPUTS (A_o, B_o) of the same rank sharing x and the
+    routing (`slot_ids`/`weights` [T, k], int32/fp32, contiguous); output o goes to `outs[o]`."""
+
+    x: torch.Tensor
+    As: list[torch.Tensor]
+    Bs: list[torch.Tensor]
+    slot_ids: torch.Tensor
+    weights: torch.Tensor
+    outs: list[torch.Tensor]
+
+    def shape(self) -> PairShape:
+        T, K = self.slot_ids.shape
+        S, r, d_in = self.As[0].shape
+        return PairShape(T, K, len(self.As), S, r, d_in, T * K, rank_block(r))
 
 
 def flat_strides(tensors: list[torch.Tensor]) -> list[int]:

@@ -21,11 +21,11 @@ import triton.language as tl
 
 from kernels.device_plan import PairGroups, group_pairs
 from kernels.triton_common import (
+    GroupLaunch,
     flat_strides,
     is_interpreted,
     load_tile,
     pad3,
-    pair_shape,
     select_expand_operands,
     select_int,
     select_ptr,
@@ -125,18 +125,11 @@ def _sgmv_expand_kernel(
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def sgmv(
-    x: torch.Tensor,
-    As: list[torch.Tensor],
-    Bs: list[torch.Tensor],
-    slot_ids: torch.Tensor,
-    weights: torch.Tensor,
-    outs: list[torch.Tensor],
-    block_m: int | None = None,
-    groups: PairGroups | None = None,
-) -> None:
-    """Write Σ_j w · B_o[s] A_o[s] x into each `outs[o]` (up to three outputs, same rank)."""
-    T, K, num_out, S, r, d_in, P, block_r = pair_shape(slot_ids, As)
+def sgmv(launch: GroupLaunch, block_m: int | None = None, groups: PairGroups | None = None) -> None:
+    """Write Σ_j w · B_o[s] A_o[s] x into the launch's outputs over the (j, slot) segments of
+    the sorted pairs; `groups` are segments a `DevicePlan` already built."""
+    x, As, Bs, slot_ids, weights, outs = launch
+    T, K, num_out, S, r, d_in, P, block_r = launch.shape()
     if block_m is None:
         block_m = 16 if T <= 16 else (32 if T <= 128 else 64)
     block_k = 64 if block_r <= 64 else 32

@@ -59,11 +59,12 @@ def test_fused_multi_output_matches_dense(
 def test_bgmv_split_k(split: int) -> None:
     """Split-K partial sums (added by the expand) give the same result."""
     from kernels.triton_bgmv import bgmv
+    from kernels.triton_common import GroupLaunch
 
     c = make_case(5, T=3, k=2, S=4, r=12, d_in=150, d_out=33)
     out = torch.empty(3, 33)
     ids = c.slot_ids.to(torch.int32).contiguous()
-    bgmv(c.x, [c.A], [c.B], ids, c.weights.contiguous(), [out], split=split)
+    bgmv(GroupLaunch(c.x, [c.A], [c.B], ids, c.weights.contiguous(), [out]), split=split)
     assert_matches(out, routed_lora_dense(c.x, c.A, c.B, c.slot_ids, c.weights))
 
 
