@@ -22,7 +22,6 @@ import stat
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -35,6 +34,9 @@ log = logging.getLogger(__name__)
 
 CACHE_ENV = "MOLORA_KERNEL_CACHE"
 MANIFEST = "manifest.json"
+# Every CPU kernel here: AVX2/FMA tiles (AVX-512 ones only by function attribute), OpenMP threads.
+AVX2_OPENMP_CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+OPENMP_LDFLAGS = ("-fopenmp",)
 _lock = threading.Lock()
 
 
@@ -57,8 +59,8 @@ class ExtensionSpec:
 
     name: str
     source: Path
-    cflags: tuple[str, ...]
-    ldflags: tuple[str, ...] = ()
+    cflags: tuple[str, ...] = AVX2_OPENMP_CFLAGS
+    ldflags: tuple[str, ...] = OPENMP_LDFLAGS
 
     @property
     def module(self) -> str:
@@ -176,29 +178,6 @@ def _import(module: str, library: Path) -> ModuleType:
     loaded = importlib.util.module_from_spec(found)
     found.loader.exec_module(loaded)
     return loaded
-
-
-class LazyExtension:
-    """One extension per process, built (or its verified build loaded) on first use. A failure
-    is logged once, with what the caller falls back to, and remembered: no retry per call."""
-
-    def __init__(self, build: Callable[[], ModuleType], fallback: str, logger: logging.Logger):
-        self._build, self._fallback, self._log = build, fallback, logger
-        self._lock = threading.Lock()
-        self._library: ModuleType | None = None
-        self._attempted = False
-
-    def get(self) -> ModuleType | None:
-        if self._attempted:
-            return self._library
-        with self._lock:
-            if not self._attempted:
-                try:
-                    self._library = self._build()
-                except (OSError, RuntimeError) as exc:  # the build's own errors are RuntimeErrors
-                    self._log.warning("%s: %s", self._fallback, exc)
-                self._attempted = True
-        return self._library
 
 
 def load(spec: ExtensionSpec) -> ModuleType:

@@ -4,7 +4,7 @@ The PyTorch CPU path gathers each sequence's blocks into one contiguous operand 
 bf16 cache to fp32) before two batched GEMMs; at decode sizes that copy dominates the layer's
 attention. The C++ kernel (`csrc/paged_decode.cpp`) walks each sequence's block table instead,
 one (sequence, KV head) task per OpenMP iteration, fp32 scores, softmax and sums. It is built and
-verified like the panel GEMM (`kernels.cpu_extension_build`); where it cannot be built or the
+verified like the panel GEMM (`kernels.cpu_kernel`); where it cannot be built or the
 CPU lacks AVX2/FMA, `available()` is False (with a warning) and callers keep the PyTorch path.
 Which of the two runs a shape is measured per CPU by the runtime, not decided here.
 `kernels.paged_attention.paged_decode_attention_reference` is its twin.
@@ -12,53 +12,29 @@ Which of the two runs a shape is measured per CPU by the runtime, not decided he
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
-from kernels import cpu_extension_build, cpu_panel_gemm
 from kernels.cpu_extension_build import ExtensionSpec
+from kernels.cpu_kernel import CpuKernel
 from kernels.paged_inputs import check_paged_inputs
 
-log = logging.getLogger(__name__)
-
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
-SPEC = ExtensionSpec(
-    name="molora_paged_decode",
-    source=SOURCE,
-    cflags=("-O3", "-mavx2", "-mfma", "-fopenmp"),
-    ldflags=("-fopenmp",),
-)
+SPEC = ExtensionSpec(name="molora_paged_decode", source=SOURCE)
 SWITCH_ENV = "MOLORA_CPU_PAGED_ATTENTION"
 CACHE_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def build() -> ModuleType:
-    """The kernel's extension module: the verified cached build, else a fresh one. Raises
-    RuntimeError with the reason (no compiler, no ninja, the compiler's output)."""
-    if cpu_panel_gemm.compiler() is None:
-        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
-    return cpu_extension_build.load(SPEC)
-
-
-_extension = cpu_extension_build.LazyExtension(
-    lambda: build(), "CPU paged attention kernel unavailable, decode gathers blocks", log
+KERNEL = CpuKernel(
+    spec=SPEC,
+    title="CPU paged attention",
+    fallback="decode gathers blocks",
+    switch_env=SWITCH_ENV,
 )
-
-
-def _load() -> ModuleType | None:
-    return _extension.get()
 
 
 def available() -> bool:
     """Whether the kernel is on and runs here (builds the library on the first call)."""
-    if os.environ.get(SWITCH_ENV, "1") == "0" or not cpu_panel_gemm.cpu_supported():
-        return False
-    return _load() is not None
+    return KERNEL.available()
 
 
 def paged_decode(
@@ -72,7 +48,7 @@ def paged_decode(
     """Decode attention: q [B, H, D], caches [num_blocks, KVH, block_size, D] (fp32 or bf16,
     contiguous), block_tables [B, max_blocks] int32 (entries past a length are never read),
     context_lens [B] int32 (0: padding, output 0) -> [B, H, D] in q's dtype."""
-    lib = _load()
+    lib = KERNEL.library()
     if lib is None:
         raise RuntimeError("the CPU paged attention kernel is not available here")
     check_paged_inputs(q, k_cache, v_cache, block_tables, context_lens)
@@ -103,26 +79,5 @@ def paged_decode(
     return out.to(q.dtype)
 
 
-def main() -> int:
-    """`python -m kernels.cpu_paged_attention`: build ahead (`make models`, the image). Exits 0
-    where the kernel cannot be built here (decode then gathers blocks) after saying why, loudly."""
-    logging.basicConfig(level=logging.INFO)
-    if not cpu_panel_gemm.cpu_supported():
-        print(
-            "CPU paged attention: this CPU has no AVX2/FMA; decode gathers blocks", file=sys.stderr
-        )
-        return 0
-    try:
-        lib = build()
-    except RuntimeError as exc:
-        print(
-            f"WARNING: CPU paged attention not built ({exc}); decode gathers blocks",
-            file=sys.stderr,
-        )
-        return 0
-    print(f"CPU paged attention kernel built and verified: {lib.__file__}")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(KERNEL.build_ahead())

@@ -18,11 +18,6 @@ warning) and callers keep their oneDNN path; `MOLORA_CPU_PANEL_GEMM=0` turns the
 
 from __future__ import annotations
 
-import logging
-import os
-import platform
-import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -30,19 +25,11 @@ from types import ModuleType
 import torch
 from torch.nn import functional as F
 
-from kernels import cpu_extension_build
 from kernels.cpu_extension_build import ExtensionSpec
-
-log = logging.getLogger(__name__)
+from kernels.cpu_kernel import CpuKernel
 
 SOURCE = Path(__file__).parent / "csrc" / "panel_gemm.cpp"
-SPEC = ExtensionSpec(
-    name="molora_panel_gemm",
-    source=SOURCE,
-    cflags=("-O3", "-mavx2", "-mfma", "-fopenmp"),
-    ldflags=("-fopenmp",),
-)
-CACHE_ENV = cpu_extension_build.CACHE_ENV
+SPEC = ExtensionSpec(name="molora_panel_gemm", source=SOURCE)
 SWITCH_ENV = "MOLORA_CPU_PANEL_GEMM"
 PANEL_WIDTH = 16  # must equal NR in the C++ source; checked against the library at load
 PANEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -73,50 +60,29 @@ class PanelWeight:
             raise ValueError("panels must be on the CPU")
 
 
-def cpu_supported() -> bool:
-    """Whether this CPU runs the AVX2/FMA kernel."""
-    if platform.machine().lower() not in {"x86_64", "amd64"}:
-        return False
-    return torch.backends.cpu.get_cpu_capability() in {"AVX2", "AVX512"}
-
-
-def compiler() -> str | None:
-    """The C++ compiler `torch.utils.cpp_extension` will use, if there is one."""
-    name = os.environ.get("CXX") or "c++"
-    return shutil.which(name)
-
-
-def build() -> ModuleType:
-    """The kernel's extension module: the verified cached build, else a fresh one. Raises
-    RuntimeError with the reason (no compiler, no ninja, the compiler's output)."""
-    if compiler() is None:
-        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
-    lib = cpu_extension_build.load(SPEC)
+def _check_width(lib: ModuleType) -> None:
     if lib.panel_width() != PANEL_WIDTH:
         raise RuntimeError("panel width of the built library differs from PANEL_WIDTH")
-    return lib
 
 
-_extension = cpu_extension_build.LazyExtension(
-    lambda: build(), "CPU panel GEMM unavailable, its shapes run on oneDNN or F.linear", log
+KERNEL = CpuKernel(
+    spec=SPEC,
+    title="CPU panel GEMM",
+    fallback="its shapes run on oneDNN or F.linear",
+    switch_env=SWITCH_ENV,
+    check=_check_width,
 )
-
-
-def _load() -> ModuleType | None:
-    return _extension.get()
 
 
 def has_avx512() -> bool:
     """Whether the loaded kernel runs AVX-512 tiles on this CPU (False where it is not loaded)."""
-    lib = _load()
+    lib = KERNEL.library()
     return bool(lib is not None and lib.has_avx512())
 
 
 def available() -> bool:
     """Whether the kernel is on and runs here (builds the library on the first call)."""
-    if os.environ.get(SWITCH_ENV, "1") == "0" or not cpu_supported():
-        return False
-    return _load() is not None
+    return KERNEL.available()
 
 
 def pack(weight: torch.Tensor) -> PanelWeight:
@@ -148,7 +114,7 @@ def panel_linear(
     """`F.linear(x, W, bias)` for 2-D fp32 or bf16 CPU `x [M, in]` on `W`'s panels (no
     autograd): products summed in fp32, the result in `x`'s dtype (rounded once, as
     `F.linear` rounds a bf16 GEMM). AVX-512 tiles where the CPU has them, unless not allowed."""
-    lib = _load()
+    lib = KERNEL.library()
     if lib is None:
         raise RuntimeError("the CPU panel GEMM is not available here (see `available()`)")
     if x.dim() != 2 or x.dtype not in PANEL_DTYPES or x.device.type != "cpu":
@@ -181,21 +147,5 @@ def panel_linear_reference(
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
 
-def main() -> int:
-    """`python -m kernels.cpu_panel_gemm`: build ahead (`make models`, the image). Exits 0 where
-    the kernel cannot be built here (serving then runs on oneDNN) after saying why, loudly."""
-    logging.basicConfig(level=logging.INFO)
-    if not cpu_supported():
-        print("CPU panel GEMM: this CPU has no AVX2/FMA; serving uses oneDNN", file=sys.stderr)
-        return 0
-    try:
-        lib = build()
-    except RuntimeError as exc:
-        print(f"WARNING: CPU panel GEMM not built ({exc}); serving uses oneDNN", file=sys.stderr)
-        return 0
-    print(f"CPU panel GEMM built and verified: {lib.__file__}")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(KERNEL.build_ahead())

@@ -15,9 +15,11 @@ import triton
 import triton.language as tl
 
 from kernels.triton_common import (
+    GroupLaunch,
     flat_strides,
+    load_tile,
     pad3,
-    pair_shape,
+    select_expand_operands,
     select_int,
     select_ptr,
     select_strides,
@@ -53,9 +55,7 @@ def _bgmv_shrink_kernel(
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < d_in
             xv = tl.load(x_ptr + t * sx_t + offs_k * sx_d, mask=k_mask, other=0.0)
-            av = tl.load(
-                a_row + offs_k[None, :] * sa_d, mask=r_mask[:, None] & k_mask[None, :], other=0.0
-            )
+            av = load_tile(a_row + offs_k[None, :] * sa_d, r_mask, k_mask)
             acc += tl.sum(av.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)
         h_off = ((o * P + pair) * SPLIT + split) * BLOCK_R
         tl.store(h_ptr + h_off + offs_r, acc)
@@ -76,13 +76,10 @@ def _bgmv_expand_kernel(
     o = tl.program_id(2)
     d_out = select_int(o, n0, n1, n2, NUM_OUT)
     if pid_n * BLOCK_N < d_out:
-        b_ptr = select_ptr(o, b0, b1, b2, NUM_OUT)
-        sb_s, sb_n, sb_r = select_strides(
-            o, sb0_s, sb0_n, sb0_r, sb1_s, sb1_n, sb1_r, sb2_s, sb2_n, sb2_r, NUM_OUT
-        )
-        y_ptr = select_ptr(o, y0, y1, y2, NUM_OUT)
-        sy_t = select_int(o, sy0_t, sy1_t, sy2_t, NUM_OUT)
-        sy_n = select_int(o, sy0_n, sy1_n, sy2_n, NUM_OUT)
+        b_ptr, sb_s, sb_n, sb_r, y_ptr, sy_t, sy_n = select_expand_operands(
+            o, b0, b1, b2, sb0_s, sb0_n, sb0_r, sb1_s, sb1_n, sb1_r, sb2_s, sb2_n, sb2_r,
+            y0, y1, y2, sy0_t, sy0_n, sy1_t, sy1_n, sy2_t, sy2_n, NUM_OUT,
+        )  # fmt: skip
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < d_out
         offs_r = tl.arange(0, BLOCK_R)
@@ -98,10 +95,10 @@ def _bgmv_expand_kernel(
                 h = tl.sum(
                     tl.load(h_base + offs_split[:, None] * BLOCK_R + offs_r[None, :]), axis=0
                 )
-                bv = tl.load(
+                bv = load_tile(
                     b_ptr + s * sb_s + offs_n[:, None] * sb_n + offs_r[None, :] * sb_r,
-                    mask=n_mask[:, None] & r_mask[None, :],
-                    other=0.0,
+                    n_mask,
+                    r_mask,
                 )
                 acc += w * tl.sum(bv.to(tl.float32) * h[None, :], axis=1)
         tl.store(y_ptr + t * sy_t + offs_n * sy_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
@@ -117,17 +114,11 @@ def _choose_split(x: torch.Tensor, programs: int, d_in: int, block_k: int) -> in
     return split
 
 
-def bgmv(
-    x: torch.Tensor,
-    As: list[torch.Tensor],
-    Bs: list[torch.Tensor],
-    slot_ids: torch.Tensor,
-    weights: torch.Tensor,
-    outs: list[torch.Tensor],
-    split: int | None = None,
-) -> None:
-    """Write Σ_j w · B_o[s] A_o[s] x into each `outs[o]` (up to three outputs, same rank)."""
-    T, K, num_out, _, r, d_in, P, block_r = pair_shape(slot_ids, As)
+def bgmv(launch: GroupLaunch, split: int | None = None) -> None:
+    """Write Σ_j w · B_o[s] A_o[s] x into the launch's outputs, one program per (token, top-k
+    pair); `split` overrides the split-K choice (tests)."""
+    x, As, Bs, slot_ids, weights, outs = launch
+    T, K, num_out, _, r, d_in, P, block_r = launch.shape()
     block_k = max(16, min(triton.next_power_of_2(d_in), 8192 // block_r))
     if split is None:
         split = _choose_split(x, P * num_out, d_in, block_k)

@@ -60,6 +60,29 @@ def select_strides(o, s0a, s0b, s0c, s1a, s1b, s1c, s2a, s2b, s2c, NUM_OUT: tl.c
     )
 
 
+@triton.jit
+def select_expand_operands(
+    o, b0, b1, b2, sb0_s, sb0_n, sb0_r, sb1_s, sb1_n, sb1_r, sb2_s, sb2_n, sb2_r,
+    y0, y1, y2, sy0_t, sy0_n, sy1_t, sy1_n, sy2_t, sy2_n, NUM_OUT: tl.constexpr,
+):  # fmt: skip
+    """Output `o`'s B buffer and output rows for an expand kernel: (b_ptr, its slot, row and
+    rank strides, y_ptr, its token and column strides)."""
+    sb_s, sb_n, sb_r = select_strides(
+        o, sb0_s, sb0_n, sb0_r, sb1_s, sb1_n, sb1_r, sb2_s, sb2_n, sb2_r, NUM_OUT
+    )
+    return (
+        select_ptr(o, b0, b1, b2, NUM_OUT), sb_s, sb_n, sb_r,
+        select_ptr(o, y0, y1, y2, NUM_OUT),
+        select_int(o, sy0_t, sy1_t, sy2_t, NUM_OUT), select_int(o, sy0_n, sy1_n, sy2_n, NUM_OUT),
+    )  # fmt: skip
+
+
+@triton.jit
+def load_tile(ptrs, row_mask, col_mask):
+    """A 2-D tile at `ptrs`, zero where its row or its column is out of range."""
+    return tl.load(ptrs, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+
+
 class PairShape(NamedTuple):
     """The sizes both grouped-GEMV launches start from: T tokens x K (slot, weight) pairs."""
 
@@ -73,10 +96,21 @@ class PairShape(NamedTuple):
     block_r: int
 
 
-def pair_shape(slot_ids: torch.Tensor, As: list[torch.Tensor]) -> PairShape:
-    T, K = slot_ids.shape
-    S, r, d_in = As[0].shape
-    return PairShape(T, K, len(As), S, r, d_in, T * K, rank_block(r))
+class GroupLaunch(NamedTuple):
+    """One shrink + expand: up to MAX_OUTPUTS (A_o, B_o) of the same rank sharing x and the
+    routing (`slot_ids`/`weights` [T, k], int32/fp32, contiguous); output o goes to `outs[o]`."""
+
+    x: torch.Tensor
+    As: list[torch.Tensor]
+    Bs: list[torch.Tensor]
+    slot_ids: torch.Tensor
+    weights: torch.Tensor
+    outs: list[torch.Tensor]
+
+    def shape(self) -> PairShape:
+        T, K = self.slot_ids.shape
+        S, r, d_in = self.As[0].shape
+        return PairShape(T, K, len(self.As), S, r, d_in, T * K, rank_block(r))
 
 
 def flat_strides(tensors: list[torch.Tensor]) -> list[int]:

@@ -11,7 +11,7 @@ import torch
 
 from kernels.device_plan import DevicePlan, build_device_plan
 from kernels.triton_bgmv import bgmv
-from kernels.triton_common import MAX_OUTPUTS, MAX_RANK
+from kernels.triton_common import MAX_OUTPUTS, MAX_RANK, GroupLaunch
 from kernels.triton_sgmv import sgmv
 
 # Up to this many (token, j) pairs the per-pair gather kernels win: each pair is one program and
@@ -64,11 +64,11 @@ def routed_lora_multi_triton(
     for i in range(0, len(pairs), MAX_OUTPUTS):
         group = pairs[i : i + MAX_OUTPUTS]
         As, Bs = [a for a, _ in group], [b for _, b in group]
+        launch = GroupLaunch(x, As, Bs, ids, w, outs[i : i + MAX_OUTPUTS])
         if mode == "bgmv":
-            bgmv(x, As, Bs, ids, w, outs[i : i + MAX_OUTPUTS])
+            bgmv(launch)
         else:
-            groups = plan.groups(As[0].shape[0])
-            sgmv(x, As, Bs, ids, w, outs[i : i + MAX_OUTPUTS], groups=groups)
+            sgmv(launch, groups=plan.groups(As[0].shape[0]))
     return outs
 
 

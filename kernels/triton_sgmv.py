@@ -21,10 +21,12 @@ import triton.language as tl
 
 from kernels.device_plan import PairGroups, group_pairs
 from kernels.triton_common import (
+    GroupLaunch,
     flat_strides,
     is_interpreted,
+    load_tile,
     pad3,
-    pair_shape,
+    select_expand_operands,
     select_int,
     select_ptr,
     select_strides,
@@ -61,15 +63,9 @@ def _sgmv_shrink_kernel(
         for k0 in range(0, d_in, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < d_in
-            xv = tl.load(
-                x_ptr + tok[:, None] * sx_t + offs_k[None, :] * sx_d,
-                mask=m_mask[:, None] & k_mask[None, :],
-                other=0.0,
-            )
-            av = tl.load(
-                a_ptr + s * sa_s + offs_k[:, None] * sa_d + offs_r[None, :] * sa_r,
-                mask=k_mask[:, None] & r_mask[None, :],
-                other=0.0,
+            xv = load_tile(x_ptr + tok[:, None] * sx_t + offs_k[None, :] * sx_d, m_mask, k_mask)
+            av = load_tile(
+                a_ptr + s * sa_s + offs_k[:, None] * sa_d + offs_r[None, :] * sa_r, k_mask, r_mask
             )
             if DOT_IEEE:
                 acc += tl.dot(xv.to(tl.float32), av.to(tl.float32), input_precision="ieee")
@@ -98,13 +94,10 @@ def _sgmv_expand_kernel(
     count = tl.load(count_ptr + seg)
     d_out = select_int(o, n0, n1, n2, NUM_OUT)
     if (s > 0) & (pid_m * BLOCK_M < count) & (pid_n * BLOCK_N < d_out):
-        b_ptr = select_ptr(o, b0, b1, b2, NUM_OUT)
-        sb_s, sb_n, sb_r = select_strides(
-            o, sb0_s, sb0_n, sb0_r, sb1_s, sb1_n, sb1_r, sb2_s, sb2_n, sb2_r, NUM_OUT
-        )
-        y_ptr = select_ptr(o, y0, y1, y2, NUM_OUT)
-        sy_t = select_int(o, sy0_t, sy1_t, sy2_t, NUM_OUT)
-        sy_n = select_int(o, sy0_n, sy1_n, sy2_n, NUM_OUT)
+        b_ptr, sb_s, sb_n, sb_r, y_ptr, sy_t, sy_n = select_expand_operands(
+            o, b0, b1, b2, sb0_s, sb0_n, sb0_r, sb1_s, sb1_n, sb1_r, sb2_s, sb2_n, sb2_r,
+            y0, y1, y2, sy0_t, sy0_n, sy1_t, sy1_n, sy2_t, sy2_n, NUM_OUT,
+        )  # fmt: skip
         start = tl.load(start_ptr + seg)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < count
@@ -114,15 +107,11 @@ def _sgmv_expand_kernel(
         n_mask = offs_n < d_out
         tok = tl.load(tok_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
         w = tl.load(w_ptr + start + offs_m, mask=m_mask, other=0.0)
-        h = tl.load(
-            h_ptr + (o * P + start + offs_m[:, None]) * BLOCK_R + offs_r[None, :],
-            mask=m_mask[:, None] & r_mask[None, :],
-            other=0.0,
+        h = load_tile(
+            h_ptr + (o * P + start + offs_m[:, None]) * BLOCK_R + offs_r[None, :], m_mask, r_mask
         )
-        bv = tl.load(
-            b_ptr + s * sb_s + offs_r[:, None] * sb_r + offs_n[None, :] * sb_n,
-            mask=r_mask[:, None] & n_mask[None, :],
-            other=0.0,
+        bv = load_tile(
+            b_ptr + s * sb_s + offs_r[:, None] * sb_r + offs_n[None, :] * sb_n, r_mask, n_mask
         ).to(tl.float32)
         if DOT_IEEE:
             acc = tl.dot(h, bv, input_precision="ieee")
@@ -136,18 +125,11 @@ def _sgmv_expand_kernel(
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def sgmv(
-    x: torch.Tensor,
-    As: list[torch.Tensor],
-    Bs: list[torch.Tensor],
-    slot_ids: torch.Tensor,
-    weights: torch.Tensor,
-    outs: list[torch.Tensor],
-    block_m: int | None = None,
-    groups: PairGroups | None = None,
-) -> None:
-    """Write Σ_j w · B_o[s] A_o[s] x into each `outs[o]` (up to three outputs, same rank)."""
-    T, K, num_out, S, r, d_in, P, block_r = pair_shape(slot_ids, As)
+def sgmv(launch: GroupLaunch, block_m: int | None = None, groups: PairGroups | None = None) -> None:
+    """Write Σ_j w · B_o[s] A_o[s] x into the launch's outputs over the (j, slot) segments of
+    the sorted pairs; `groups` are segments a `DevicePlan` already built."""
+    x, As, Bs, slot_ids, weights, outs = launch
+    T, K, num_out, S, r, d_in, P, block_r = launch.shape()
     if block_m is None:
         block_m = 16 if T <= 16 else (32 if T <= 128 else 64)
     block_k = 64 if block_r <= 64 else 32

@@ -120,30 +120,22 @@ int64_t paged_decode(const float* q, const T* kc, const T* vc, const int32_t* ta
 // fp32 or bf16; tables: [batch, table_stride] int32; lens: [batch] int32. Addresses come as
 // integers: the caller (cpu_paged_attention.paged_decode) checks shapes and dtypes and passes
 // torch's intra-op thread count; the tables are checked here (returns 1: a length runs past its
-// table, 2: a block outside the cache; nothing is computed then).
-static int64_t decode_fp32(uintptr_t q, uintptr_t kc, uintptr_t vc, uintptr_t tables,
-                           int64_t table_stride, uintptr_t lens, uintptr_t out, int64_t batch,
-                           int64_t heads, int64_t kv_heads, int64_t bs, int64_t hd,
-                           int64_t num_blocks, double scale, int threads) {
-  return paged_decode(reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(kc),
-               reinterpret_cast<const float*>(vc), reinterpret_cast<const int32_t*>(tables),
-               table_stride, reinterpret_cast<const int32_t*>(lens), reinterpret_cast<float*>(out),
-               batch, heads, kv_heads, bs, hd, num_blocks, static_cast<float>(scale), threads);
-}
-
-static int64_t decode_bf16(uintptr_t q, uintptr_t kc, uintptr_t vc, uintptr_t tables,
-                           int64_t table_stride, uintptr_t lens, uintptr_t out, int64_t batch,
-                           int64_t heads, int64_t kv_heads, int64_t bs, int64_t hd,
-                           int64_t num_blocks, double scale, int threads) {
-  return paged_decode(reinterpret_cast<const float*>(q), reinterpret_cast<const uint16_t*>(kc),
-               reinterpret_cast<const uint16_t*>(vc), reinterpret_cast<const int32_t*>(tables),
-               table_stride, reinterpret_cast<const int32_t*>(lens), reinterpret_cast<float*>(out),
-               batch, heads, kv_heads, bs, hd, num_blocks, static_cast<float>(scale), threads);
+// table, 2: a block outside the cache; nothing is computed then). Bound once per cache dtype:
+// fp32, and bf16 as its raw 16-bit patterns.
+template <typename T>
+int64_t decode(uintptr_t q, uintptr_t kc, uintptr_t vc, uintptr_t tables, int64_t table_stride,
+               uintptr_t lens, uintptr_t out, int64_t batch, int64_t heads, int64_t kv_heads,
+               int64_t bs, int64_t hd, int64_t num_blocks, double scale, int threads) {
+  return paged_decode(reinterpret_cast<const float*>(q), reinterpret_cast<const T*>(kc),
+                      reinterpret_cast<const T*>(vc), reinterpret_cast<const int32_t*>(tables),
+                      table_stride, reinterpret_cast<const int32_t*>(lens),
+                      reinterpret_cast<float*>(out), batch, heads, kv_heads, bs, hd, num_blocks,
+                      static_cast<float>(scale), threads);
 }
 
 // The kernels release the GIL: the engine's step thread and the server's event loop run beside them.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
-  m.def("decode_fp32", &decode_fp32, py::call_guard<py::gil_scoped_release>());
-  m.def("decode_bf16", &decode_bf16, py::call_guard<py::gil_scoped_release>());
+  m.def("decode_fp32", &decode<float>, py::call_guard<py::gil_scoped_release>());
+  m.def("decode_bf16", &decode<uint16_t>, py::call_guard<py::gil_scoped_release>());
 }

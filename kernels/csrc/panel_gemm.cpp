@@ -13,6 +13,8 @@
 #include <pybind11/pybind11.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace {
 
 constexpr int64_t NR = 16;  // output columns per panel: two 8-float AVX registers
@@ -66,25 +68,29 @@ inline void micro_tile(const float* x, int64_t ldx, const W* panel, int64_t k, f
   }
 }
 
-// Every row of x against one panel: full tiles of MR rows, then one tile for the remainder.
-// The panel (k * 64 bytes) stays in L1/L2 across the row tiles, so DRAM sees it once.
-template <typename W>
-void panel_rows(const float* x, int64_t ldx, const W* panel, int64_t k, float* y, int64_t ldy,
-                int64_t ncols, int64_t m) {
+// Calls tile(Rows<R>{}, row) over every row tile of an m-row x: full tiles of MaxR rows, then one
+// tile of the m % MaxR rows left. R is a compile-time constant in each call, so every tile height
+// is its own unrolled micro-kernel; the panel (k * 64 bytes) stays in L1/L2 across the row tiles,
+// so DRAM sees it once.
+template <int R>
+using Rows = std::integral_constant<int, R>;
+
+template <int R, typename Tile>
+inline void last_tile(int64_t rows, int64_t row, const Tile& tile) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      tile(Rows<R>{}, row);
+    } else {
+      last_tile<R - 1>(rows, row, tile);
+    }
+  }
+}
+
+template <int MaxR, typename Tile>
+inline void row_tiles(int64_t m, const Tile& tile) {
   int64_t r = 0;
-  for (; r + MR <= m; r += MR) {
-    micro_tile<MR, W>(x + r * ldx, ldx, panel, k, y + r * ldy, ldy, ncols);
-  }
-  const float* xr = x + r * ldx;
-  float* yr = y + r * ldy;
-  switch (m - r) {
-    case 1: micro_tile<1, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 2: micro_tile<2, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 3: micro_tile<3, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 4: micro_tile<4, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 5: micro_tile<5, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    default: break;
-  }
+  for (; r + MaxR <= m; r += MaxR) tile(Rows<MaxR>{}, r);
+  last_tile<MaxR - 1>(m - r, r, tile);
 }
 
 // The same on AVX-512 CPUs: a 16-column panel row is one 16-float register, so a tile holds
@@ -126,32 +132,6 @@ __attribute__((target("avx512f"))) void micro_tile512(const float* x, int64_t ld
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
 }
 
-template <typename W>
-__attribute__((target("avx512f"))) void panel_rows512(const float* x, int64_t ldx,
-                                                      const W* panel, int64_t k, float* y,
-                                                      int64_t ldy, int64_t ncols, int64_t m) {
-  int64_t r = 0;
-  for (; r + MR512 <= m; r += MR512) {
-    micro_tile512<MR512, W>(x + r * ldx, ldx, panel, k, y + r * ldy, ldy, ncols);
-  }
-  const float* xr = x + r * ldx;
-  float* yr = y + r * ldy;
-  switch (m - r) {
-    case 1: micro_tile512<1, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 2: micro_tile512<2, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 3: micro_tile512<3, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 4: micro_tile512<4, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 5: micro_tile512<5, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 6: micro_tile512<6, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 7: micro_tile512<7, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 8: micro_tile512<8, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 9: micro_tile512<9, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 10: micro_tile512<10, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    case 11: micro_tile512<11, W>(xr, ldx, panel, k, yr, ldy, ncols); break;
-    default: break;
-  }
-}
-
 const bool kHasAvx512 = __builtin_cpu_supports("avx512f");
 
 template <typename W>
@@ -162,10 +142,18 @@ void panel_gemm(const float* x, int64_t ldx, const W* panels, float* y, int64_t 
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t p = 0; p < npanels; ++p) {
     const int64_t ncols = (n - p * NR) < NR ? (n - p * NR) : NR;
+    const W* panel = panels + p * k * NR;
+    float* yp = y + p * NR;
     if (wide) {
-      panel_rows512(x, ldx, panels + p * k * NR, k, y + p * NR, ldy, ncols, m);
+      row_tiles<MR512>(m, [&](auto rows, int64_t r) {
+        micro_tile512<decltype(rows)::value, W>(x + r * ldx, ldx, panel, k, yp + r * ldy, ldy,
+                                                ncols);
+      });
     } else {
-      panel_rows(x, ldx, panels + p * k * NR, k, y + p * NR, ldy, ncols, m);
+      row_tiles<MR>(m, [&](auto rows, int64_t r) {
+        micro_tile<decltype(rows)::value, W>(x + r * ldx, ldx, panel, k, yp + r * ldy, ldy,
+                                             ncols);
+      });
     }
   }
 }
@@ -183,16 +171,12 @@ static bool has_avx512() { return kHasAvx512; }
 // stride ldy. Addresses come as integers: the caller (cpu_panel_gemm.panel_linear) checks shapes,
 // dtypes and strides and passes torch's intra-op thread count (OpenMP's own default is per
 // calling thread, and the engine steps on a thread of its own). `allow_avx512` false keeps the
-// AVX2 tiles on an AVX-512 CPU (tests check both against their twin).
-static void gemm_fp32(uintptr_t x, int64_t ldx, uintptr_t panels, uintptr_t y, int64_t ldy,
-                      int64_t m, int64_t n, int64_t k, int threads, bool allow_avx512) {
-  panel_gemm(reinterpret_cast<const float*>(x), ldx, reinterpret_cast<const float*>(panels),
-             reinterpret_cast<float*>(y), ldy, m, n, k, threads, allow_avx512);
-}
-
-static void gemm_bf16(uintptr_t x, int64_t ldx, uintptr_t panels, uintptr_t y, int64_t ldy,
-                      int64_t m, int64_t n, int64_t k, int threads, bool allow_avx512) {
-  panel_gemm(reinterpret_cast<const float*>(x), ldx, reinterpret_cast<const uint16_t*>(panels),
+// AVX2 tiles on an AVX-512 CPU (tests check both against their twin). Bound once per panel
+// dtype: fp32, and bf16 as its raw 16-bit patterns.
+template <typename W>
+void gemm(uintptr_t x, int64_t ldx, uintptr_t panels, uintptr_t y, int64_t ldy, int64_t m,
+          int64_t n, int64_t k, int threads, bool allow_avx512) {
+  panel_gemm(reinterpret_cast<const float*>(x), ldx, reinterpret_cast<const W*>(panels),
              reinterpret_cast<float*>(y), ldy, m, n, k, threads, allow_avx512);
 }
 
@@ -201,6 +185,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.def("panel_width", &panel_width);
   m.def("has_avx512", &has_avx512);
-  m.def("gemm_fp32", &gemm_fp32, py::call_guard<py::gil_scoped_release>());
-  m.def("gemm_bf16", &gemm_bf16, py::call_guard<py::gil_scoped_release>());
+  m.def("gemm_fp32", &gemm<float>, py::call_guard<py::gil_scoped_release>());
+  m.def("gemm_bf16", &gemm<uint16_t>, py::call_guard<py::gil_scoped_release>());
 }

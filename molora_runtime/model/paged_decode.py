@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from kernels import cpu_paged_attention
+from kernels.paged_inputs import check_paged_inputs
 from molora_runtime.model import cpu_attention_choice
 from molora_runtime.model.attention_meta import CacheAttention, DecodePlan
 
@@ -83,9 +84,11 @@ def paged_decode_tables(
     """Decode attention over padded block tables: q [B, H, D], caches [num_blocks, KVH,
     block_size, D], block_tables [B, max_blocks] int32, context_lens [B] int32 -> [B, H, D]."""
     if q.is_cuda:
-        from kernels.triton_paged_attention import paged_decode_attention_triton  # CUDA only
+        # triton is optional (the `kernels` extra) and only CUDA runs it
+        from kernels.triton_paged_attention import paged_decode_attention_triton
 
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
+    check_paged_inputs(q, k_cache, v_cache, block_tables, context_lens)
     if q.shape[0] == 0:
         return torch.zeros_like(q)
     _, kv_heads, block_size, _ = k_cache.shape

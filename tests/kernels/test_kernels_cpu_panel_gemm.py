@@ -7,6 +7,7 @@ silently skipped; where it cannot, the fallback says so."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from pathlib import Path
@@ -17,15 +18,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils import cpp_extension
 
-from kernels import cpu_extension_build
+from kernels import cpu_extension_build, cpu_kernel
 from kernels import cpu_panel_gemm as pg
+from kernels.cpu_extension_build import CACHE_ENV
 
 needs_kernel = pytest.mark.skipif(not pg.available(), reason="no AVX2/FMA CPU or no C++ compiler")
 
 
 def test_kernel_is_built_wherever_it_can_run() -> None:
     can_build = (
-        pg.cpu_supported() and pg.compiler() is not None and cpp_extension.is_ninja_available()
+        cpu_kernel.cpu_supported()
+        and cpu_kernel.compiler() is not None
+        and cpp_extension.is_ninja_available()
     )
     assert pg.available() == can_build
 
@@ -115,9 +119,9 @@ def test_a_failing_compiler_is_reported_with_its_output(
     )
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
-    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match="no such target"):
-        pg.build()
+        pg.KERNEL.build()
     assert not list((tmp_path / "cache").glob("*"))  # no half-written library left behind
 
 
@@ -125,11 +129,10 @@ def test_no_compiler_falls_back_loudly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
-    fresh = cpu_extension_build.LazyExtension(pg.build, "CPU panel GEMM unavailable", pg.log)
-    monkeypatch.setattr(pg, "_extension", fresh)
-    with caplog.at_level(logging.WARNING, logger=pg.__name__):
-        assert pg._load() is None
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    fresh = dataclasses.replace(pg.KERNEL)  # the same kernel, not yet loaded in this process
+    with caplog.at_level(logging.WARNING, logger=cpu_kernel.__name__):
+        assert fresh.library() is None
     assert "CPU panel GEMM unavailable" in caplog.text and "no C++ compiler" in caplog.text
 
 
@@ -137,14 +140,15 @@ def test_no_compiler_falls_back_loudly(
 def test_build_goes_to_the_private_cache_and_is_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
-    assert pg.build().panel_width() == pg.PANEL_WIDTH
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    assert pg.KERNEL.build().panel_width() == pg.PANEL_WIDTH
     built = cpu_extension_build.verified_library(pg.SPEC)
     assert built is not None and built.parent == tmp_path / "cache" / pg.SPEC.module
     assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
     stamp = built.stat().st_mtime_ns
     entries = sorted((tmp_path / "cache").iterdir())
-    assert pg.build().panel_width() == pg.PANEL_WIDTH  # verified and imported, not compiled again
+    # verified and imported, not compiled again
+    assert pg.KERNEL.build().panel_width() == pg.PANEL_WIDTH
     assert built.stat().st_mtime_ns == stamp and sorted((tmp_path / "cache").iterdir()) == entries
 
 

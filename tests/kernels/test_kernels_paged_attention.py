@@ -17,7 +17,8 @@ from paged_cases import (
     unpaged,
 )
 
-from kernels.paged_attention import paged_decode_attention_reference
+from benchmarks import paged_attention as paged_bench
+from kernels.paged_attention import paged_decode_attention_reference, write_paged_kv
 from molora_runtime.model.paged_decode import paged_decode_tables
 
 
@@ -135,7 +136,7 @@ def test_all_padding_and_empty_batch(dtype: str) -> None:
     assert paged_decode_tables(*e.args()).shape == (0, 1, 8)
 
 
-@pytest.mark.parametrize("path", ["reference", "triton"])
+@pytest.mark.parametrize("path", ["reference", "cpu", "triton"])
 def test_bad_inputs(path: str) -> None:
     c = make_paged_case(0, [3], kv_heads=2, group=2, head_dim=8, block_size=4)
     with pytest.raises(ValueError, match="multiple"):
@@ -156,20 +157,16 @@ def test_scale_is_applied(mult: int) -> None:
 
 def test_benchmark_layouts_agree() -> None:
     """benchmarks/paged_attention.py's paged and contiguous copies hold the same K/V."""
-    from benchmarks.paged_attention import PATHS, _problem, summarize
-
-    p = _problem([5, 40, 17], torch.float32, torch.device("cpu"))
-    outs = [fn(p, 0.125) for fn in PATHS.values()]
+    p = paged_bench._problem([5, 40, 17], torch.float32, torch.device("cpu"))
+    outs = [fn(p, 0.125) for fn in paged_bench.PATHS.values()]
     for got in outs[1:]:
         torch.testing.assert_close(got, outs[0], rtol=1e-5, atol=1e-5)
     row = {"batch": 3, "paged_vs_span": 1.5, "paged_vs_sdpa": 0.5, "paged_gbps": 2.0}
-    assert summarize([row])["paged_gbps_best_b3"] == 2.0
+    assert paged_bench.summarize([row])["paged_gbps_best_b3"] == 2.0
 
 
 def test_write_then_attend_equals_dense() -> None:
     """Tokens written one by one through write_paged_kv are what decode attention reads."""
-    from kernels.paged_attention import write_paged_kv
-
     g = torch.Generator().manual_seed(0)
     kvh, d, bs, n = 2, 8, 4, 11
     k_cache = torch.zeros(6, kvh, bs, d)

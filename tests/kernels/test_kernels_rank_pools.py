@@ -14,7 +14,12 @@ from kernel_cases import assert_matches
 
 from kernels.reference import routed_lora_dense
 from molora_runtime.lora.routing import stacked_range
-from molora_runtime.model.lora_backend import LoRABackend, ReferenceBackend, StackedBackend
+from molora_runtime.model.lora_backend import (
+    LoRABackend,
+    ReferenceBackend,
+    StackedBackend,
+    TritonBackend,
+)
 from molora_runtime.model.lora_context import GateTable, LoRAContext
 from molora_runtime.model.rank_pools import PooledBackend, PooledBuffers, SlotPool, layout_pools
 from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
@@ -174,7 +179,6 @@ def test_a_step_that_touches_one_pool_skips_the_others() -> None:
 def test_triton_over_pools_matches_the_padded_definition(mode: str) -> None:
     """The CUDA backend's kernels (interpreter) over per-pool buffers, rows spanning pools."""
     from kernels import triton_ops
-    from molora_runtime.model.lora_backend import TritonBackend
 
     pools = layout_pools([(4, 3), (16, 2)])
     adapters = Adapters(pools, 24, [8, 4, 4], seed=5)

@@ -12,6 +12,9 @@ from hypothesis import strategies as st
 from kernel_cases import assert_matches, case_params, make_case
 
 from kernels.reference import routed_lora_dense
+from molora_runtime.model.lora_backend import ReferenceBackend, TritonBackend
+from molora_runtime.model.lora_context import LoRAContext
+from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +59,12 @@ def test_fused_multi_output_matches_dense(
 def test_bgmv_split_k(split: int) -> None:
     """Split-K partial sums (added by the expand) give the same result."""
     from kernels.triton_bgmv import bgmv
+    from kernels.triton_common import GroupLaunch
 
     c = make_case(5, T=3, k=2, S=4, r=12, d_in=150, d_out=33)
     out = torch.empty(3, 33)
     ids = c.slot_ids.to(torch.int32).contiguous()
-    bgmv(c.x, [c.A], [c.B], ids, c.weights.contiguous(), [out], split=split)
+    bgmv(GroupLaunch(c.x, [c.A], [c.B], ids, c.weights.contiguous(), [out]), split=split)
     assert_matches(out, routed_lora_dense(c.x, c.A, c.B, c.slot_ids, c.weights))
 
 
@@ -89,10 +93,6 @@ def test_empty_batch_and_bad_input(triton_ops, mode: str) -> None:
 def test_triton_backend_equals_the_reference_backend_under_interpreter() -> None:
     """The engine's CUDA backend reaches the kernels on CPU tensors when the interpreter is on,
     adding a fused group's deltas into its members' columns as the reference backend does."""
-    from molora_runtime.model.lora_backend import ReferenceBackend, TritonBackend
-    from molora_runtime.model.lora_context import LoRAContext
-    from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
-
     c = make_case(2, T=6, k=2, S=4, r=8, d_in=20, d_out=10)
     members: list[LoRABuffers | None] = []
     for i in range(3):

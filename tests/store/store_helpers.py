@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 from safetensors.numpy import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
 
 TINY_LLAMA = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -17,9 +19,7 @@ BASE_ID = "tiny-llama-test"
 
 def make_peft_adapter(folder: Path, *, r: int, targets: list[str], seed: int) -> Path:
     """A real PEFT LoRA on a tiny random Llama, saved with `save_pretrained`."""
-    import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,10 @@ from adapter_store import (
     Registry,
     StoreUnavailableError,
 )
+from adapter_store.backends.s3 import S3Backend
 from adapter_store.layout import blob_key
+from adapter_store.validate import sha256_file
+from tests.support.ports import free_port
 
 SPAWN = mp.get_context("spawn")
 
@@ -87,9 +92,6 @@ def test_eviction_keeps_budget_lru(registry: Registry, tmp_path: Path) -> None:
 
 
 def _age(cache: LocalCache, name: str, seconds: float) -> None:
-    import os
-    import time
-
     stamp = cache.entry_dir("adapter", name, "1") / ".last_used"
     old = time.time() - seconds
     os.utime(stamp, (old, old))
@@ -125,7 +127,6 @@ def test_concurrent_pullers_across_processes(
     entry = Path(paths.pop())
     cache = LocalCache(tmp_path / "cache", max_bytes=1 << 30)
     assert cache.entries() == [entry]
-    from adapter_store.validate import sha256_file
 
     for f in m.files:
         assert sha256_file(entry / f.path) == f.sha256
@@ -134,9 +135,6 @@ def test_concurrent_pullers_across_processes(
 
 def _dead_backend():  # type: ignore[no-untyped-def]
     """An S3 backend whose endpoint refuses connections (nothing listens there)."""
-    from adapter_store.backends.s3 import S3Backend
-    from tests.support.ports import free_port
-
     return S3Backend(
         "gone",
         endpoint_url=f"http://127.0.0.1:{free_port()}",

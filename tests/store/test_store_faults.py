@@ -19,6 +19,7 @@ from adapter_store import AdapterStoreSource, IntegrityError, Registry, StoreUna
 from adapter_store.backends.s3 import S3Backend
 from adapter_store.layout import blob_key
 from molora_runtime.engine.engine import LLMEngine
+from molora_runtime.model.tiny import make_tiny_model
 from tests.runtime.rt_util import (
     engine_config,
     make_peft_adapter,
@@ -33,8 +34,6 @@ NAMES = ("a", "b", "cold")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from molora_runtime.model.tiny import make_tiny_model
-
     root = tmp_path_factory.mktemp("fault-assets")
     model = make_tiny_model(root / "model", "llama", seed=0)
     folders = {

@@ -7,8 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.numpy import load_file
-from store_helpers import BASE_ID, make_composition
+from store_helpers import BASE_ID, TINY_LLAMA, make_composition
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from adapter_store import (
     AdapterStoreSource,
@@ -50,10 +52,7 @@ def test_peft_round_trip(
 def test_pulled_folder_loads_with_peft(
     registry: Registry, source: AdapterStoreSource, alpha: Path
 ) -> None:
-    import torch
     from peft import PeftModel
-    from store_helpers import TINY_LLAMA
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     registry.publish_adapter(alpha, "alpha", "1")
     base = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))

@@ -3,6 +3,7 @@ expert of another tenant."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from store_helpers import make_composition
 
 from adapter_store import InvalidInputError, Registry
 from adapter_store.manifest import parse_manifest
+from deployments.ops.cli import main
 
 
 def test_tenant_is_recorded_and_fixed_per_name(registry: Registry, alpha: Path) -> None:
@@ -51,10 +53,6 @@ def test_composition_experts_must_be_public_or_own(
 
 
 def test_cli_push_tenant(capsys: pytest.CaptureFixture[str], store_url: str, alpha: Path) -> None:
-    import json
-
-    from deployments.ops.cli import main
-
     s = ["--store", store_url, "--json"]
     push = ["adapters", "push", str(alpha), "--name", "alpha", "--tenant", "acme"]
     assert main([*push, "--version", "1", *s]) == 0

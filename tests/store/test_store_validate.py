@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from adapter_store import InvalidInputError, Registry
+from adapter_store import InvalidInputError, Registry, open_registry
+from adapter_store.base_model import base_identity
+from adapter_store.manifest import FileEntry
+from adapter_store.validate import sha256_file
 
 
 def _edit_config(folder: Path, **changes: object) -> None:
@@ -132,8 +135,6 @@ def test_shapes_checked_against_base(registry: Registry, alpha: Path, base_confi
 
 
 def test_size_limit(store_url: str, alpha: Path) -> None:
-    from adapter_store import open_registry
-
     small = open_registry(store_url, create=True, max_bytes=1000)
     with pytest.raises(InvalidInputError, match="over the 1000-byte limit"):
         small.publish_adapter(alpha, "big", "1")
@@ -152,8 +153,6 @@ def test_missing_base_model_id(registry: Registry, alpha: Path, tmp_path: Path) 
 
 
 def test_base_identity_recorded(registry: Registry, alpha: Path, base_config: dict) -> None:
-    from adapter_store.base_model import base_identity
-
     m = registry.publish_adapter(alpha, "ident", "1", base_config=base_config)
     assert m.base_model_identity == base_identity(base_config)
     assert registry.publish_adapter(alpha, "anon", "1").base_model_identity is None
@@ -169,8 +168,6 @@ def test_verify_applies_the_rulebook(registry: Registry, alpha: Path) -> None:
         pytest.skip("needs a local backend to edit a stored file")
     cfg = json.loads(local.read_text())
     local.write_text(json.dumps(cfg | {"bias": "all"}))
-    from adapter_store.manifest import FileEntry
-    from adapter_store.validate import sha256_file
 
     entries = [
         FileEntry(path=e.path, sha256=sha256_file(local), size=local.stat().st_size)
