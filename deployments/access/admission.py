@@ -40,6 +40,9 @@ class AdmissionConfig(StrictModel):
     body_timeout_s: float = Field(
         10.0, gt=0, description="the whole request body must arrive within this (else 408)"
     )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="a request's line and headers must arrive within this (else 408)"
+    )
     max_connections_per_key: int = Field(
         64, ge=1, description="open API requests of one key, any path, bodies still arriving too"
     )

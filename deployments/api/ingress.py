@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from deployments.access import header_deadline
 from deployments.access.admission import AdmissionMiddleware
 from deployments.access.gate import Access, AccessError
 from deployments.access.tenancy import private_names
@@ -71,6 +72,7 @@ class Router:
         self.access = Access(self.cfg.server, self.cfg.engine.max_num_seqs, REPO_ROOT)
         self.access.announce()
         app.state.admission = self.access.admission
+        header_deadline.install(self.cfg.server.admission.header_timeout_s)
         self.handler = RequestHandler(self.cfg, self.access, self.catalog, self.upstream)
         self.tokenization = Tokenization(self.cfg, self.access, self.catalog, model)
         self.facts = ModelFacts(model, self.cfg.engine.max_model_len)

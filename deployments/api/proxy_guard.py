@@ -6,7 +6,8 @@ response not yet started would become a plain-text 500. This ASGI middleware, wh
 loads from `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH` (see PROXY_ENV_VARS), watches what the
 proxy sends; if the response never completed it ends an event stream with the same error
 event and `[DONE]` a failed model replica produces, and answers a response not yet begun with
-an OpenAI-shaped JSON error. It imports nothing of the project: the proxy only needs Starlette.
+an OpenAI-shaped JSON error. It imports nothing of the project but the header deadline (uvicorn
+only): the proxy needs no more than Starlette.
 
 With `MOLORA_PROXY_MAX_OPEN_PER_KEY` set (> 0; for servers with auth on, at most the router's
 `server.admission.max_connections_per_key`) it also refuses, in the proxy itself, a request
@@ -29,6 +30,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.middleware import Middleware
+
+from deployments.access import header_deadline
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -134,5 +137,7 @@ class StreamGuard:
 
 
 def proxy_middlewares() -> list[Middleware]:
-    """What Ray's proxy calls (by import path) for the middlewares to wrap its app with."""
+    """What Ray's proxy calls (by import path) for the middlewares to wrap its app with; it
+    also bounds header arrival on the proxy's port (`MOLORA_HEADER_TIMEOUT_S`, default 10 s)."""
+    header_deadline.install()
     return [Middleware(StreamGuard)]

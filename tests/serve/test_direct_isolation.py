@@ -28,6 +28,8 @@ from serve_helpers import auth_on, deployed, issue_keys, shipped_args
 from tests.support.local_ray import ROUTER_POOL, router_url
 
 FLOOD_TOKENS = 120
+HEADER_TIMEOUT_S = 2.0
+SLOW_HEADERS = 200
 QUEUE = 8  # engine slots: one running, this many waiting
 BAD_BODIES = ("not-an-object", "bad-utf8", "deep-json", "temperature-nan", "stream-yes",
               "lone-surrogate", "max-tokens-string")  # fmt: skip
@@ -56,6 +58,7 @@ def direct(ray_cluster, tiny_assets, tmp_path_factory) -> Iterator[dict[str, Any
             "auth": auth_on(root / "keys.json"),
             "admission": {
                 "body_timeout_s": isolation.BODY_TIMEOUT_S,
+                "header_timeout_s": HEADER_TIMEOUT_S,
                 "max_connections_per_key": isolation.CONNECTION_CAP,
             },
             "quotas": {
@@ -171,6 +174,37 @@ async def test_slow_bodies_do_not_freeze_the_endpoint(direct) -> None:
 
 async def test_reconnecting_slow_bodies_and_idle_keep_alives(direct) -> None:
     await isolation.test_reconnecting_slow_bodies_and_idle_keep_alives(direct)
+
+
+async def test_dribbled_headers_get_a_408_and_others_are_served(direct) -> None:
+    """Slowloris on the router's port: connections that never finish their headers are answered
+    408 and closed by the deadline, while another tenant's completion goes through."""
+    port = urlparse(direct["url"]).port
+
+    async def dribble() -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: molora\r\n")
+            for _ in range(int(HEADER_TIMEOUT_S * 4)):
+                await asyncio.sleep(0.5)
+                if reader.at_eof():
+                    break
+                writer.write(b"X-Slow: 1\r\n")
+            return await asyncio.wait_for(reader.read(), HEADER_TIMEOUT_S * 4)
+        finally:
+            writer.close()
+
+    slow = [asyncio.create_task(dribble()) for _ in range(SLOW_HEADERS)]
+    await asyncio.sleep(0.5)
+    async with httpx.AsyncClient(base_url=direct["url"], timeout=60) as http:
+        resp = await http.post(
+            "/v1/chat/completions",
+            json={"model": "math", "messages": [{"role": "user", "content": "hi"}]},
+            headers=_headers(direct, "globex"),
+        )
+    assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"]
+    answers = await asyncio.gather(*slow)
+    assert all(a.startswith(b"HTTP/1.1 408 ") for a in answers), {a[:40] for a in answers}
 
 
 async def test_bad_json_is_a_400_in_the_openai_shape(direct) -> None:
