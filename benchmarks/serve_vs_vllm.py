@@ -92,7 +92,7 @@ def make_assets(work: Path, model_dir: Path) -> Path:
     store = work / "store"
     if (store / ".done").is_file():
         return store
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # the optional `train` extra
 
     for i, name in enumerate(ADAPTERS):
         torch.manual_seed(100 + i)
