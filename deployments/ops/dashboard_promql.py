@@ -31,13 +31,16 @@ def sel(metric: str, *matchers: str, suffix: str = "") -> str:
     return m.scraped(metric) + suffix + "{" + ", ".join((APP, *matchers)) + "}"
 
 
-def rate(metric: str, *matchers: str, suffix: str = "") -> str:
-    return f"rate({sel(metric, *matchers, suffix=suffix)}{RATE})"
+def rate(metric: str, *matchers: str, suffix: str = "", offset: str = "") -> str:
+    """The per-second rate of `metric`, `offset` back in time when given."""
+    off = f" offset {offset}" if offset else ""
+    return f"rate({sel(metric, *matchers, suffix=suffix)}{RATE}{off})"
 
 
-def quantile(q: float, histogram: str, by: str = "") -> str:
+def quantile(q: float, histogram: str, by: str = "", suffix: str = "_bucket") -> str:
+    """The `q` quantile of a histogram whose `le` buckets are `histogram + suffix`."""
     labels = ", ".join(("le", by)) if by else "le"
-    return f"histogram_quantile({q}, sum by ({labels}) ({rate(histogram, suffix='_bucket')}))"
+    return f"histogram_quantile({q}, sum by ({labels}) ({rate(histogram, suffix=suffix)}))"
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,26 @@ class Query:
     legend: str
 
 
-def percentiles(histogram: str, by: str) -> list[Query]:
+def grouped(by: str, series: dict[str, str], agg: str = "sum") -> list[Query]:
+    """One `agg by (by) (expr)` target per named series, in the legend the name then the `by`
+    labels (`agg(expr)` and the bare name when `by` is empty)."""
+    if not by:
+        return [Query(f"{agg}({expr})", name) for name, expr in series.items()]
+    labels = " / ".join("{{" + label.strip() + "}}" for label in by.split(","))
+    return [
+        Query(f"{agg} by ({by}) ({expr})", f"{name} {labels}".lstrip())
+        for name, expr in series.items()
+    ]
+
+
+def percentiles(
+    histogram: str, by: str, quantiles: tuple[float, ...] = QUANTILES, suffix: str = "_bucket"
+) -> list[Query]:
+    """One target per quantile of `histogram` (as `quantile`), legends `p50 {{by}}` and so on."""
     legend = f" {{{{{by}}}}}" if by else ""
-    return [Query(quantile(q, histogram, by), f"p{round(q * 100)}{legend}") for q in QUANTILES]
+    return [
+        Query(quantile(q, histogram, by, suffix), f"p{round(q * 100)}{legend}") for q in quantiles
+    ]
 
 
 def hit_rate() -> str:
