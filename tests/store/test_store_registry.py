@@ -52,11 +52,11 @@ def test_pulled_folder_loads_with_peft(
 ) -> None:
     import torch
     from peft import PeftModel
-    from store_helpers import TINY_LLAMA
+    from store_helpers import SMALL_LLAMA
     from transformers import LlamaConfig, LlamaForCausalLM
 
     registry.publish_adapter(alpha, "alpha", "1")
-    base = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))
+    base = LlamaForCausalLM(LlamaConfig(**SMALL_LLAMA))
     model = PeftModel.from_pretrained(base, str(source.adapter_path("alpha@1")))
     expected = load_file(str(alpha / "adapter_model.safetensors"))
     key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
