@@ -15,6 +15,8 @@ import yaml
 
 from adapter_store import open_registry
 from deployments.access.auth import KeyFile, new_key, write_key_file
+from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry, Resolver
+from deployments.config import ServeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "molora"
@@ -248,3 +250,15 @@ def own_store(store: Path, root: Path) -> dict[str, Any]:
 def runtime_lora(load_dir: Path) -> dict[str, Any]:
     """The server's `runtime_lora` section: loads allowed from `load_dir` (relative to the repo)."""
     return {"load_dir": os.path.relpath(load_dir, ROOT)}
+
+
+def name_resolver(
+    adapter_versions: dict[str, tuple[str, ...]], base: str, **expose: Any
+) -> Resolver:
+    """The router's model-name resolver, served as `base` with `expose`, over a catalog of the
+    adapters (name -> versions, the last one latest) and the `mathcode` composition of
+    math@v1 and code@v1."""
+    adapters = {n: AdapterEntry(n, v, v[-1]) for n, v in adapter_versions.items()}
+    comp = CompositionEntry("mathcode", ("math@v1", "code@v1"), ("v1",), "v1")
+    catalog = Catalog(adapters=adapters, compositions={"mathcode": comp})
+    return Resolver(ServeConfig.from_args({"served_model_name": base, "expose": expose}), catalog)
