@@ -70,9 +70,9 @@ def lifecycle(request, ray_cluster, tiny_assets, tmp_path_factory) -> Iterator[d
         dst.publish_composition(folder, COMPOSITION, "v1")
     for name in ("math", "code", "poem"):
         _folder(tiny, name, load_dir / f"w-{name}")
-    keys, server = keyed_server(root, [("ops", "ops", True)])
-    server["runtime_lora"] = runtime_lora(load_dir)
-    args = tiny_args(tiny_assets, seqs=8, queue=64, model_len=512, max_tokens=6, server=server)
+    keys, section = keyed_server(root, [("ops", "ops", True)])
+    section["runtime_lora"] = runtime_lora(load_dir)
+    args = tiny_args(tiny_assets, seqs=8, queue=64, model_len=512, max_tokens=6, server=section)
     args["store"] = {
         "url": url,
         "endpoint_url": endpoint,
