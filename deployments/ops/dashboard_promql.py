@@ -73,18 +73,14 @@ def percentiles(
     ]
 
 
-def hit_rate() -> str:
-    hits = f"sum({rate(m.HOTSET_HITS)})"
-    misses = f"sum({rate(m.HOTSET_MISSES)})"
-    return f"{hits} / clamp_min({hits} + {misses}, 1e-9)"
+def hit_rate(hits: str = m.HOTSET_HITS, misses: str = m.HOTSET_MISSES, by: str = "") -> str:
+    """hits / (hits + misses) over every replica (per `by` label when given); the hot-set's by
+    default."""
+    agg = f"sum by ({by}) " if by else "sum"
+    summed_hits = f"{agg}({rate(hits)})"
+    return f"{summed_hits} / clamp_min({summed_hits} + {agg}({rate(misses)}), 1e-9)"
 
 
 def full_collections() -> str:
     """Generation-2 collections per second (the histogram's `+Inf` bucket counts them all)."""
     return rate(m.GC_PAUSE, 'generation="2"', 'le="+Inf"', suffix="_bucket")
-
-
-def tier_hit_rate() -> str:
-    hits = f"sum by (tier) ({rate(m.TIER_HITS)})"
-    misses = f"sum by (tier) ({rate(m.TIER_MISSES)})"
-    return f"{hits} / clamp_min({hits} + {misses}, 1e-9)"

@@ -11,7 +11,6 @@ from deployments.ops.dashboard_promql import (
     percentiles,
     rate,
     sel,
-    tier_hit_rate,
 )
 
 
@@ -60,7 +59,7 @@ def rows() -> list[Row]:
                     "Hit rate by tier",
                     "hits / (hits + misses) of the slot, host-memory and disk tiers.",
                     "percentunit",
-                    [Query(tier_hit_rate(), "{{tier}}")],
+                    [Query(hit_rate(m.TIER_HITS, m.TIER_MISSES, by="tier"), "{{tier}}")],
                     width=8,
                 ),
                 timeseries(
