@@ -161,8 +161,9 @@ async def open_stream(
         async for line in resp.aiter_lines():
             got += line.startswith("data: ")
             if got == lines:
-                break
-        yield
+                yield  # the line iterator stays open until the `with` body is done
+                return
+        raise AssertionError(f"the stream ended before {lines} data lines")
 
 
 def openai_client(url: str, api_key: str = "unused") -> Any:
