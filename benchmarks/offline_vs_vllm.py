@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.vllm_env import vllm_cpu_env
 from benchmarks.workload import MAX_MODEL_LEN, MAX_NUM_SEQS, NEW_TOKENS, PROMPTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +85,7 @@ def vllm_worker(model: str, dtype: str, batch: int) -> list[dict[str, float]]:
 
 
 def molora_worker(store: str, dtype: str, batch: int) -> list[dict[str, float]]:
+    # the engine's imports stay out of this module's top: vLLM's interpreter imports it too
     import torch
 
     from benchmarks.serve_offline import run_share
@@ -106,8 +108,6 @@ def run_side(
     side: str, dtype: str, batch: int, model: str, store: str, vllm_python: str
 ) -> list[dict[str, float]]:
     """One side in a fresh process on one thread; its timed generations."""
-    from benchmarks.vllm_env import vllm_cpu_env
-
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     if side == "vllm":
         python = vllm_python

@@ -33,22 +33,10 @@ import torch
 import yaml
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from benchmarks import server_process as servers
 from benchmarks.chat_stream import Sample, one, pct
 from benchmarks.machine import machine_info
 from benchmarks.report import RESULTS_DIR, write_json
-from benchmarks.server_process import (
-    MOLORA_PORT,
-    ROOT,
-    CpuMeter,
-    molora_binding,
-    priorities,
-    replica_layout,
-    set_ingress,
-    start_molora,
-    stop,
-    vllm_binding,
-    wait_up,
-)
 from benchmarks.vllm_env import VLLM_PYTHON, vllm_cpu_env
 from molora_runtime import LLM, SamplingParams
 from molora_runtime.model.model_paths import resolve_model_path
@@ -86,35 +74,19 @@ def molora_config(tiny: Path, path: Path, direct: bool = True) -> Path:
     """serve_config.yaml's layout serving the tiny model as `base`, 64 sequences per replica on
     `FREE_MODEL_REPLICA_CPUS`; the router serves HTTP itself (direct ingress, shipped) or, with
     `direct=False`, through Serve's proxy."""
-    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    set_ingress(cfg, direct)
-    cfg["logging_config"]["enable_access_log"] = False
-    app = cfg["applications"][0]
-    args = app["args"]
-    args["engine"].update(model=str(tiny), dtype="float32", max_num_seqs=MAX_NUM_SEQS,
-                          max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=2048,
-                          max_queue_len=512)  # fmt: skip
-    args["expose"].update(routes={}, adapters=[], compositions=[])
-    args["served_model_name"] = "base"
-    for dep in app["deployments"]:
-        if dep["name"] == "ModelReplica":
-            dep.pop("autoscaling_config", None)
-            dep["max_ongoing_requests"] = MAX_NUM_SEQS + 1  # + the router's stream channel
-            dep["max_queued_requests"] = 512
-            dep.setdefault("ray_actor_options", {})["num_cpus"] = FREE_MODEL_REPLICA_CPUS
+    cfg = servers.bench_config(
+        max_num_seqs=MAX_NUM_SEQS,
+        max_queue_len=512,
+        direct=direct,
+        num_cpus=FREE_MODEL_REPLICA_CPUS,
+        model=str(tiny),
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=2048,
+    )
+    cfg["applications"][0]["args"]["expose"].update(routes={}, adapters=[], compositions=[])
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
-
-
-def start_vllm(python: Path, tiny: Path, log: Path) -> subprocess.Popen:
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny)]
-    cmd += ["--host", "127.0.0.1", "--port", str(VLLM_PORT), "--served-model-name", "base"]
-    cmd += ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN)]
-    cmd += ["--max-num-seqs", str(MAX_NUM_SEQS)]
-    proc = subprocess.Popen(cmd, env=vllm_cpu_env(), stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, cwd=log.parent, start_new_session=True)  # fmt: skip
-    wait_up(f"http://127.0.0.1:{VLLM_PORT}/v1/models", proc)
-    return proc
 
 
 def body(i: int) -> dict[str, Any]:
@@ -146,7 +118,7 @@ async def drive(port: int, conc: int, n: int) -> tuple[list[Sample], float]:
 
 def cell(proc: subprocess.Popen, port: int, conc: int) -> dict[str, Any]:
     asyncio.run(drive(port, conc, conc // 4))  # warm-up
-    with CpuMeter(proc) as meter:
+    with servers.CpuMeter(proc) as meter:
         samples, seconds = asyncio.run(drive(port, conc, 2 * conc))
     tokens = sum(s.tokens for s in samples)
     server_s = sum(meter.server_s.values())
@@ -172,17 +144,18 @@ def serve_cells(name: str, proc: subprocess.Popen, port: int, cells: list[int]) 
     for r in rows:
         print(f"  {name} c={r['concurrency']}: {r['tok_per_s']} tok/s, "
               f"{r['server_cpu_ms_per_token']} CPU ms/token", flush=True)  # fmt: skip
-    return {"cells": rows, "nice": priorities(proc)}
+    return {"cells": rows, "nice": servers.priorities(proc)}
 
 
 def run_vllm(python: Path, tiny: Path, work: Path, cells: list[int]) -> dict[str, Any]:
     log = work / "vllm.log"
-    proc = start_vllm(python, tiny, log)
+    proc = servers.start_vllm(python, tiny, log, VLLM_PORT, dtype="float32",
+                      max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS)  # fmt: skip
     try:
         out = serve_cells("vllm", proc, VLLM_PORT, cells)
     finally:
-        stop(proc)
-    return {**out, "binding": vllm_binding(log)}
+        servers.stop(proc)
+    return {**out, "binding": servers.vllm_binding(log)}
 
 
 def run_molora(tiny: Path, work: Path, cells: list[int], direct: bool = True) -> dict[str, Any]:
@@ -190,17 +163,22 @@ def run_molora(tiny: Path, work: Path, cells: list[int], direct: bool = True) ->
     log = work / f"{name}.log"
     config = molora_config(tiny, work / f"{name}.yaml", direct)
     # A cluster of its own: `serve run` would otherwise join any Ray cluster on the box.
-    proc = start_molora(config, log, {"RAY_ADDRESS": "local"}, direct=direct)
+    proc = servers.start_molora(config, log, {"RAY_ADDRESS": "local"}, direct=direct)
     try:
-        out = serve_cells(name, proc, MOLORA_PORT, cells)
+        out = serve_cells(name, proc, servers.MOLORA_PORT, cells)
     finally:
-        stop(proc)
-    return {**out, "binding": molora_binding(log), "port": MOLORA_PORT, "direct_ingress": direct}
+        servers.stop(proc)
+    return {
+        **out,
+        "binding": servers.molora_binding(log),
+        "port": servers.MOLORA_PORT,
+        "direct_ingress": direct,
+    }
 
 
 def run_offline(tiny: Path) -> dict[str, Any]:
     """The engine alone on the replica's threads: 128 chat prompts at b=64, 128 tokens each."""
-    layout = replica_layout()
+    layout = servers.replica_layout()
     torch.set_num_threads(max(1, round(float(layout.get("num_cpus", 1)))))
     llm = LLM(model=str(tiny), dtype="float32", device="cpu", max_model_len=MAX_MODEL_LEN,
               max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048)  # fmt: skip
@@ -292,7 +270,7 @@ def main() -> None:
                      "SmolLM2 tokenizer), fp32", "new_tokens": NEW_TOKENS, "ignore_eos": True,
                      "temperature": 0.0, "cells": cells, "requests_per_cell": "2 x c",
                      "max_num_seqs": MAX_NUM_SEQS},
-        "molora_layout": {**replica_layout(), "num_cpus": FREE_MODEL_REPLICA_CPUS},
+        "molora_layout": {**servers.replica_layout(), "num_cpus": FREE_MODEL_REPLICA_CPUS},
         "vllm_env": {k: v for k, v in vllm_cpu_env().items() if k.startswith(("VLLM_", "OMP_"))},
         "quick": args.quick,
         "note": "one 2-core box, nothing else running; rounds in reversed order",

@@ -55,18 +55,17 @@ from benchmarks.serve_rounds import (
 )
 from benchmarks.server_process import (
     MOLORA_PORT,
-    ROOT,
     CpuMeter,
+    bench_config,
     molora_binding,
     priorities,
     replica_layout,
-    set_ingress,
     start_molora,
+    start_vllm,
     stop,
     vllm_binding,
-    wait_up,
 )
-from benchmarks.vllm_env import VLLM_PYTHON, vllm_cpu_env
+from benchmarks.vllm_env import VLLM_PYTHON
 from benchmarks.workload import (
     ADAPTERS,
     CELLS,
@@ -93,7 +92,7 @@ def make_assets(work: Path, model_dir: Path) -> Path:
     store = work / "store"
     if (store / ".done").is_file():
         return store
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # the optional `train` extra
 
     for i, name in enumerate(ADAPTERS):
         torch.manual_seed(100 + i)
@@ -171,44 +170,25 @@ def prepare_assets(work_arg: str | None, prefix: str) -> tuple[Path, Path, Path,
     return model_dir, work, store, load_arch(model_dir).vocab_size // 3
 
 
-def start_vllm(python: Path, model_dir: Path, work: Path, dtype: str, log: Path):
-    env = vllm_cpu_env()  # threads bound to every core
+def vllm_lora_args(work: Path) -> tuple[str, ...]:
+    """vLLM's LoRA flags for the benchmark's 4 adapters (rank 8, all 4 at once)."""
     modules = [f"{n}={work / 'adapters' / n}" for n in ADAPTERS]
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
-    cmd += ["--host", "127.0.0.1", "--port", str(VLLM_PORT), "--served-model-name", "base"]
-    cmd += ["--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN)]
-    cmd += ["--max-num-seqs", str(MAX_NUM_SEQS), "--enable-lora", "--max-loras", "4"]
-    cmd += ["--max-lora-rank", "8", "--lora-modules", *modules]
-    out = log.open("w")
-    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=work,
-                            start_new_session=True)  # fmt: skip
-    wait_up(f"http://127.0.0.1:{VLLM_PORT}/v1/models", proc)
-    return proc
+    return ("--enable-lora", "--max-loras", "4", "--max-lora-rank", "8", "--lora-modules", *modules)
 
 
 def molora_config(store: Path, dtype: str, path: Path) -> Path:
     """serve_config.yaml with the benchmark's limits, on the shipped replica layout (replicas x
     CPUs covering every core; each replica has vLLM's limits: 32 sequences, 4 adapter slots)."""
-    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    set_ingress(cfg)
-    cfg["logging_config"]["enable_access_log"] = False
-    app = cfg["applications"][0]
-    args = app["args"]
-    args["engine"].update(
-        dtype=dtype,
+    cfg = bench_config(
         max_num_seqs=MAX_NUM_SEQS,
+        max_queue_len=256,
+        dtype=dtype,
         max_model_len=MAX_MODEL_LEN,
         max_num_batched_tokens=1024,
-        max_queue_len=256,
     )
+    args = cfg["applications"][0]["args"]
     args["engine"]["hot_set"] = {"num_slots": 4, "max_rank": 8}
     args["store"] = {"url": str(store)}
-    args["served_model_name"] = "base"
-    for dep in app["deployments"]:
-        if dep["name"] == "ModelReplica":
-            dep.pop("autoscaling_config", None)
-            dep["max_ongoing_requests"] = MAX_NUM_SEQS + 1  # + the router's stream channel
-            dep["max_queued_requests"] = 256
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
@@ -320,7 +300,9 @@ def main() -> None:
                     run["vllm"] = {"skipped": f"{vllm_python} not found: run `make vllm-env`"}
                 elif server == "vllm":
                     log = work / f"vllm_{dtype}.log"
-                    proc = start_vllm(vllm_python, model_dir, work, dtype, log)
+                    proc = start_vllm(vllm_python, model_dir, log, VLLM_PORT, dtype=dtype,
+                                      max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS,
+                                      extra=vllm_lora_args(work))  # fmt: skip
                     phase(run, "vllm", proc, VLLM_PORT, shared_modes, cells, vocab_split,
                           round_no == 0)  # fmt: skip
                     run["vllm"]["thread_binding"] = vllm_binding(log)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import httpx
 import yaml
 
+from benchmarks.vllm_env import vllm_cpu_env
 from deployments.api.proxy_guard import PROXY_ENV_VARS
 from deployments.replica.serve_env import ENABLE, direct_ingress_env
 
@@ -33,6 +34,33 @@ def set_ingress(cfg: dict[str, Any], direct: bool = True) -> None:
     cfg["http_options"]["port"] = PROXY_PORT if direct else MOLORA_PORT
     env = cfg["applications"][0].setdefault("runtime_env", {}).setdefault("env_vars", {})
     env[ENABLE] = "1" if direct else "0"
+
+
+def bench_config(
+    *,
+    max_num_seqs: int,
+    max_queue_len: int,
+    direct: bool = True,
+    num_cpus: float | None = None,
+    **engine: Any,
+) -> dict[str, Any]:
+    """serve_config.yaml as a benchmark serves it: the model as `base`, no access log, the
+    engine's limits (`engine` on top), and a fixed set of model replicas (on `num_cpus` each when
+    given) that each take `max_num_seqs` requests and queue `max_queue_len` more."""
+    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    set_ingress(cfg, direct)
+    cfg["logging_config"]["enable_access_log"] = False
+    app = cfg["applications"][0]
+    app["args"]["engine"].update(max_num_seqs=max_num_seqs, max_queue_len=max_queue_len, **engine)
+    app["args"]["served_model_name"] = "base"
+    for dep in app["deployments"]:
+        if dep["name"] == "ModelReplica":
+            dep.pop("autoscaling_config", None)
+            dep["max_ongoing_requests"] = max_num_seqs + 1  # + the router's stream channel
+            dep["max_queued_requests"] = max_queue_len
+            if num_cpus is not None:
+                dep.setdefault("ray_actor_options", {})["num_cpus"] = num_cpus
+    return cfg
 
 
 def ingress_env(direct: bool = True) -> dict[str, str]:
@@ -100,6 +128,30 @@ def start_molora(
     proc = subprocess.Popen([str(serve), "run", str(config)], env=env, stdout=out,
                             stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)  # fmt: skip
     wait_up(f"http://127.0.0.1:{MOLORA_PORT}/health", proc)
+    return proc
+
+
+def start_vllm(
+    python: Path,
+    model: Path,
+    log: Path,
+    port: int,
+    *,
+    dtype: str,
+    max_model_len: int,
+    max_num_seqs: int,
+    extra: tuple[str, ...] = (),
+) -> subprocess.Popen:
+    """vLLM's OpenAI server on `model` (served as `base`, threads bound to every core, `extra`
+    added to its command line) in a session of its own, started in `log`'s folder; returns once
+    it answers."""
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "base"]
+    cmd += ["--dtype", dtype, "--max-model-len", str(max_model_len)]
+    cmd += ["--max-num-seqs", str(max_num_seqs), *extra]
+    proc = subprocess.Popen(cmd, env=vllm_cpu_env(), stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, cwd=log.parent, start_new_session=True)  # fmt: skip
+    wait_up(f"http://127.0.0.1:{port}/v1/models", proc)
     return proc
 
 

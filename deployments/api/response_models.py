@@ -67,12 +67,14 @@ class _Envelope(BaseModel):
     molora: MoloraInfo | None = None
 
 
-class _Finish(BaseModel):
-    """vLLM's `stop_reason` beside `finish_reason`: the stop string or stop token id that ended
-    the choice, null at EOS or length; written (null too) on every finished choice."""
+class _Choice(BaseModel):
+    """What every choice carries before its content: vLLM's `stop_reason` beside
+    `finish_reason` (the stop string or stop token id that ended the choice, null at EOS or
+    length; written, null too, on every finished choice) and its index."""
 
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    index: int = 0
 
     @model_serializer(mode="wrap")
     def _stop_reason(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -82,8 +84,7 @@ class _Finish(BaseModel):
         return data
 
 
-class CompletionChoice(_Finish):
-    index: int = 0
+class CompletionChoice(_Choice):
     text: str
     logprobs: dict[str, Any] | None = None
 
@@ -131,8 +132,7 @@ class AssistantMessage(BaseModel):
         return out
 
 
-class ChatChoice(_Finish):
-    index: int = 0
+class ChatChoice(_Choice):
     message: AssistantMessage
     logprobs: dict[str, Any] | None = None
 
@@ -163,8 +163,7 @@ class DeltaMessage(BaseModel):
     tool_calls: list[ToolCallDelta] | None = None
 
 
-class ChatChunkChoice(_Finish):
-    index: int = 0
+class ChatChunkChoice(_Choice):
     delta: DeltaMessage
     logprobs: dict[str, Any] | None = None
 

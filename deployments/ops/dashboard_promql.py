@@ -31,13 +31,16 @@ def sel(metric: str, *matchers: str, suffix: str = "") -> str:
     return m.scraped(metric) + suffix + "{" + ", ".join((APP, *matchers)) + "}"
 
 
-def rate(metric: str, *matchers: str, suffix: str = "") -> str:
-    return f"rate({sel(metric, *matchers, suffix=suffix)}{RATE})"
+def rate(metric: str, *matchers: str, suffix: str = "", offset: str = "") -> str:
+    """The per-second rate of `metric`, `offset` back in time when given."""
+    off = f" offset {offset}" if offset else ""
+    return f"rate({sel(metric, *matchers, suffix=suffix)}{RATE}{off})"
 
 
-def quantile(q: float, histogram: str, by: str = "") -> str:
+def quantile(q: float, histogram: str, by: str = "", suffix: str = "_bucket") -> str:
+    """The `q` quantile of a histogram whose `le` buckets are `histogram + suffix`."""
     labels = ", ".join(("le", by)) if by else "le"
-    return f"histogram_quantile({q}, sum by ({labels}) ({rate(histogram, suffix='_bucket')}))"
+    return f"histogram_quantile({q}, sum by ({labels}) ({rate(histogram, suffix=suffix)}))"
 
 
 @dataclass(frozen=True)
@@ -48,23 +51,36 @@ class Query:
     legend: str
 
 
-def percentiles(histogram: str, by: str) -> list[Query]:
+def grouped(by: str, series: dict[str, str], agg: str = "sum") -> list[Query]:
+    """One `agg by (by) (expr)` target per named series, in the legend the name then the `by`
+    labels (`agg(expr)` and the bare name when `by` is empty)."""
+    if not by:
+        return [Query(f"{agg}({expr})", name) for name, expr in series.items()]
+    labels = " / ".join("{{" + label.strip() + "}}" for label in by.split(","))
+    return [
+        Query(f"{agg} by ({by}) ({expr})", f"{name} {labels}".lstrip())
+        for name, expr in series.items()
+    ]
+
+
+def percentiles(
+    histogram: str, by: str, quantiles: tuple[float, ...] = QUANTILES, suffix: str = "_bucket"
+) -> list[Query]:
+    """One target per quantile of `histogram` (as `quantile`), legends `p50 {{by}}` and so on."""
     legend = f" {{{{{by}}}}}" if by else ""
-    return [Query(quantile(q, histogram, by), f"p{round(q * 100)}{legend}") for q in QUANTILES]
+    return [
+        Query(quantile(q, histogram, by, suffix), f"p{round(q * 100)}{legend}") for q in quantiles
+    ]
 
 
-def hit_rate() -> str:
-    hits = f"sum({rate(m.HOTSET_HITS)})"
-    misses = f"sum({rate(m.HOTSET_MISSES)})"
-    return f"{hits} / clamp_min({hits} + {misses}, 1e-9)"
+def hit_rate(hits: str = m.HOTSET_HITS, misses: str = m.HOTSET_MISSES, by: str = "") -> str:
+    """hits / (hits + misses) over every replica (per `by` label when given); the hot-set's by
+    default."""
+    agg = f"sum by ({by}) " if by else "sum"
+    summed_hits = f"{agg}({rate(hits)})"
+    return f"{summed_hits} / clamp_min({summed_hits} + {agg}({rate(misses)}), 1e-9)"
 
 
 def full_collections() -> str:
     """Generation-2 collections per second (the histogram's `+Inf` bucket counts them all)."""
     return rate(m.GC_PAUSE, 'generation="2"', 'le="+Inf"', suffix="_bucket")
-
-
-def tier_hit_rate() -> str:
-    hits = f"sum by (tier) ({rate(m.TIER_HITS)})"
-    misses = f"sum by (tier) ({rate(m.TIER_MISSES)})"
-    return f"{hits} / clamp_min({hits} + {misses}, 1e-9)"

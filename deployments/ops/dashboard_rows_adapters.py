@@ -5,14 +5,12 @@ from __future__ import annotations
 from deployments.ops import metric_names as m
 from deployments.ops.dashboard_panels import Row, timeseries
 from deployments.ops.dashboard_promql import (
-    QUANTILES,
     Query,
+    grouped,
     hit_rate,
     percentiles,
-    quantile,
     rate,
     sel,
-    tier_hit_rate,
 )
 
 
@@ -33,27 +31,23 @@ def rows() -> list[Row]:
                     "Loads and evictions",
                     "Adapters brought into a slot and pushed out of one (LRU).",
                     "ops",
-                    [
-                        Query(f"sum({rate(m.HOTSET_LOADS)})", "loads"),
-                        Query(f"sum({rate(m.HOTSET_EVICTIONS)})", "evictions"),
-                    ],
+                    grouped(
+                        "", {"loads": rate(m.HOTSET_LOADS), "evictions": rate(m.HOTSET_EVICTIONS)}
+                    ),
                     width=8,
                 ),
                 timeseries(
                     "Slots in use",
                     "Occupied adapter slots per replica.",
                     "short",
-                    [Query(f"sum by (replica) ({sel(m.HOTSET_SLOTS_USED)})", "{{replica}}")],
+                    grouped("replica", {"": sel(m.HOTSET_SLOTS_USED)}),
                     width=8,
                 ),
                 timeseries(
                     "Adapter load latency",
                     "p50 / p90 / p99 time to bring an adapter from the store cache into a slot.",
                     "s",
-                    [
-                        Query(quantile(q, m.HOTSET_LOAD_LATENCY), f"p{round(q * 100)}")
-                        for q in QUANTILES
-                    ],
+                    percentiles(m.HOTSET_LOAD_LATENCY, ""),
                     width=24,
                 ),
             ],
@@ -65,24 +59,23 @@ def rows() -> list[Row]:
                     "Hit rate by tier",
                     "hits / (hits + misses) of the slot, host-memory and disk tiers.",
                     "percentunit",
-                    [Query(tier_hit_rate(), "{{tier}}")],
+                    [Query(hit_rate(m.TIER_HITS, m.TIER_MISSES, by="tier"), "{{tier}}")],
                     width=8,
                 ),
                 timeseries(
                     "Tier loads and evictions",
                     "Adapters brought into and pushed out of each tier (LRU; pinned stay).",
                     "ops",
-                    [
-                        Query(f"sum by (tier) ({rate(m.TIER_LOADS)})", "loads {{tier}}"),
-                        Query(f"sum by (tier) ({rate(m.TIER_EVICTIONS)})", "evictions {{tier}}"),
-                    ],
+                    grouped(
+                        "tier", {"loads": rate(m.TIER_LOADS), "evictions": rate(m.TIER_EVICTIONS)}
+                    ),
                     width=8,
                 ),
                 timeseries(
                     "Tier bytes",
                     "Bytes each tier holds, summed over replicas.",
                     "bytes",
-                    [Query(f"sum by (tier) ({sel(m.TIER_BYTES)})", "{{tier}}")],
+                    grouped("tier", {"": sel(m.TIER_BYTES)}),
                     width=8,
                 ),
                 timeseries(
@@ -90,7 +83,7 @@ def rows() -> list[Row]:
                     "How many adapters are in a slot, parsed in host memory, loading, or only "
                     "on disk, summed over replicas.",
                     "short",
-                    [Query(f"sum by (state) ({sel(m.TIER_ADAPTERS)})", "{{state}}")],
+                    grouped("state", {"": sel(m.TIER_ADAPTERS)}),
                     width=12,
                 ),
                 timeseries(

@@ -8,8 +8,8 @@ from deployments.ops.dashboard_promql import (
     SERVE_DESIRED_REPLICAS,
     SERVE_REPLICAS_HEALTHY,
     SERVE_TARGET_REPLICAS,
-    Query,
     full_collections,
+    grouped,
     percentiles,
     sel,
 )
@@ -27,17 +27,14 @@ def rows() -> list[Row]:
                     "and its raw decision before min/max bounds.",
                     "short",
                     [
-                        Query(
-                            f"sum by (deployment) ({sel(SERVE_REPLICAS_HEALTHY)})",
-                            "healthy {{deployment}}",
-                        ),
-                        Query(
-                            f"max by (deployment) ({sel(SERVE_TARGET_REPLICAS)})",
-                            "target {{deployment}}",
-                        ),
-                        Query(
-                            f"max by (deployment) ({sel(SERVE_DESIRED_REPLICAS)})",
-                            "desired {{deployment}}",
+                        *grouped("deployment", {"healthy": sel(SERVE_REPLICAS_HEALTHY)}),
+                        *grouped(
+                            "deployment",
+                            {
+                                "target": sel(SERVE_TARGET_REPLICAS),
+                                "desired": sel(SERVE_DESIRED_REPLICAS),
+                            },
+                            agg="max",
                         ),
                     ],
                     width=24,
@@ -59,7 +56,7 @@ def rows() -> list[Row]:
                     "Generation-2 collections per second, per replica. Each replica's first is "
                     "Ray Serve's own at start-up, before it freezes the start-up heap.",
                     "ops",
-                    [Query(f"sum by (replica) ({full_collections()})", "{{replica}}")],
+                    grouped("replica", {"": full_collections()}),
                 ),
             ],
         ),

@@ -9,29 +9,20 @@ from __future__ import annotations
 
 from deployments.ops import metric_names as m
 from deployments.ops.dashboard_panels import Row, timeseries
-from deployments.ops.dashboard_promql import APP, RATE, Query
+from deployments.ops.dashboard_promql import Query, percentiles, rate
 from deployments.ops.gate_alerts import expert_share
 
 TITLE = "Gate drift"
 _SHIFT = "1h"  # the drift panel's baseline: the same rate this long ago
 
 
-def _rate(metric: str, offset: str = "") -> str:
-    off = f" offset {offset}" if offset else ""
-    return f"rate({m.scraped(metric)}{{{APP}}}{RATE}{off})"
-
-
-def _quantile(q: float, buckets: str, by: str) -> str:
-    return f"histogram_quantile({q}, sum by (le, {by}) ({_rate(buckets)}))"
-
-
 def _mean(total: str, buckets: str, by: str) -> str:
-    count = f'rate({m.scraped(buckets)}{{{APP}, le="+Inf"}}{RATE})'
-    return f"sum by ({by}) ({_rate(total)}) / sum by ({by}) ({count})"
+    count = rate(buckets, 'le="+Inf"')
+    return f"sum by ({by}) ({rate(total)}) / sum by ({by}) ({count})"
 
 
 def _share(offset: str = "") -> str:
-    return expert_share(lambda by: f"sum by ({by}) ({_rate(m.GATE_TOP1_TOKENS, offset)})")
+    return expert_share(lambda by: f"sum by ({by}) ({rate(m.GATE_TOP1_TOKENS, offset=offset)})")
 
 
 def rows() -> list[Row]:
@@ -46,10 +37,7 @@ def rows() -> list[Row]:
                     "Median and p90 of the gate's normalized entropy per composition: 0 sends every "
                     "token to one expert, 1 spreads it evenly. A fall towards 0 is a collapsing gate.",
                     "none",
-                    [
-                        Query(_quantile(0.5, ent, "composition"), "p50 {{composition}}"),
-                        Query(_quantile(0.9, ent, "composition"), "p90 {{composition}}"),
-                    ],
+                    percentiles(ent, "composition", (0.5, 0.9), suffix=""),
                 ),
                 timeseries(
                     "Mean routing entropy by layer",
@@ -69,8 +57,7 @@ def rows() -> list[Row]:
                     "near 1 the mixture behaves as one adapter, near 1/k it blends evenly.",
                     "percentunit",
                     [
-                        Query(_quantile(0.5, w, "composition"), "p50 {{composition}}"),
-                        Query(_quantile(0.1, w, "composition"), "p10 {{composition}}"),
+                        *percentiles(w, "composition", (0.5, 0.1), suffix=""),
                         Query(
                             _mean(m.GATE_TOP1_WEIGHT_SUM, w, "composition"), "mean {{composition}}"
                         ),

@@ -7,6 +7,7 @@ from deployments.ops.dashboard_panels import Row, stat, timeseries
 from deployments.ops.dashboard_promql import (
     SERVE_REPLICAS_HEALTHY,
     Query,
+    grouped,
     hit_rate,
     percentiles,
     rate,
@@ -55,35 +56,20 @@ def rows() -> list[Row]:
                     "Requests by adapter and route kind",
                     "Request rate split by the adapter named in `model` and the route kind.",
                     "reqps",
-                    [
-                        Query(
-                            f"sum by (adapter, route_kind) ({rate(m.REQUESTS, adapter)})",
-                            "{{adapter}} / {{route_kind}}",
-                        )
-                    ],
+                    grouped("adapter, route_kind", {"": rate(m.REQUESTS, adapter)}),
                     stack=True,
                 ),
                 timeseries(
                     "Requests by status",
                     "Request rate by outcome; non-`ok` statuses are client or server errors.",
                     "reqps",
-                    [
-                        Query(
-                            f"sum by (status) ({rate(m.REQUESTS, adapter)})",
-                            "{{status}}",
-                        )
-                    ],
+                    grouped("status", {"": rate(m.REQUESTS, adapter)}),
                 ),
                 timeseries(
                     "Tokens by adapter and route kind",
                     "Prompt and completion tokens per second.",
                     "short",
-                    [
-                        Query(
-                            f"sum by (adapter, route_kind, kind) ({rate(m.TOKENS, adapter)})",
-                            "{{adapter}} / {{route_kind}} / {{kind}}",
-                        )
-                    ],
+                    grouped("adapter, route_kind, kind", {"": rate(m.TOKENS, adapter)}),
                     stack=True,
                 ),
                 timeseries(
@@ -91,7 +77,7 @@ def rows() -> list[Row]:
                     "affinity: replica already held the adapters; spill: load bound moved it; "
                     "new: no replica held them.",
                     "ops",
-                    [Query(f"sum by (outcome) ({rate(m.PLACEMENTS)})", "{{outcome}}")],
+                    grouped("outcome", {"": rate(m.PLACEMENTS)}),
                 ),
             ],
         ),
@@ -119,13 +105,13 @@ def rows() -> list[Row]:
                     "Queue depth",
                     "Requests waiting for a batch slot, per replica.",
                     "short",
-                    [Query(f"sum by (replica) ({sel(m.QUEUE_LENGTH)})", "{{replica}}")],
+                    grouped("replica", {"": sel(m.QUEUE_LENGTH)}),
                 ),
                 timeseries(
                     "Running requests",
                     "Sequences in the running batch, per replica.",
                     "short",
-                    [Query(f"sum by (replica) ({sel(m.RUNNING)})", "{{replica}}")],
+                    grouped("replica", {"": sel(m.RUNNING)}),
                 ),
             ],
         ),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from deployments.ops import metric_names as m
 from deployments.ops.dashboard_panels import Row, timeseries
-from deployments.ops.dashboard_promql import Query, percentiles, rate, sel
+from deployments.ops.dashboard_promql import Query, grouped, percentiles, rate, sel
 
 
 def rows() -> list[Row]:
@@ -22,16 +22,15 @@ def rows() -> list[Row]:
                     "Requests running / waiting",
                     "vllm:num_requests_running and vllm:num_requests_waiting, per replica.",
                     "short",
-                    [
-                        Query(f"sum by (replica) ({sel(m.VLLM_RUNNING)})", "running {{replica}}"),
-                        Query(f"sum by (replica) ({sel(m.VLLM_WAITING)})", "waiting {{replica}}"),
-                    ],
+                    grouped(
+                        "replica", {"running": sel(m.VLLM_RUNNING), "waiting": sel(m.VLLM_WAITING)}
+                    ),
                 ),
                 timeseries(
                     "KV-cache usage",
                     "vllm:kv_cache_usage_perc: share of KV blocks in use (1 = full), per replica.",
                     "percentunit",
-                    [Query(f"max by (replica) ({sel(m.VLLM_KV_USAGE)})", "{{replica}}")],
+                    grouped("replica", {"": sel(m.VLLM_KV_USAGE)}, agg="max"),
                 ),
                 timeseries(
                     "Prefix-cache hit rate and preemptions",
@@ -68,16 +67,13 @@ def rows() -> list[Row]:
                     "Prompt and generation tokens / s by LoRA",
                     "vllm:prompt_tokens and vllm:generation_tokens rates per LoRA name.",
                     "short",
-                    [
-                        Query(
-                            f"sum by (lora_name) ({rate(m.VLLM_PROMPT_TOKENS)})",
-                            "prompt {{lora_name}}",
-                        ),
-                        Query(
-                            f"sum by (lora_name) ({rate(m.VLLM_GENERATION_TOKENS)})",
-                            "generation {{lora_name}}",
-                        ),
-                    ],
+                    grouped(
+                        "lora_name",
+                        {
+                            "prompt": rate(m.VLLM_PROMPT_TOKENS),
+                            "generation": rate(m.VLLM_GENERATION_TOKENS),
+                        },
+                    ),
                 ),
             ],
         )

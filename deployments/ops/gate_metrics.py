@@ -10,34 +10,12 @@ catalog, layers from the model, `le` from fixed bounds and adapters from the com
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
-
-from ray.serve import metrics as serve_metrics
 
 from deployments.ops import metric_names as names
+from deployments.ops.metrics import metric as ray_metric
 from molora_runtime.engine.gate_telemetry import ENTROPY_BUCKETS, TOP1_BUCKETS, LayerTelemetry
 
 Sample = tuple[str, dict[str, str], float]  # metric, tags, increment
-
-_TAGS = {
-    names.GATE_ENTROPY_BUCKETS: ("composition", "layer", "le"),
-    names.GATE_ENTROPY_SUM: ("composition", "layer"),
-    names.GATE_TOP1_WEIGHT_BUCKETS: ("composition", "layer", "le"),
-    names.GATE_TOP1_WEIGHT_SUM: ("composition", "layer"),
-    names.GATE_TOP1_TOKENS: ("composition", "layer", "adapter"),
-}
-_HELP = {
-    names.GATE_ENTROPY_BUCKETS: "routed tokens whose gate entropy (0 one-hot .. 1 uniform) is <= le",
-    names.GATE_ENTROPY_SUM: "sum of routed tokens' normalized gate entropy",
-    names.GATE_TOP1_WEIGHT_BUCKETS: "routed tokens whose first expert's mixture weight is <= le",
-    names.GATE_TOP1_WEIGHT_SUM: "sum of routed tokens' first-expert mixture weight",
-    names.GATE_TOP1_TOKENS: "routed tokens whose gate ranked this expert first",
-}
-
-
-@cache
-def counter(name: str) -> serve_metrics.Counter:
-    return serve_metrics.Counter(name, description=_HELP[name], tag_keys=_TAGS[name])
 
 
 def _le(bound: float) -> str:
@@ -83,4 +61,4 @@ def export_gate_telemetry(
 ) -> None:
     for metric, tags, value in gate_samples(telemetry, experts, label):
         if value > 0:
-            counter(metric).inc(value, tags=tags)
+            ray_metric(metric).inc(value, tags=tags)

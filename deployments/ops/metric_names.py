@@ -55,50 +55,18 @@ VLLM_ITL = "vllm_inter_token_latency_seconds"  # histogram
 VLLM_PROMPT_TOKENS = "vllm_prompt_tokens_total"  # counter
 VLLM_GENERATION_TOKENS = "vllm_generation_tokens_total"  # counter
 
-ALL = (
-    REQUESTS,
-    TOKENS,
-    TTFT,
-    INTER_TOKEN,
-    QUEUE_LENGTH,
-    RUNNING,
-    HOTSET_HITS,
-    HOTSET_MISSES,
-    HOTSET_EVICTIONS,
-    HOTSET_LOADS,
-    HOTSET_LOAD_LATENCY,
-    HOTSET_SLOTS_USED,
-    GATE_TOKENS,
-    GATE_ENTROPY_BUCKETS,
-    GATE_ENTROPY_SUM,
-    GATE_TOP1_WEIGHT_BUCKETS,
-    GATE_TOP1_WEIGHT_SUM,
-    GATE_TOP1_TOKENS,
-    TIER_HITS,
-    TIER_MISSES,
-    TIER_LOADS,
-    TIER_EVICTIONS,
-    TIER_BYTES,
-    TIER_ADAPTERS,
-    LOAD_STAGE_LATENCY,
-    PLACEMENTS,
-    GC_PAUSE,
-)
 
-VLLM = (
-    VLLM_RUNNING,
-    VLLM_WAITING,
-    VLLM_KV_USAGE,
-    VLLM_PREFIX_QUERIES,
-    VLLM_PREFIX_HITS,
-    VLLM_PREEMPTIONS,
-    VLLM_QUEUE_TIME,
-    VLLM_E2E,
-    VLLM_TTFT,
-    VLLM_ITL,
-    VLLM_PROMPT_TOKENS,
-    VLLM_GENERATION_TOKENS,
-)
+def _defined(prefix: str) -> tuple[str, ...]:
+    """Every name defined above whose value starts with `prefix`, in the order defined."""
+    return tuple(
+        value
+        for key, value in globals().items()
+        if key.isupper() and isinstance(value, str) and value.startswith(prefix)
+    )
+
+
+ALL = _defined("molora_")  # our own series
+VLLM = _defined("vllm_")  # vLLM's series
 
 
 def scraped(name: str) -> str:

@@ -1,14 +1,14 @@
 """Prometheus metrics exported through Ray (`ray.serve.metrics`), named in `metric_names`.
 
-Each process creates its metrics once, lazily, so importing this module costs nothing and
-unit tests that never touch Ray never start it. Three cached factories (`counter`, `gauge`,
-`histogram`) make every metric; the named functions below only fix each one's description,
-labels and buckets.
+One table (`SPECS`) gives every metric its type, description, tags and buckets; `metric(name)`
+makes each once per process, lazily, so importing this module costs nothing and unit tests
+that never touch Ray never start it. The named functions are the call sites' short forms.
 """
 
 from __future__ import annotations
 
 from functools import cache
+from typing import Any, NamedTuple
 
 from ray.serve import metrics as serve_metrics
 
@@ -36,185 +36,200 @@ ROUTER_TAGS = ("model_name", "lora_name")  # vLLM's model_name; lora_name a cata
 REPLICA_TAGS = ("model_name",)
 
 
-@cache
-def counter(name: str, description: str, tag_keys: tuple[str, ...] = ()) -> serve_metrics.Counter:
-    return serve_metrics.Counter(name, description=description, tag_keys=tag_keys)
+class Spec(NamedTuple):
+    """How one metric is made: its Ray type, help text, tag keys and (histograms) buckets."""
+
+    kind: type[serve_metrics.Counter] | type[serve_metrics.Gauge] | type[serve_metrics.Histogram]
+    description: str
+    tags: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
 
 
-@cache
-def gauge(name: str, description: str, tag_keys: tuple[str, ...] = ()) -> serve_metrics.Gauge:
-    return serve_metrics.Gauge(name, description=description, tag_keys=tag_keys)
-
-
-@cache
-def histogram(
-    name: str, description: str, buckets: tuple[float, ...], tag_keys: tuple[str, ...] = ()
-) -> serve_metrics.Histogram:
-    return serve_metrics.Histogram(
-        name, description=description, boundaries=list(buckets), tag_keys=tag_keys
-    )
-
-
-# -- the router's ----------------------------------------------------------------------------
-
-
-def requests() -> serve_metrics.Counter:
-    return counter(
-        names.REQUESTS,
-        "requests by route kind, adapter (a catalog name or the route kind) and status",
-        ("route_kind", "adapter", "status"),
-    )
-
-
-def tokens() -> serve_metrics.Counter:
-    return counter(
-        names.TOKENS,
-        "prompt and completion tokens by route kind and adapter",
-        ("route_kind", "adapter", "kind"),
-    )
-
-
-def ttft() -> serve_metrics.Histogram:
-    return histogram(
-        names.TTFT, "time to first token as the client sees it", LATENCY_BUCKETS, ("route_kind",)
-    )
-
-
-def inter_token() -> serve_metrics.Histogram:
-    return histogram(
-        names.INTER_TOKEN, "time between streamed tokens", ITL_BUCKETS, ("route_kind",)
-    )
-
-
-def placements() -> serve_metrics.Counter:
-    return counter(
-        names.PLACEMENTS, "placement decisions of the adapter-affinity router", ("outcome",)
-    )
-
-
-VLLM_ROUTER_DOCS = {
-    names.VLLM_E2E: ("Histogram of e2e request latency in seconds.", VLLM_REQUEST_BUCKETS),
-    names.VLLM_TTFT: ("Histogram of time to first token in seconds.", VLLM_TTFT_BUCKETS),
-    names.VLLM_ITL: ("Histogram of inter-token latency in seconds.", VLLM_ITL_BUCKETS),
-}
-
-
-def vllm_router_histogram(name: str) -> serve_metrics.Histogram:
-    description, buckets = VLLM_ROUTER_DOCS[name]
-    return histogram(name, description, buckets, ROUTER_TAGS)
-
-
-def vllm_router_counter(name: str) -> serve_metrics.Counter:
-    what = "prefill" if name == names.VLLM_PROMPT_TOKENS else "generation"
-    return counter(name, f"Number of {what} tokens processed.", ROUTER_TAGS)
-
-
-# -- a model replica's ------------------------------------------------------------------------
-
-
-def queue_length() -> serve_metrics.Gauge:
-    return gauge(names.QUEUE_LENGTH, "waiting requests of a replica")
-
-
-def running() -> serve_metrics.Gauge:
-    return gauge(names.RUNNING, "running requests of a replica")
-
-
-def hotset_counter(name: str) -> serve_metrics.Counter:
-    return counter(name, f"hot-set {name.split('_')[2]} of a replica")
-
-
-def hotset_load_latency() -> serve_metrics.Histogram:
-    return histogram(
-        names.HOTSET_LOAD_LATENCY,
-        "seconds spent loading adapters into hot-set slots (mean per load)",
-        LOAD_BUCKETS,
-    )
-
-
-def hotset_slots_used() -> serve_metrics.Gauge:
-    return gauge(names.HOTSET_SLOTS_USED, "occupied hot-set slots")
-
-
-def gate_tokens() -> serve_metrics.Counter:
-    return counter(
-        names.GATE_TOKENS,
-        "tokens routed to each expert, per layer, by learned compositions",
-        ("composition", "layer", "adapter"),
-    )
-
-
+_C, _G, _H = serve_metrics.Counter, serve_metrics.Gauge, serve_metrics.Histogram
+HOTSET_COUNTERS = (
+    names.HOTSET_HITS,
+    names.HOTSET_MISSES,
+    names.HOTSET_EVICTIONS,
+    names.HOTSET_LOADS,
+)
 TIER_COUNTERS = {
     "hits": names.TIER_HITS,
     "misses": names.TIER_MISSES,
     "loads": names.TIER_LOADS,
     "evictions": names.TIER_EVICTIONS,
 }
+_GATE_TAGS = ("composition", "layer")
 
-
-def tier_counter(name: str) -> serve_metrics.Counter:
-    what = name.removeprefix("molora_tier_").removesuffix("_total")
-    return counter(name, f"adapter-tier {what} of a replica, by tier", ("tier",))
-
-
-def tier_bytes() -> serve_metrics.Gauge:
-    return gauge(names.TIER_BYTES, "bytes held by each adapter tier", ("tier",))
-
-
-def tier_adapters() -> serve_metrics.Gauge:
-    return gauge(
-        names.TIER_ADAPTERS,
-        "adapters per residency state (slot, host, loading, disk) of a replica",
-        ("state",),
-    )
-
-
-def load_stage_latency() -> serve_metrics.Histogram:
-    return histogram(
-        names.LOAD_STAGE_LATENCY,
+SPECS: dict[str, Spec] = {
+    # the router's
+    names.REQUESTS: Spec(
+        _C,
+        "requests by route kind, adapter (a catalog name or the route kind) and status",
+        ("route_kind", "adapter", "status"),
+    ),
+    names.TOKENS: Spec(
+        _C,
+        "prompt and completion tokens by route kind and adapter",
+        ("route_kind", "adapter", "kind"),
+    ),
+    names.TTFT: Spec(
+        _H, "time to first token as the client sees it", ("route_kind",), LATENCY_BUCKETS
+    ),
+    names.INTER_TOKEN: Spec(_H, "time between streamed tokens", ("route_kind",), ITL_BUCKETS),
+    names.PLACEMENTS: Spec(_C, "placement decisions of the adapter-affinity router", ("outcome",)),
+    names.VLLM_E2E: Spec(
+        _H, "Histogram of e2e request latency in seconds.", ROUTER_TAGS, VLLM_REQUEST_BUCKETS
+    ),
+    names.VLLM_TTFT: Spec(
+        _H, "Histogram of time to first token in seconds.", ROUTER_TAGS, VLLM_TTFT_BUCKETS
+    ),
+    names.VLLM_ITL: Spec(
+        _H, "Histogram of inter-token latency in seconds.", ROUTER_TAGS, VLLM_ITL_BUCKETS
+    ),
+    names.VLLM_PROMPT_TOKENS: Spec(_C, "Number of prefill tokens processed.", ROUTER_TAGS),
+    names.VLLM_GENERATION_TOKENS: Spec(_C, "Number of generation tokens processed.", ROUTER_TAGS),
+    # a model replica's
+    names.QUEUE_LENGTH: Spec(_G, "waiting requests of a replica"),
+    names.RUNNING: Spec(_G, "running requests of a replica"),
+    **{n: Spec(_C, f"hot-set {n.split('_')[2]} of a replica") for n in HOTSET_COUNTERS},
+    names.HOTSET_LOAD_LATENCY: Spec(
+        _H, "seconds spent loading adapters into hot-set slots (mean per load)", (), LOAD_BUCKETS
+    ),
+    names.HOTSET_SLOTS_USED: Spec(_G, "occupied hot-set slots"),
+    names.GATE_TOKENS: Spec(
+        _C,
+        "tokens routed to each expert, per layer, by learned compositions",
+        (*_GATE_TAGS, "adapter"),
+    ),
+    names.GATE_ENTROPY_BUCKETS: Spec(
+        _C,
+        "routed tokens whose gate entropy (0 one-hot .. 1 uniform) is <= le",
+        (*_GATE_TAGS, "le"),
+    ),
+    names.GATE_ENTROPY_SUM: Spec(_C, "sum of routed tokens' normalized gate entropy", _GATE_TAGS),
+    names.GATE_TOP1_WEIGHT_BUCKETS: Spec(
+        _C, "routed tokens whose first expert's mixture weight is <= le", (*_GATE_TAGS, "le")
+    ),
+    names.GATE_TOP1_WEIGHT_SUM: Spec(
+        _C, "sum of routed tokens' first-expert mixture weight", _GATE_TAGS
+    ),
+    names.GATE_TOP1_TOKENS: Spec(
+        _C, "routed tokens whose gate ranked this expert first", (*_GATE_TAGS, "adapter")
+    ),
+    **{
+        n: Spec(_C, f"adapter-tier {what} of a replica, by tier", ("tier",))
+        for what, n in TIER_COUNTERS.items()
+    },
+    names.TIER_BYTES: Spec(_G, "bytes held by each adapter tier", ("tier",)),
+    names.TIER_ADAPTERS: Spec(
+        _G, "adapters per residency state (slot, host, loading, disk) of a replica", ("state",)
+    ),
+    names.LOAD_STAGE_LATENCY: Spec(
+        _H,
         "seconds per adapter load stage: fetch (store to disk), parse, copy (to slot)",
-        LOAD_BUCKETS,
         ("stage",),
-    )
-
-
-VLLM_REPLICA_DOCS = {
-    names.VLLM_RUNNING: "Number of requests in model execution batches.",
-    names.VLLM_WAITING: "Number of requests waiting to be processed.",
-    names.VLLM_KV_USAGE: "KV-cache usage. 1 means 100 percent usage.",
-    names.VLLM_PREFIX_QUERIES: "Prefix cache queries, in terms of number of queried tokens.",
-    names.VLLM_PREFIX_HITS: "Prefix cache hits, in terms of number of cached tokens.",
-    names.VLLM_PREEMPTIONS: "Cumulative number of preemption from the engine.",
+        LOAD_BUCKETS,
+    ),
+    names.VLLM_RUNNING: Spec(_G, "Number of requests in model execution batches.", REPLICA_TAGS),
+    names.VLLM_WAITING: Spec(_G, "Number of requests waiting to be processed.", REPLICA_TAGS),
+    names.VLLM_KV_USAGE: Spec(_G, "KV-cache usage. 1 means 100 percent usage.", REPLICA_TAGS),
+    names.VLLM_PREFIX_QUERIES: Spec(
+        _C, "Prefix cache queries, in terms of number of queried tokens.", REPLICA_TAGS
+    ),
+    names.VLLM_PREFIX_HITS: Spec(
+        _C, "Prefix cache hits, in terms of number of cached tokens.", REPLICA_TAGS
+    ),
+    names.VLLM_PREEMPTIONS: Spec(
+        _C, "Cumulative number of preemption from the engine.", REPLICA_TAGS
+    ),
+    names.VLLM_QUEUE_TIME: Spec(
+        _H,
+        "Histogram of time spent in WAITING phase for request.",
+        REPLICA_TAGS,
+        VLLM_REQUEST_BUCKETS,
+    ),
+    # every process
+    names.GC_PAUSE: Spec(
+        _H,
+        "seconds the process stood still in one garbage collection (GIL held)",
+        ("generation",),
+        GC_BUCKETS,
+    ),
 }
 
 
-def vllm_replica_gauge(name: str) -> serve_metrics.Gauge:
-    return gauge(name, VLLM_REPLICA_DOCS[name], REPLICA_TAGS)
+@cache
+def metric(name: str) -> Any:
+    """This process's metric `name`, made from its spec on first use."""
+    kind, description, tags, buckets = SPECS[name]
+    if buckets:
+        return kind(name, description=description, boundaries=list(buckets), tag_keys=tags)
+    return kind(name, description=description, tag_keys=tags)
 
 
-def vllm_replica_counter(name: str) -> serve_metrics.Counter:
-    return counter(name, VLLM_REPLICA_DOCS[name], REPLICA_TAGS)
+# The call sites' names: one per metric, and `metric` itself for the families they index.
+hotset_counter = tier_counter = vllm_router_histogram = vllm_router_counter = metric
+vllm_replica_gauge = vllm_replica_counter = metric
+
+
+def requests() -> serve_metrics.Counter:
+    return metric(names.REQUESTS)
+
+
+def tokens() -> serve_metrics.Counter:
+    return metric(names.TOKENS)
+
+
+def ttft() -> serve_metrics.Histogram:
+    return metric(names.TTFT)
+
+
+def inter_token() -> serve_metrics.Histogram:
+    return metric(names.INTER_TOKEN)
+
+
+def placements() -> serve_metrics.Counter:
+    return metric(names.PLACEMENTS)
+
+
+def queue_length() -> serve_metrics.Gauge:
+    return metric(names.QUEUE_LENGTH)
+
+
+def running() -> serve_metrics.Gauge:
+    return metric(names.RUNNING)
+
+
+def hotset_load_latency() -> serve_metrics.Histogram:
+    return metric(names.HOTSET_LOAD_LATENCY)
+
+
+def hotset_slots_used() -> serve_metrics.Gauge:
+    return metric(names.HOTSET_SLOTS_USED)
+
+
+def gate_tokens() -> serve_metrics.Counter:
+    return metric(names.GATE_TOKENS)
+
+
+def tier_bytes() -> serve_metrics.Gauge:
+    return metric(names.TIER_BYTES)
+
+
+def tier_adapters() -> serve_metrics.Gauge:
+    return metric(names.TIER_ADAPTERS)
+
+
+def load_stage_latency() -> serve_metrics.Histogram:
+    return metric(names.LOAD_STAGE_LATENCY)
 
 
 def vllm_queue_time() -> serve_metrics.Histogram:
-    return histogram(
-        names.VLLM_QUEUE_TIME,
-        "Histogram of time spent in WAITING phase for request.",
-        VLLM_REQUEST_BUCKETS,
-        REPLICA_TAGS,
-    )
-
-
-# -- every process ---------------------------------------------------------------------------
+    return metric(names.VLLM_QUEUE_TIME)
 
 
 def gc_pause() -> serve_metrics.Histogram:
-    return histogram(
-        names.GC_PAUSE,
-        "seconds the process stood still in one garbage collection (GIL held)",
-        GC_BUCKETS,
-        ("generation",),
-    )
+    return metric(names.GC_PAUSE)
 
 
 def record_gc_pause(generation: int, seconds: float) -> None:

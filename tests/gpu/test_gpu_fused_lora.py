@@ -8,7 +8,7 @@ tests.gpu.run_checks` (scripts/gpu_check.sh).
 from __future__ import annotations
 
 import torch
-from gpu_support import gpu, require_cuda
+from gpu_support import assert_close_scaled, gpu, require_cuda
 
 from kernels.reference import routed_lora_segmented
 
@@ -53,12 +53,6 @@ def _twin(fused, x, ids, w) -> list[torch.Tensor]:
     return outs
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    rtol, atol = TOLERANCES[got.dtype]
-    scale = 1.0 + float(want.float().abs().max())
-    torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol * scale, msg=what)
-
-
 @gpu
 def test_fused_group_matches_per_projection_twin() -> None:
     require_cuda()
@@ -74,7 +68,7 @@ def test_fused_group_matches_per_projection_twin() -> None:
                     got = fused(x, ctx)
                 assert ctx.kernel_meta() is not None  # built once, on the device
                 for i, (a, b) in enumerate(zip(got, _twin(fused, x, ids, w), strict=True)):
-                    _close(a, b, f"T={T} {dtype} {targeted} member {i}")
+                    assert_close_scaled(a, b, f"T={T} {dtype} {targeted} member {i}", TOLERANCES)
 
 
 @gpu

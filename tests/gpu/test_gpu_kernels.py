@@ -40,10 +40,6 @@ def _case(T: int, k: int, S: int, r: int, d_in: int, d_out: int, dtype: torch.dt
     return x.to(dtype), a_buf[:, 1].to(dtype), b_buf[:, 1].to(dtype), ids, w
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert_close_scaled(got, want, what, TOLERANCES)
-
-
 @gpu
 def test_triton_kernels_match_twins() -> None:
     require_cuda()
@@ -56,7 +52,7 @@ def test_triton_kernels_match_twins() -> None:
             want = twin(x, A, B, ids, w)
             for mode in ("bgmv", "sgmv", "auto"):
                 got = routed_lora_triton(x, A, B, ids, w, mode=mode)
-                _close(got, want, f"{mode} {shape} {dtype}")
+                assert_close_scaled(got, want, f"{mode} {shape} {dtype}", TOLERANCES)
 
 
 @gpu
@@ -73,7 +69,9 @@ def test_fused_multi_output_matches_twins() -> None:
 
             outs = routed_lora_multi_triton(x, pairs, ids, w)
             for (a, b), got in zip(pairs, outs, strict=True):
-                _close(got, routed_lora_segmented(x, a, b, ids, w), f"multi T={T} {dtype}")
+                assert_close_scaled(
+                    got, routed_lora_segmented(x, a, b, ids, w), f"multi T={T} {dtype}", TOLERANCES
+                )
 
 
 @gpu
@@ -113,7 +111,7 @@ def test_backend_on_cuda_and_gradients() -> None:
     buf = LoRABuffers(A[:, None], B[:, None])
     ctx = LoRAContext(ids, w, backend=TritonBackend())
     got = ctx.add_lora(torch.zeros(64, 512, device="cuda"), x, buf, 0)
-    _close(got, routed_lora_segmented(x, A, B, ids, w), "backend")
+    assert_close_scaled(got, routed_lora_segmented(x, A, B, ids, w), "backend", TOLERANCES)
     wg = w.clone().requires_grad_()
     ctx = LoRAContext(ids, wg, backend=TritonBackend())
     ctx.add_lora(torch.zeros(64, 512, device="cuda"), x, buf, 0).square().sum().backward()

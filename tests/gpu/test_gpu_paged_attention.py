@@ -57,10 +57,6 @@ def paged_decode_attention(*args: object) -> torch.Tensor:
     return paged_decode_attention_triton(*args)
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert_close_scaled(got, want, what, TOLERANCES)
-
-
 @gpu
 def test_paged_attention_kernel_matches_twin() -> None:
     require_cuda()
@@ -69,7 +65,9 @@ def test_paged_attention_kernel_matches_twin() -> None:
             args = _case(*shape, dtype=dtype, seed=i)
             want = paged_decode_attention_reference(*args)
             got = paged_decode_attention(*args)
-            _close(got, want, f"triton {shape[1:]} b={len(shape[0])} {dtype}")
+            assert_close_scaled(
+                got, want, f"triton {shape[1:]} b={len(shape[0])} {dtype}", TOLERANCES
+            )
             padding = args[4] == 0
             assert not got[padding].any(), "padding rows must be zero"
 
@@ -94,4 +92,6 @@ def test_paged_attention_replays_in_cuda_graph() -> None:
         graph.replay()
         eager = paged_decode_attention(q, k, v, tables, ctx, scale)
         assert torch.equal(out, eager), "graph replay differs from eager"
-        _close(out, paged_decode_attention_reference(q, k, v, tables, ctx, scale), "replay")
+        assert_close_scaled(
+            out, paged_decode_attention_reference(q, k, v, tables, ctx, scale), "replay", TOLERANCES
+        )

@@ -150,60 +150,42 @@ def test_second_push_updates_in_place(grafana: tuple[str, FakeGrafana]) -> None:
     assert len(state.dashboards) == 1
 
 
+@pytest.fixture
+def push(grafana: tuple[str, FakeGrafana], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`molora dashboards push FLAGS` against the fake Grafana, the token in `env`; its exit code."""
+    url, _ = grafana
+
+    def run(*flags: str, token: str = TOKEN, env: str = "GRAFANA_TOKEN") -> int:
+        monkeypatch.setenv(env, token)
+        return cli.main(["dashboards", "push", "--grafana-url", url, *flags])
+
+    return run
+
+
 def test_cli_push_reads_token_from_env(
-    grafana: tuple[str, FakeGrafana],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    push: Any, grafana: tuple[str, FakeGrafana], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url, state = grafana
-    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
-    code = cli.main(
-        [
-            "dashboards",
-            "push",
-            "--grafana-url",
-            url,
-            "--prometheus-url",
-            "http://prometheus:9090",
-            "--folder-uid",
-            "ops",
-        ]
-    )
+    code = push("--prometheus-url", "http://prometheus:9090", "--folder-uid", "ops")
     assert code == 0
-    assert state.requests[-1].body["folderUid"] == "ops"
+    assert grafana[1].requests[-1].body["folderUid"] == "ops"
     out = capsys.readouterr().out
     assert "datasource molora-prometheus created" in out
     assert f"dashboard {dashboard.DASHBOARD_UID} saved" in out
 
 
 def test_cli_push_without_datasource_uploads_committed_file(
-    grafana: tuple[str, FakeGrafana], monkeypatch: pytest.MonkeyPatch
+    push: Any, grafana: tuple[str, FakeGrafana]
 ) -> None:
-    url, state = grafana
-    monkeypatch.setenv("MY_TOKEN", TOKEN)
     path = dashboard.REPO_ROOT / dashboard.DASHBOARD_PATH
-    args = [
-        "dashboards",
-        "push",
-        "--grafana-url",
-        url,
-        "--token-env",
-        "MY_TOKEN",
-        "--no-datasource",
-    ]
-    assert cli.main([*args, "--dashboard", str(path)]) == 0
-    assert [(r.method, r.path) for r in state.requests] == [("POST", "/api/dashboards/db")]
-    assert state.requests[0].body["dashboard"]["panels"] == json.loads(path.read_text())["panels"]
+    flags = ("--no-datasource", "--dashboard", str(path))
+    assert push("--token-env", "MY_TOKEN", *flags, env="MY_TOKEN") == 0
+    requests = grafana[1].requests
+    assert [(r.method, r.path) for r in requests] == [("POST", "/api/dashboards/db")]
+    assert requests[0].body["dashboard"]["panels"] == json.loads(path.read_text())["panels"]
 
 
-def test_cli_push_reports_refusal(
-    grafana: tuple[str, FakeGrafana],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    url, _ = grafana
-    monkeypatch.setenv("GRAFANA_TOKEN", "wrong")
-    assert cli.main(["dashboards", "push", "--grafana-url", url]) == 1
+def test_cli_push_reports_refusal(push: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert push(token="wrong") == 1
     assert "Grafana refused" in capsys.readouterr().err
 
 

@@ -16,6 +16,13 @@ TOLERANCES = {
     torch.bfloat16: (2e-2, 1e-2),
 }
 PATTERNS = ("random", "empty", "repeat", "negative", "one_slot")
+# The fused-group tests' shared draws: the seed, token count, rank and input width.
+GROUP_SHAPES = dict(
+    seed=st.integers(0, 2**31 - 1),
+    T=st.integers(1, 12),
+    r=st.integers(1, 8),
+    d_in=st.integers(1, 40),
+)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import assert_matches
+from kernel_cases import GROUP_SHAPES, assert_matches
 
 from kernels.device_plan import build_device_plan
 from kernels.reference import routed_lora_dense
@@ -61,12 +61,9 @@ def _learned_ctx(
 
 @settings(max_examples=25, deadline=None)
 @given(
-    seed=st.integers(0, 2**31 - 1),
-    T=st.integers(1, 12),
+    **GROUP_SHAPES,
     W=st.integers(1, 3),
     S=st.integers(2, 5),
-    r=st.integers(1, 8),
-    d_in=st.integers(1, 40),
     widths=st.lists(st.integers(1, 24), min_size=2, max_size=3),
     data=st.data(),
 )

@@ -11,18 +11,15 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import assert_matches
+from kernel_cases import GROUP_SHAPES, assert_matches
 
 from kernels.stacked import routed_lora_stacked, routed_lora_stacked_group, slot_gate
 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    seed=st.integers(0, 2**31 - 1),
-    T=st.integers(1, 12),
+    **GROUP_SHAPES,
     count=st.integers(1, 5),
-    r=st.integers(1, 8),
-    d_in=st.integers(1, 40),
     widths=st.lists(st.integers(1, 24), min_size=1, max_size=3),
     gaps=st.lists(st.integers(0, 5), min_size=3, max_size=3),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),

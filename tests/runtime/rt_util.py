@@ -152,6 +152,29 @@ def run_to_completion(
     return results
 
 
+def run_beside_a_failed_load(
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    routes: tuple[str, str, str],
+    long: int,
+    after_step: Callable[[int, LLMEngine], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """A `long`-token stream `r` on `routes[0]`; before step 2 a 4-token `x` on `routes[1]`,
+    whose adapter fails to load, and a 4-token `y` on `routes[2]` join. Checks that `x` alone
+    failed (`y` and `r` ran to their length); returns every request's results."""
+    good, bad, other = routes
+    got = run_to_completion(
+        engine,
+        [request("r", prompts[0], good, long)],
+        schedule={2: [request("x", prompts[1], bad, 4), request("y", prompts[2], other, 4)]},
+        after_step=after_step,
+    )
+    assert got["x"]["finish_reason"] == "error", got["x"]
+    assert got["y"]["finish_reason"] == "length" and len(got["y"]["tokens"]) == 4, got["y"]
+    assert got["r"]["finish_reason"] == "length" and len(got["r"]["tokens"]) == long, got["r"]
+    return got
+
+
 def _collect(res: dict[str, Any], out: GenerationOutput) -> None:
     assert res["finish_reason"] is None, f"{out.request_id} produced output after finishing"
     res["outputs"].append(out)

@@ -9,7 +9,13 @@ from pathlib import Path
 
 from molora_runtime.engine.engine import LLMEngine
 from molora_runtime.lora.source import AdapterNotFoundError, DirectorySource
-from tests.runtime.rt_util import engine_config, random_prompts, request, run_to_completion
+from tests.runtime.rt_util import (
+    engine_config,
+    random_prompts,
+    request,
+    run_beside_a_failed_load,
+    run_to_completion,
+)
 
 
 class SlowSource(DirectorySource):
@@ -62,11 +68,5 @@ def test_decode_goes_on_while_an_adapter_loads(tiny_llama, tiny_adapters) -> Non
 def test_a_failed_load_fails_only_its_requests(tiny_llama, tiny_adapters) -> None:
     engine = make_engine(tiny_llama, tiny_adapters)
     prompts = random_prompts(3, 256, [5, 6, 7], seed=4)
-    got = run_to_completion(
-        engine,
-        [request("r", prompts[0], "a", 30)],
-        schedule={2: [request("x", prompts[1], "broken", 4), request("y", prompts[2], "b", 4)]},
-    )
-    assert got["x"]["finish_reason"] == "error" and "lost it" in got["x"]["error"]
-    assert got["y"]["finish_reason"] == "length" and len(got["y"]["tokens"]) == 4
-    assert got["r"]["finish_reason"] == "length" and len(got["r"]["tokens"]) == 30
+    got = run_beside_a_failed_load(engine, prompts, ("a", "broken", "b"), long=30)
+    assert "lost it" in got["x"]["error"]

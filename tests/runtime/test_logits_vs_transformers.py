@@ -12,18 +12,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 from molora_runtime.model.arch import load_arch
 from molora_runtime.model.attention_meta import KVCache, step_attention
 from molora_runtime.model.loader import load_model
+from tests.support.tiny_llama import SMALL_LLAMA
 
 TOL = 1e-4
 CPU = torch.device("cpu")
-COMMON = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    max_position_embeddings=512,
-)
+COMMON = {**SMALL_LLAMA, "max_position_embeddings": 512}
 CONFIGS = {
     "llama-untied": lambda: LlamaConfig(**COMMON, tie_word_embeddings=False),
     "llama-tied": lambda: LlamaConfig(**COMMON, tie_word_embeddings=True),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from serve_assets import make_assets
-from serve_helpers import openai_client
+from serve_helpers import openai_client, serving, tiny_args
 from start_once import StartOnce
 
 from tests.support.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
@@ -38,6 +38,14 @@ def ray_cluster(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
         "router_port": cluster.router_port,
     }
     RAY.stop()
+
+
+@pytest.fixture(scope="module")
+def app_url(ray_cluster: dict[str, Any], tiny_assets: dict[str, Path]) -> Iterator[str]:
+    """The module's app unless it defines its own: the shipped config on the tiny assets, one
+    replica of four sequences and a 256-token context."""
+    args = tiny_args(tiny_assets, seqs=4, model_len=256, max_tokens=16)
+    yield from serving(ray_cluster, args, replicas=1, max_ongoing=16)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,8 @@ import yaml
 
 from adapter_store import open_registry
 from deployments.access.auth import KeyFile, new_key, write_key_file
+from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry, Resolver
+from deployments.config import ServeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "molora"
@@ -39,6 +41,28 @@ def shipped_args(tiny_assets: dict[str, Path], **overrides: Any) -> dict[str, An
         else:
             args[key] = value
     return args
+
+
+def tiny_args(
+    tiny_assets: dict[str, Path],
+    *,
+    seqs: int,
+    model_len: int | None = None,
+    queue: int | None = None,
+    max_tokens: int | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """`shipped_args` with the knobs every serving test sizes: the engine's batch (`seqs`), queue
+    and length limits and the server's default max_tokens; `overrides` merge on top."""
+    engine: dict[str, Any] = {"max_num_seqs": seqs}
+    if queue is not None:
+        engine["max_queue_len"] = queue
+    if model_len is not None:
+        engine["max_model_len"] = model_len
+    server: dict[str, Any] = {} if max_tokens is None else {"default_max_tokens": max_tokens}
+    _merge(engine, overrides.pop("engine", {}))
+    _merge(server, overrides.pop("server", {}))
+    return shipped_args(tiny_assets, engine=engine, server=server, **overrides)
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
@@ -116,6 +140,32 @@ def serving(cluster: dict[str, Any], args: dict[str, Any], **options: Any) -> It
         yield cluster["url"]
 
 
+async def whole_chat_seconds(http: httpx.AsyncClient, body: dict[str, Any], tokens: int) -> float:
+    """Seconds one unstreamed chat completion of `body` takes; it must write `tokens` tokens."""
+    started = time.monotonic()
+    whole = await http.post("/v1/chat/completions", json=body)
+    seconds = time.monotonic() - started
+    assert whole.json()["usage"]["completion_tokens"] == tokens, whole.text
+    return seconds
+
+
+@contextlib.asynccontextmanager
+async def open_stream(
+    http: httpx.AsyncClient, body: dict[str, Any], lines: int = 3
+) -> AsyncIterator[None]:
+    """`body` streamed until `lines` data lines came; the `with` body runs while the stream is
+    open, and leaving it hangs up mid-stream."""
+    async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+        assert resp.status_code == 200
+        got = 0
+        async for line in resp.aiter_lines():
+            got += line.startswith("data: ")
+            if got == lines:
+                yield  # the line iterator stays open until the `with` body is done
+                return
+        raise AssertionError(f"the stream ended before {lines} data lines")
+
+
 def openai_client(url: str, api_key: str = "unused") -> Any:
     """The official client against a test app (no retries: a test sees every failure)."""
     import openai
@@ -162,6 +212,20 @@ def issue_keys(path: Path, holders: list[tuple[str, str, bool]]) -> dict[str, st
     return keys
 
 
+def keyed_server(
+    root: Path,
+    holders: list[tuple[str, str, bool]],
+    quotas: dict[str, dict[str, int]] | None = None,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Keys for `holders` (as `issue_keys`) in `root/keys.json`, and the server section that
+    requires them, with per-key `quotas` given by holder name."""
+    keys = issue_keys(root / "keys.json", holders)
+    server: dict[str, Any] = {"auth": auth_on(root / "keys.json")}
+    if quotas:
+        server["quotas"] = {"keys": {keys[f"{who}_id"]: q for who, q in quotas.items()}}
+    return keys, server
+
+
 def auth_on(key_file: Path) -> dict[str, Any]:
     """The server's `auth` section: API keys required, read from `key_file`."""
     return {"enabled": True, "keys_file": str(key_file)}
@@ -187,3 +251,15 @@ def own_store(store: Path, root: Path) -> dict[str, Any]:
 def runtime_lora(load_dir: Path) -> dict[str, Any]:
     """The server's `runtime_lora` section: loads allowed from `load_dir` (relative to the repo)."""
     return {"load_dir": os.path.relpath(load_dir, ROOT)}
+
+
+def name_resolver(
+    adapter_versions: dict[str, tuple[str, ...]], base: str, **expose: Any
+) -> Resolver:
+    """The router's model-name resolver, served as `base` with `expose`, over a catalog of the
+    adapters (name -> versions, the last one latest) and the `mathcode` composition of
+    math@v1 and code@v1."""
+    adapters = {n: AdapterEntry(n, v, v[-1]) for n, v in adapter_versions.items()}
+    comp = CompositionEntry("mathcode", ("math@v1", "code@v1"), ("v1",), "v1")
+    catalog = Catalog(adapters=adapters, compositions={"mathcode": comp})
+    return Resolver(ServeConfig.from_args({"served_model_name": base, "expose": expose}), catalog)

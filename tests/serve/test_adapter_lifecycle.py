@@ -20,7 +20,7 @@ import httpx
 import pytest
 import torch
 from serve_assets import COMPOSITION
-from serve_helpers import auth_on, deployed, issue_keys, runtime_lora, shipped_args
+from serve_helpers import deployed, keyed_server, runtime_lora, tiny_args
 
 from molora_runtime.lora.composition import CompositionConfig, save_composition
 from tests.support.seaweedfs import SeaweedFS
@@ -70,16 +70,9 @@ def lifecycle(request, ray_cluster, tiny_assets, tmp_path_factory) -> Iterator[d
         dst.publish_composition(folder, COMPOSITION, "v1")
     for name in ("math", "code", "poem"):
         _folder(tiny, name, load_dir / f"w-{name}")
-    key = issue_keys(root / "keys.json", [("ops", "ops", True)])["ops"]
-    args = shipped_args(
-        tiny_assets,
-        engine={"max_num_seqs": 8, "max_queue_len": 64, "max_model_len": 512},
-        server={
-            "default_max_tokens": 6,
-            "auth": auth_on(root / "keys.json"),
-            "runtime_lora": runtime_lora(load_dir),
-        },
-    )
+    keys, section = keyed_server(root, [("ops", "ops", True)])
+    section["runtime_lora"] = runtime_lora(load_dir)
+    args = tiny_args(tiny_assets, seqs=8, queue=64, model_len=512, max_tokens=6, server=section)
     args["store"] = {
         "url": url,
         "endpoint_url": endpoint,
@@ -89,7 +82,7 @@ def lifecycle(request, ray_cluster, tiny_assets, tmp_path_factory) -> Iterator[d
     try:
         with deployed(ray_cluster["url"], args, replicas=2, routers=2, env=env):
             yield {
-                "url": ray_cluster["url"], "key": key, "store": url, "endpoint": endpoint,
+                "url": ray_cluster["url"], "key": keys["ops"], "store": url, "endpoint": endpoint,
                 "tmp": root,
             }  # fmt: skip
     finally:

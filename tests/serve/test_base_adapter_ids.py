@@ -5,29 +5,17 @@ what could mean both is a 400 that says why."""
 from __future__ import annotations
 
 import pytest
+from serve_helpers import name_resolver
 
-from deployments.catalog.model_names import (
-    AdapterEntry,
-    BadModelName,
-    Catalog,
-    CompositionEntry,
-    ModelNotFound,
-    Resolver,
-)
-from deployments.config import ServeConfig
+from deployments.catalog.model_names import BadModelName, ModelNotFound, Resolver
 from molora_runtime.routes import LearnedRoute, MixRoute, SingleRoute
 
 NAMES = ("math", "code", "7", "hidden")
 
 
 def _resolver(base: str = "tiny-base", **expose: object) -> Resolver:
-    adapters = {n: AdapterEntry(name=n, versions=("v1", "v2"), latest="v2") for n in NAMES}
-    comp = CompositionEntry(
-        name="mathcode", adapters=("math@v1", "code@v1"), versions=("v1",), latest="v1"
-    )
     expose = {"adapters": ["math", "code", "7"], **expose}
-    cfg = ServeConfig.from_args({"served_model_name": base, "expose": expose})
-    return Resolver(cfg, Catalog(adapters=adapters, compositions={"mathcode": comp}))
+    return name_resolver({n: ("v1", "v2") for n in NAMES}, base, **expose)
 
 
 def test_base_colon_adapter_names_that_adapter() -> None:

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from serve_helpers import openai_client, shipped_args
+from serve_helpers import open_stream, openai_client, shipped_args, whole_chat_seconds
 
 from benchmarks.server_process import session_processes, stop, wait_up
 from deployments.access.auth import KeyFile, new_key, write_key_file
@@ -144,25 +144,12 @@ async def test_a_client_disconnect_aborts_the_request(served: Served) -> None:
     stream's request leaves the engine, and it does as soon as its client hangs up."""
     body = _chat(max_tokens=LONG, ignore_eos=True)
     async with httpx.AsyncClient(base_url=served.url, headers=served.headers, timeout=300) as http:
-        started = time.monotonic()
-        full = await http.post("/v1/chat/completions", json=body)
-        full_s = time.monotonic() - started
-        assert full.json()["usage"]["completion_tokens"] == LONG
-        queued: asyncio.Task | None = None
-        async with http.stream(
-            "POST", "/v1/chat/completions", json={**body, "stream": True}
-        ) as resp:
-            assert resp.status_code == 200
-            got = 0
-            async for line in resp.aiter_lines():
-                got += line.startswith("data: ")
-                if got == 3:
-                    queued = asyncio.create_task(http.post("/v1/chat/completions", json=_chat()))
-                    await asyncio.sleep(0.5)  # it waits behind the stream
-                    assert not queued.done()
-                    break  # the line iterator closes: the client hangs up here
-        closed = time.monotonic()
-        assert queued is not None
+        full_s = await whole_chat_seconds(http, body, LONG)
+        async with open_stream(http, body):
+            queued = asyncio.create_task(http.post("/v1/chat/completions", json=_chat()))
+            await asyncio.sleep(0.5)  # it waits behind the stream
+            assert not queued.done()
+        closed = time.monotonic()  # the client hung up as the stream's block ended
         reply = await queued
         freed_s = time.monotonic() - closed
     assert reply.status_code == 200, reply.text

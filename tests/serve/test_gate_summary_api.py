@@ -1,4 +1,4 @@
-"""`molora.gate_summary` through the running app (real Ray, real engine, tiny model, real store)."""
+"""`molora.gate_summary` through the default test app (real Ray, real engine, tiny model, real store)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,9 @@ import json
 
 import httpx
 import pytest
-from serve_helpers import deployed, shipped_args
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 SUMMARY = {"gate_summary": True, "gate_summary_layers": True}
-
-
-@pytest.fixture(scope="module")
-def app_url(ray_cluster, tiny_assets):
-    args = shipped_args(
-        tiny_assets,
-        engine={"max_num_seqs": 4, "max_model_len": 256},
-        server={"default_max_tokens": 8},
-    )
-    with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=16):
-        yield ray_cluster["url"]
 
 
 def post(url: str, path: str, body: dict) -> httpx.Response:

@@ -16,7 +16,7 @@ import zlib
 
 import httpx
 import pytest
-from serve_helpers import serving, shipped_args
+from serve_helpers import serving, tiny_args
 
 from molora_runtime.multimodal import png, tokens
 from molora_runtime.multimodal.digits import split
@@ -39,19 +39,13 @@ DRAW = {
 
 @pytest.fixture(scope="module")
 def app_url(ray_cluster, tiny_assets):
-    args = shipped_args(
-        tiny_assets,
-        engine={"max_num_seqs": 4, "max_model_len": 512},
-        server={"default_max_tokens": 8},
-        expose={
-            "routes": {
-                "pictures": {
-                    "kind": "vocab",
-                    "ranges": [{"start": tokens.BOI, "end": tokens.EOI, "adapter": "math"}],
-                    "default": "code",
-                }
-            }
-        },
+    pictures = {
+        "kind": "vocab",
+        "ranges": [{"start": tokens.BOI, "end": tokens.EOI, "adapter": "math"}],
+        "default": "code",
+    }
+    args = tiny_args(
+        tiny_assets, seqs=4, model_len=512, max_tokens=8, expose={"routes": {"pictures": pictures}}
     )
     yield from serving(ray_cluster, args, replicas=1, max_ongoing=16)
 

@@ -10,13 +10,12 @@ import httpx
 import pytest
 from serve_helpers import (
     adapter_files,
-    auth_on,
     deployed,
-    issue_keys,
+    keyed_server,
     own_store,
     runtime_lora,
-    shipped_args,
     store_copy,
+    tiny_args,
 )
 
 from deployments.catalog.lora_admin import (
@@ -138,16 +137,9 @@ def secured_lora(ray_cluster, tiny_assets, tmp_path_factory):
     load_dir = root / "loras"
     load_dir.mkdir()
     shutil.copytree(adapter_files(store, "poem"), load_dir / "poem-copy")
-    keys = issue_keys(root / "keys.json", [("admin", "ops", True), ("user", "ops", False)])
-    args = shipped_args(
-        tiny_assets,
-        engine={"max_num_seqs": 2, "max_queue_len": 8, "max_model_len": 256},
-        server={
-            "default_max_tokens": 4,
-            "auth": auth_on(root / "keys.json"),
-            "runtime_lora": runtime_lora(load_dir),
-        },
-    )
+    keys, server = keyed_server(root, [("admin", "ops", True), ("user", "ops", False)])
+    server["runtime_lora"] = runtime_lora(load_dir)
+    args = tiny_args(tiny_assets, seqs=2, queue=8, model_len=256, max_tokens=4, server=server)
     args["store"] = own_store(store, root)
     with deployed(ray_cluster["url"], args):
         yield {"url": ray_cluster["url"], "keys": keys}

@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from serve_helpers import model_handle, serving, shipped_args
+from serve_helpers import model_handle, open_stream, serving, shipped_args, whole_chat_seconds
 
 from deployments.ops import metric_names
 
@@ -275,19 +275,9 @@ async def test_client_disconnect_frees_the_request(app_url):
     await _engine_idle()
     body = {"model": "code", "messages": MESSAGES, "max_tokens": 200, "ignore_eos": True}
     async with httpx.AsyncClient(base_url=app_url, timeout=60) as http:
-        started = time.monotonic()
-        full = await http.post("/v1/chat/completions", json=body)
-        full_s = time.monotonic() - started
-        assert full.json()["usage"]["completion_tokens"] == 200
-        async with http.stream(
-            "POST", "/v1/chat/completions", json={**body, "stream": True}
-        ) as resp:
-            assert resp.status_code == 200
-            got = 0
-            async for line in resp.aiter_lines():
-                got += line.startswith("data: ")
-                if got >= 3:
-                    break
+        full_s = await whole_chat_seconds(http, body, 200)
+        async with open_stream(http, body):
+            pass
         # The connection is closed mid-stream: the engine must drop the request at once.
         closed = time.monotonic()
     await _engine_idle(timeout=2 * full_s)

@@ -4,34 +4,18 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
+from serve_helpers import name_resolver
 
 from deployments.api.http_errors import validation_message
 from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
 from deployments.api.response_models import error_payload
-from deployments.catalog.model_names import (
-    AdapterEntry,
-    BadModelName,
-    Catalog,
-    CompositionEntry,
-    ModelNotFound,
-    Resolver,
-)
-from deployments.config import ServeConfig
+from deployments.catalog.model_names import BadModelName, ModelNotFound, Resolver
 from molora_runtime.routes import MixRoute, VocabRange, VocabRoute
-
-CATALOG = Catalog(
-    adapters={
-        "math": AdapterEntry("math", ("v1", "v2"), "v2"),
-        "code": AdapterEntry("code", ("v1",), "v1"),
-        "poem": AdapterEntry("poem", ("v1",), "v1"),
-    },
-    compositions={"mathcode": CompositionEntry("mathcode", ("math@v1", "code@v1"), ("v1",), "v1")},
-)
 
 
 def resolver(**expose) -> Resolver:
-    cfg = ServeConfig.from_args({"served_model_name": "base-model", "expose": expose})
-    return Resolver(cfg, CATALOG)
+    versions = {"math": ("v1", "v2"), "code": ("v1",), "poem": ("v1",)}
+    return name_resolver(versions, "base-model", **expose)
 
 
 def test_base_adapter_version_composition_and_mix():

@@ -12,15 +12,7 @@ import httpx
 import openai
 import pytest
 import torch
-from serve_helpers import (
-    adapter_files,
-    auth_on,
-    deployed,
-    issue_keys,
-    own_store,
-    shipped_args,
-    store_copy,
-)
+from serve_helpers import adapter_files, deployed, keyed_server, own_store, store_copy, tiny_args
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 PRIVATE_ACME = "acme-math"
@@ -56,9 +48,8 @@ def _tenant_store(tiny: dict[str, Path], root: Path) -> Path:
 def secured(ray_cluster, tiny_assets, tmp_path_factory):
     root = tmp_path_factory.mktemp("security")
     store = _tenant_store(tiny_assets, root)
-    key_file = root / "keys.json"
-    keys = issue_keys(
-        key_file,
+    keys, server = keyed_server(
+        root,
         [
             ("acme", "acme", False),
             ("acme_admin", "acme", True),
@@ -68,29 +59,23 @@ def secured(ray_cluster, tiny_assets, tmp_path_factory):
             ("tpm32", "limited", False),
             ("streams", "limited", False),
         ],
+        quotas={
+            "rpm": {"requests_per_min": 8},
+            "tpm": {"tokens_per_min": 60},
+            "tpm32": {"tokens_per_min": 60},
+            "streams": {"max_concurrent": 2},
+        },
     )
-    args = shipped_args(
+    args = tiny_args(
         tiny_assets,
-        engine={"max_num_seqs": 2, "max_queue_len": 8, "max_model_len": 256},
-        server={
-            "default_max_tokens": 8,
-            "auth": auth_on(key_file),
-            "quotas": {
-                "keys": {
-                    keys["rpm_id"]: {"requests_per_min": 8},
-                    keys["tpm_id"]: {"tokens_per_min": 60},
-                    keys["tpm32_id"]: {"tokens_per_min": 60},
-                    keys["streams_id"]: {"max_concurrent": 2},
-                }
-            },
-        },
-        expose={
-            "routes": {
-                "globex-route": {"kind": "single", "adapter": PRIVATE_GLOBEX},
-            }
-        },
+        seqs=2,
+        queue=8,
+        model_len=256,
+        max_tokens=8,
+        server=server,
+        store=own_store(store, root),
+        expose={"routes": {"globex-route": {"kind": "single", "adapter": PRIVATE_GLOBEX}}},
     )
-    args["store"] = own_store(store, root)
     with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=64):
         yield {"url": ray_cluster["url"], "keys": keys}
 

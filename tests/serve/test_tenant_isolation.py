@@ -15,15 +15,7 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from serve_helpers import (
-    adapter_files,
-    auth_on,
-    deployed,
-    issue_keys,
-    own_store,
-    shipped_args,
-    store_copy,
-)
+from serve_helpers import adapter_files, deployed, keyed_server, own_store, store_copy, tiny_args
 
 from benchmarks.slow_connections import run as slow_connections
 
@@ -45,8 +37,8 @@ def tenants(ray_cluster, tiny_assets, tmp_path_factory):
     folder = adapter_files(store)
     registry.publish_adapter(folder, PRIVATE_EVIL, "v1", tenant="evil")
     registry.publish_adapter(folder, PRIVATE_ACME, "v1", tenant="acme")
-    keys = issue_keys(
-        root / "keys.json",
+    keys, server = keyed_server(
+        root,
         [
             ("acme", "acme", False),
             ("acme_admin", "acme", True),
@@ -55,26 +47,21 @@ def tenants(ray_cluster, tiny_assets, tmp_path_factory):
             ("evil_tpm", "evil", False),
             ("evil_admin", "evil", True),
         ],
+        quotas={"evil": {"max_concurrent": 4}, "evil_tpm": {"tokens_per_min": 3000}},
     )
-    args = shipped_args(
+    server["admission"] = {
+        "body_timeout_s": BODY_TIMEOUT_S,
+        "max_connections_per_key": CONNECTION_CAP,
+    }
+    args = tiny_args(
         tiny_assets,
-        engine={"max_num_seqs": 4, "max_queue_len": 16, "max_model_len": 512},
-        server={
-            "default_max_tokens": 8,
-            "auth": auth_on(root / "keys.json"),
-            "admission": {
-                "body_timeout_s": BODY_TIMEOUT_S,
-                "max_connections_per_key": CONNECTION_CAP,
-            },
-            "quotas": {
-                "keys": {
-                    keys["evil_id"]: {"max_concurrent": 4},
-                    keys["evil_tpm_id"]: {"tokens_per_min": 3000},
-                }
-            },
-        },
+        seqs=4,
+        queue=16,
+        model_len=512,
+        max_tokens=8,
+        server=server,
+        store=own_store(store, root),
     )
-    args["store"] = own_store(store, root)
     with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=64):
         yield {"url": ray_cluster["url"], "keys": keys}
 

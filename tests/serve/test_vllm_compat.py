@@ -11,19 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import ROOT, openai_client, serving, shipped_args
+from serve_helpers import ROOT, openai_client
 
 MESSAGES = [{"role": "user", "content": "Say something about numbers."}]
-
-
-@pytest.fixture(scope="module")
-def app_url(ray_cluster, tiny_assets):
-    args = shipped_args(
-        tiny_assets,
-        engine={"max_num_seqs": 4, "max_model_len": 256},
-        server={"default_max_tokens": 16},
-    )
-    yield from serving(ray_cluster, args, replicas=1, max_ongoing=16)
 
 
 def _post(url: str, path: str, body: object) -> httpx.Response:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from store_helpers import TINY_LLAMA, make_peft_adapter
+from store_helpers import SMALL_LLAMA, make_peft_adapter
 
 from adapter_store import AdapterStoreSource, Registry, open_registry
 from tests.support.seaweedfs import SeaweedFS
@@ -64,7 +64,7 @@ def adapters_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_peft_adapter(root / "alpha", r=4, targets=["q_proj", "v_proj", "down_proj"], seed=1)
     make_peft_adapter(root / "beta", r=8, targets=["q_proj", "k_proj", "o_proj", "up_proj"], seed=2)
     (root / "base").mkdir()
-    (root / "base" / "config.json").write_text(json.dumps({"model_type": "llama", **TINY_LLAMA}))
+    (root / "base" / "config.json").write_text(json.dumps({"model_type": "llama", **SMALL_LLAMA}))
     return root
 
 

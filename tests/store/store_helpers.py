@@ -10,10 +10,8 @@ import torch
 from safetensors.numpy import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-TINY_LLAMA = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, vocab_size=256,
-)  # fmt: skip
+from tests.support.tiny_llama import SMALL_LLAMA
+
 BASE_ID = "tiny-llama-test"
 
 
@@ -22,7 +20,7 @@ def make_peft_adapter(folder: Path, *, r: int, targets: list[str], seed: int) ->
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))
+    model = LlamaForCausalLM(LlamaConfig(**SMALL_LLAMA))
     peft_model = get_peft_model(
         model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, init_lora_weights=False)
     )
@@ -56,7 +54,7 @@ def make_synthetic_adapter(
 def make_composition(folder: Path, adapters: list[str], *, top_k: int = 2, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    layers, hidden = TINY_LLAMA["num_hidden_layers"], TINY_LLAMA["hidden_size"]
+    layers, hidden = SMALL_LLAMA["num_hidden_layers"], SMALL_LLAMA["hidden_size"]
     save_file(
         {
             "gate.weight": rng.standard_normal((layers, len(adapters), hidden), dtype=np.float32),

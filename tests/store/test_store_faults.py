@@ -25,6 +25,7 @@ from tests.runtime.rt_util import (
     make_peft_adapter,
     random_prompts,
     request,
+    run_beside_a_failed_load,
     run_to_completion,
 )
 from tests.support.seaweedfs import SeaweedFS
@@ -106,19 +107,12 @@ def test_store_stopped_mid_fetch_fails_only_its_requests(
             doomed.kill()
             release.set()
 
-    got = run_to_completion(
-        engine,
-        [request("r", prompts[0], "a@1", 80)],
-        schedule={2: [request("x", prompts[1], "cold@1", 4), request("y", prompts[2], "b@1", 4)]},
-        after_step=watch,
+    got = run_beside_a_failed_load(
+        engine, prompts, ("a@1", "cold@1", "b@1"), long=80, after_step=watch
     )
-    finals = _finals(got)
     assert passed_while_stalled == [True]
     assert len(set(running_tokens)) > 2  # the running stream decoded through the stall
-    assert finals["x"].finish_reason == "error"
-    assert isinstance(finals["x"].exception, StoreUnavailableError)
-    assert finals["y"].finish_reason == "length" and len(got["y"]["tokens"]) == 4
-    assert finals["r"].finish_reason == "length" and len(got["r"]["tokens"]) == 80
+    assert isinstance(_finals(got)["x"].exception, StoreUnavailableError)
     # With the store gone for good, cached adapters still serve and the cold one still fails
     # (its manifest is remembered, so it is admitted and its fetch fails in the background).
     later = _finals(
@@ -150,17 +144,9 @@ def test_corrupted_object_fails_only_its_requests(
     source = AdapterStoreSource(registry=registry, cache_dir=tmp_path / "cache")
     engine = _engine(tiny, source)
     prompts = random_prompts(3, 256, [6, 7, 5], seed=12)
-    got = run_to_completion(
-        engine,
-        [request("r", prompts[0], "a@1", 40)],
-        schedule={2: [request("x", prompts[1], "bad@1", 4), request("y", prompts[2], "b@1", 4)]},
-    )
-    finals = _finals(got)
-    assert finals["x"].finish_reason == "error"
-    assert isinstance(finals["x"].exception, IntegrityError)
-    assert "verification" in finals["x"].error
-    assert finals["y"].finish_reason == "length" and len(got["y"]["tokens"]) == 4
-    assert finals["r"].finish_reason == "length" and len(got["r"]["tokens"]) == 40
+    got = run_beside_a_failed_load(engine, prompts, ("a@1", "bad@1", "b@1"), long=40)
+    assert isinstance(_finals(got)["x"].exception, IntegrityError)
+    assert "verification" in got["x"]["error"]
     assert "bad" not in source.disk_tier()["adapters"]  # nothing unverified reached the cache
     again = _finals(run_to_completion(engine, [request("x2", prompts[1], "bad@1", 2)]))
     assert isinstance(again["x2"].exception, IntegrityError)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.numpy import load_file
-from store_helpers import BASE_ID, TINY_LLAMA, make_composition
+from store_helpers import BASE_ID, SMALL_LLAMA, make_composition
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from adapter_store import (
@@ -55,7 +55,7 @@ def test_pulled_folder_loads_with_peft(
     from peft import PeftModel
 
     registry.publish_adapter(alpha, "alpha", "1")
-    base = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))
+    base = LlamaForCausalLM(LlamaConfig(**SMALL_LLAMA))
     model = PeftModel.from_pretrained(base, str(source.adapter_path("alpha@1")))
     expected = load_file(str(alpha / "adapter_model.safetensors"))
     key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"

@@ -14,7 +14,7 @@ from molora_runtime.training.vocab_lora import (
     attach_image_adapter,
     attach_text_adapter,
 )
-from tests.training.tiny_llama import TINY_LLAMA
+from tests.support.tiny_llama import TINY_LLAMA
 
 
 def _peft(lora_seed: int):

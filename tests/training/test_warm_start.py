@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.training.tiny_llama import TINY_LLAMA
+from tests.support.tiny_llama import TINY_LLAMA
 
 
 def _peft(rank: int, seed: int):
