@@ -23,7 +23,7 @@ import test_attacks as attacks
 import test_direct_ingress as shipped
 import test_security as security
 import test_tenant_isolation as isolation
-from serve_helpers import auth_on, deployed, issue_keys, shipped_args
+from serve_helpers import deployed, keyed_server, tiny_args
 
 from tests.support.local_ray import ROUTER_POOL, router_url
 
@@ -38,39 +38,14 @@ BAD_BODIES = ("not-an-object", "bad-utf8", "deep-json", "temperature-nan", "stre
 @pytest.fixture(scope="module")
 def direct(ray_cluster, tiny_assets, tmp_path_factory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("direct-isolation")
-    keys = issue_keys(
-        root / "keys.json",
-        [
-            ("acme", "acme", False),
-            ("globex", "globex", False),
-            ("rpm", "limited", False),
-            ("tpm", "limited", False),
-            ("streams", "limited", False),
-            ("evil", "evil", False),
-            ("evil_wide", "evil", False),
-        ],
-    )
-    args = shipped_args(
-        tiny_assets,
-        engine={"max_num_seqs": 1, "max_queue_len": QUEUE, "max_model_len": 1100},
-        server={
-            "default_max_tokens": 8,
-            "auth": auth_on(root / "keys.json"),
-            "admission": {
-                "body_timeout_s": isolation.BODY_TIMEOUT_S,
-                "header_timeout_s": HEADER_TIMEOUT_S,
-                "max_connections_per_key": isolation.CONNECTION_CAP,
-            },
-            "quotas": {
-                "keys": {
-                    keys["rpm_id"]: {"requests_per_min": 8},
-                    keys["tpm_id"]: {"tokens_per_min": 60},
-                    keys["streams_id"]: {"max_concurrent": 2},
-                    keys["evil_id"]: {"max_concurrent": 4},
-                }
-            },
-        },
-    )
+    holders = dict.fromkeys(security.HOLDERS + isolation.HOLDERS)  # the union, in order
+    keys, server = keyed_server(root, list(holders), {**security.QUOTAS, **isolation.QUOTAS})
+    server["admission"] = {
+        "body_timeout_s": isolation.BODY_TIMEOUT_S,
+        "header_timeout_s": HEADER_TIMEOUT_S,
+        "max_connections_per_key": isolation.CONNECTION_CAP,
+    }
+    args = tiny_args(tiny_assets, seqs=1, queue=QUEUE, model_len=1100, max_tokens=8, server=server)
     with deployed(ray_cluster["url"], args, replicas=1, max_ongoing=64):
         url = router_url(ray_cluster["router_port"])
         yield {"url": url, "keys": keys}

@@ -44,28 +44,29 @@ def _tenant_store(tiny: dict[str, Path], root: Path) -> Path:
     return store
 
 
+# Key holders (name, tenant, admin) and their quotas, by holder name.
+HOLDERS = [
+    ("acme", "acme", False),
+    ("acme_admin", "acme", True),
+    ("globex", "globex", False),
+    ("rpm", "limited", False),
+    ("tpm", "limited", False),
+    ("tpm32", "limited", False),
+    ("streams", "limited", False),
+]
+QUOTAS = {
+    "rpm": {"requests_per_min": 8},
+    "tpm": {"tokens_per_min": 60},
+    "tpm32": {"tokens_per_min": 60},
+    "streams": {"max_concurrent": 2},
+}
+
+
 @pytest.fixture(scope="module")
 def secured(ray_cluster, tiny_assets, tmp_path_factory):
     root = tmp_path_factory.mktemp("security")
     store = _tenant_store(tiny_assets, root)
-    keys, server = keyed_server(
-        root,
-        [
-            ("acme", "acme", False),
-            ("acme_admin", "acme", True),
-            ("globex", "globex", False),
-            ("rpm", "limited", False),
-            ("tpm", "limited", False),
-            ("tpm32", "limited", False),
-            ("streams", "limited", False),
-        ],
-        quotas={
-            "rpm": {"requests_per_min": 8},
-            "tpm": {"tokens_per_min": 60},
-            "tpm32": {"tokens_per_min": 60},
-            "streams": {"max_concurrent": 2},
-        },
-    )
+    keys, server = keyed_server(root, HOLDERS, QUOTAS)
     args = tiny_args(
         tiny_assets,
         seqs=2,

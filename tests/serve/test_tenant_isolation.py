@@ -27,6 +27,18 @@ CONNECTION_CAP = 16
 SLOW_LIMITED, SLOW_UNLIMITED, SLOW_BAD_KEY = 200, 60, 40  # 300 slow connections in all
 
 
+# Key holders (name, tenant, admin) and their quotas, by holder name.
+HOLDERS = [
+    ("acme", "acme", False),
+    ("acme_admin", "acme", True),
+    ("evil", "evil", False),
+    ("evil_wide", "evil", False),
+    ("evil_tpm", "evil", False),
+    ("evil_admin", "evil", True),
+]
+QUOTAS = {"evil": {"max_concurrent": 4}, "evil_tpm": {"tokens_per_min": 3000}}
+
+
 @pytest.fixture(scope="module")
 def tenants(ray_cluster, tiny_assets, tmp_path_factory):
     from adapter_store import open_registry
@@ -37,18 +49,7 @@ def tenants(ray_cluster, tiny_assets, tmp_path_factory):
     folder = adapter_files(store)
     registry.publish_adapter(folder, PRIVATE_EVIL, "v1", tenant="evil")
     registry.publish_adapter(folder, PRIVATE_ACME, "v1", tenant="acme")
-    keys, server = keyed_server(
-        root,
-        [
-            ("acme", "acme", False),
-            ("acme_admin", "acme", True),
-            ("evil", "evil", False),
-            ("evil_wide", "evil", False),
-            ("evil_tpm", "evil", False),
-            ("evil_admin", "evil", True),
-        ],
-        quotas={"evil": {"max_concurrent": 4}, "evil_tpm": {"tokens_per_min": 3000}},
-    )
+    keys, server = keyed_server(root, HOLDERS, QUOTAS)
     server["admission"] = {
         "body_timeout_s": BODY_TIMEOUT_S,
         "max_connections_per_key": CONNECTION_CAP,
