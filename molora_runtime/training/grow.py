@@ -187,36 +187,47 @@ def calibrate_new_bias(
     temperature: float = 1.0,
 ) -> dict[str, float]:
     """Lower each layer's new bias so that on held-out prompts, routed as the old composition
-    serves them, the new logit stays `margin` below the old k-th one on `quantile` of the
-    stay-out tokens; returns the shares of stay-out and new-domain tokens (over layers) whose
-    top-k the new expert enters, before and after."""
-    K = grown.new_index
+    serves them, the new logit stays `margin` below the old k-th one on `quantile` of each old
+    domain's tokens (and of the replay prompts' template tokens).
+
+    Returns, over the layers the experts adapt, the shares of old-domain tokens (all, and the
+    worst domain) and of new-domain tokens whose top-k the new expert enters, before and after.
+    """
+    K, L = grown.new_index, grown.old_weight.shape[0]
     old = Gates(grown.old_weight, grown.old_bias)  # type: ignore[arg-type]
-    out_gaps, new_gaps = [], []
+    groups: list[list[torch.Tensor]] = [[] for _ in range(K + 2)]  # old i, template, new
     for batch in batches:
         x = gate_inputs(lm, old, batch, top_k, temperature)  # [L, N, d]
         logits = torch.einsum("lnd,lkd->lnk", x, grown.weight) + grown.bias[:, None]
         gap = top_k_gap(logits, K, top_k)  # [L, N]
         assert batch.route_labels is not None
+        labels = batch.route_labels.reshape(-1)
         keep = stay_out_mask(batch.route_labels, batch.valid, K).reshape(-1)
-        out_gaps.append(gap[:, keep])
-        new_gaps.append(gap[:, batch.route_labels.reshape(-1) == K])
-    out, new = torch.cat(out_gaps, 1), torch.cat(new_gaps, 1)
-    if out.shape[1] == 0:
-        return {}
-    shift = (torch.quantile(out, quantile, dim=1) + margin).clamp(min=0)  # [L]
+        for i in range(K):
+            groups[i].append(gap[:, labels == i])
+        groups[K].append(gap[:, keep & (labels == IGNORE)])
+        groups[K + 1].append(gap[:, labels == K])
+    gaps = [torch.cat(g, 1) for g in groups]
+    shift = torch.zeros(L, device=grown.new_bias.device)
+    for g in gaps[: K + 1]:
+        if g.shape[1]:
+            shift = torch.maximum(shift, torch.quantile(g, quantile, dim=1) + margin)
     grown.new_bias.sub_(shift[:, None])
-
-    def share(gaps: torch.Tensor, by: torch.Tensor) -> float:
-        return round(float((gaps - by[:, None] > 0).float().mean()), 4) if gaps.numel() else 0.0
-
+    adapted = sorted({lin.layer for lin in lm.lora_linears() if lin.lora is not None})
     none = torch.zeros_like(shift)
+
+    def share(g: torch.Tensor, by: torch.Tensor) -> float:
+        g = (g - by[:, None])[adapted]
+        return round(float((g > 0).float().mean()), 4) if g.numel() else 0.0
+
+    old_all = torch.cat(gaps[: K + 1], 1)
     return {
-        "old_tokens_new_in_top_k_before": share(out, none),
-        "old_tokens_new_in_top_k_after": share(out, shift),
-        "new_tokens_new_in_top_k_before": share(new, none),
-        "new_tokens_new_in_top_k_after": share(new, shift),
-        "mean_bias_shift": round(float(shift.mean()), 4),
+        "old_tokens_new_in_top_k_before": share(old_all, none),
+        "old_tokens_new_in_top_k_after": share(old_all, shift),
+        "worst_old_domain_after": max(share(g, shift) for g in gaps[:K]),
+        "new_tokens_new_in_top_k_before": share(gaps[K + 1], none),
+        "new_tokens_new_in_top_k_after": share(gaps[K + 1], shift),
+        "mean_bias_shift": round(float(shift[adapted].mean()), 4) if adapted else 0.0,
     }
 
 
