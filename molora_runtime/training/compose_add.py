@@ -37,6 +37,7 @@ from molora_runtime.training.grow import (
     calibrate_new_bias,
     grow_examples,
     prototype_init,
+    refit_new_rows,
     stay_out_loss,
     stay_out_mask,
 )
@@ -66,6 +67,9 @@ class GrowSettings(BaseModel):
         "prototype", description="new row from the domains' mean gate inputs, or the rows' mean"
     )
     init_batches: int = Field(4, ge=1, description="batches the prototype init reads")
+    refit_steps: int = Field(
+        300, ge=0, description="steps of the new rows' logistic refit on captured gate inputs"
+    )
     calibrate_prompts: int = Field(
         64, ge=0, description="held-out prompts of the bias calibration (0: no calibration)"
     )
@@ -193,6 +197,10 @@ def train_new_rows(
         label="compose add",
         extra_loss=hinge if settings.stay_out else None,
     )
+    if settings.refit_steps:
+        refit_new_rows(
+            lm, grown, batches, top_k, settings.margin, settings.refit_steps, temperature
+        )
     if settings.calibrate_prompts:
         held_out = grow_examples(
             old_domains,

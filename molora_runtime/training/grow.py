@@ -176,6 +176,60 @@ def stay_out_loss(
     return total / max(len(gate_logits), 1)
 
 
+def adapted_layers(lm: CausalLM) -> list[int]:
+    """Layers where some expert has weights (routing elsewhere changes nothing)."""
+    return sorted({lin.layer for lin in lm.lora_linears() if lin.lora is not None})
+
+
+def refit_new_rows(
+    lm: CausalLM,
+    grown: GrownGates,
+    batches: list[TokenBatch],
+    top_k: int,
+    margin: float,
+    steps: int,
+    temperature: float = 1.0,
+) -> None:
+    """Refit each adapted layer's new row as a logistic separator of the new domain's tokens
+    (gap to the old k-th logit above `margin`) from the stay-out tokens (below `-margin`), on
+    gate inputs captured once with the old composition's routes; starts from the trained row."""
+    K = grown.new_index
+    layers = adapted_layers(lm)
+    if not layers:
+        return
+    old = Gates(grown.old_weight, grown.old_bias)  # type: ignore[arg-type]
+    xs, kths, targets = [], [], []
+    with torch.no_grad():
+        for batch in batches:
+            assert batch.route_labels is not None
+            labels = batch.route_labels.reshape(-1)
+            is_new = labels == K
+            pick = is_new | stay_out_mask(batch.route_labels, batch.valid, K).reshape(-1)
+            x = gate_inputs(lm, old, batch, top_k, temperature)[layers][:, pick]  # [La, n, d]
+            logits = torch.einsum("lnd,lkd->lnk", x, grown.old_weight[layers])
+            logits = logits + grown.old_bias[layers][:, None]
+            kths.append(logits.topk(min(top_k, K), dim=-1).values[..., -1])
+            xs.append(x)
+            targets.append(is_new[pick])
+    x, kth, y = torch.cat(xs, 1), torch.cat(kths, 1), torch.cat(targets)
+    if bool(y.all()) or not bool(y.any()):
+        return
+    sign = torch.where(y, -1.0, 1.0)  # softplus(-(gap - m)) on new tokens, softplus(gap + m) else
+    weight = torch.where(y, 0.5 / y.sum(), 0.5 / (~y).sum())
+    w = grown.new_weight.detach()[layers, 0].clone().requires_grad_(True)
+    b = grown.new_bias.detach()[layers, 0].clone().requires_grad_(True)
+    opt = torch.optim.Adam([w, b], lr=1e-2)
+    for _ in range(steps):
+        gap = torch.einsum("lnd,ld->ln", x, w) + b[:, None] - kth
+        loss = (torch.nn.functional.softplus(sign * gap + margin) * weight).sum(1).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        grown.new_weight[layers, 0] = w.detach()
+        grown.new_bias[layers, 0] = b.detach()
+
+
 @torch.no_grad()
 def calibrate_new_bias(
     lm: CausalLM,
@@ -213,7 +267,7 @@ def calibrate_new_bias(
         if g.shape[1]:
             shift = torch.maximum(shift, torch.quantile(g, quantile, dim=1) + margin)
     grown.new_bias.sub_(shift[:, None])
-    adapted = sorted({lin.layer for lin in lm.lora_linears() if lin.lora is not None})
+    adapted = adapted_layers(lm)
     none = torch.zeros_like(shift)
 
     def share(g: torch.Tensor, by: torch.Tensor) -> float:

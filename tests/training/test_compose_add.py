@@ -4,6 +4,8 @@ bad inputs are refused with clear errors before anything is written."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -31,6 +33,7 @@ from molora_runtime.training.grow import (
     GrownGates,
     calibrate_new_bias,
     grow_examples,
+    refit_new_rows,
     stay_out_loss,
     stay_out_mask,
 )
@@ -158,6 +161,27 @@ def test_calibration_pushes_an_intruding_row_out_of_old_tokens_top_k(world: dict
     assert torch.equal(grown.weight[:, :2], weight) and torch.equal(grown.bias[:, :2], bias)
     again = calibrate_new_bias(lm, grown, batches, top_k=1, quantile=1.0, margin=0.1)
     assert again["mean_bias_shift"] == 0.0  # already out: nothing more to lower
+
+
+def test_refit_separates_the_new_domain_from_the_old_ones(world: dict) -> None:
+    """From the mean-of-rows start (never in the top-1), the logistic refit makes the new row
+    enter the top-1 on more new-domain tokens than old ones, touching no old row."""
+    base = world["base"]
+    lm = load_model(base, dtype=torch.float32)
+    refs = {n: str(world["folders"][n]) for n in [*OLD, "multiplication"]}
+    attach_experts(lm, load_experts(lm, refs))
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    L, d = lm.arch.num_layers, lm.arch.hidden_size
+    weight, bias = torch.randn(L, 2, d), torch.randn(L, 2)
+    grown = GrownGates.extend(weight, bias)
+    examples = grow_examples(OLD, "multiplication", 16, seed=5)
+    batches = routed_batches(tokenizer, examples, [*OLD, "multiplication"], 4, torch.device("cpu"))
+    start = calibrate_new_bias(lm, copy.deepcopy(grown), batches, top_k=1, quantile=1.0, margin=0)
+    assert start["new_tokens_new_in_top_k_before"] == 0.0
+    refit_new_rows(lm, grown, batches, top_k=1, margin=1.0, steps=200)
+    fitted = calibrate_new_bias(lm, copy.deepcopy(grown), batches, top_k=1, quantile=1.0, margin=0)
+    assert fitted["new_tokens_new_in_top_k_before"] > fitted["old_tokens_new_in_top_k_before"]
+    assert torch.equal(grown.weight[:, :2], weight) and torch.equal(grown.bias[:, :2], bias)
 
 
 def test_publishes_next_version_and_serves_it(world: dict) -> None:
