@@ -74,7 +74,7 @@ class GrowSettings(BaseModel):
         64, ge=0, description="held-out prompts of the bias calibration (0: no calibration)"
     )
     calibrate_quantile: float = Field(
-        0.99, ge=0, le=1, description="share of old-domain tokens the new row must stay out of"
+        0.9, ge=0, le=1, description="share of old-domain tokens the new row must stay out of"
     )
     calibrate_margin: float = Field(0.1, ge=0, description="logit margin of the calibration")
     seed: int = 0

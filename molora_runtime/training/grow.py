@@ -191,14 +191,15 @@ def refit_new_rows(
     temperature: float = 1.0,
 ) -> None:
     """Refit each adapted layer's new row as a logistic separator of the new domain's tokens
-    (gap to the old k-th logit above `margin`) from the stay-out tokens (below `-margin`), on
+    (new logit above the best old one by `margin`, so the new expert leads their mix, as its
+    adapter alone would) from the stay-out tokens (below the old k-th one by `margin`), on
     gate inputs captured once with the old composition's routes; starts from the trained row."""
     K = grown.new_index
     layers = adapted_layers(lm)
     if not layers:
         return
     old = Gates(grown.old_weight, grown.old_bias)  # type: ignore[arg-type]
-    xs, kths, targets = [], [], []
+    xs, refs, targets = [], [], []
     with torch.no_grad():
         for batch in batches:
             assert batch.route_labels is not None
@@ -208,10 +209,11 @@ def refit_new_rows(
             x = gate_inputs(lm, old, batch, top_k, temperature)[layers][:, pick]  # [La, n, d]
             logits = torch.einsum("lnd,lkd->lnk", x, grown.old_weight[layers])
             logits = logits + grown.old_bias[layers][:, None]
-            kths.append(logits.topk(min(top_k, K), dim=-1).values[..., -1])
+            top = logits.topk(min(top_k, K), dim=-1).values
+            refs.append(torch.where(is_new[pick], top[..., 0], top[..., -1]))
             xs.append(x)
             targets.append(is_new[pick])
-    x, kth, y = torch.cat(xs, 1), torch.cat(kths, 1), torch.cat(targets)
+    x, ref, y = torch.cat(xs, 1), torch.cat(refs, 1), torch.cat(targets)
     if bool(y.all()) or not bool(y.any()):
         return
     sign = torch.where(y, -1.0, 1.0)  # softplus(-(gap - m)) on new tokens, softplus(gap + m) else
@@ -220,7 +222,7 @@ def refit_new_rows(
     b = grown.new_bias.detach()[layers, 0].clone().requires_grad_(True)
     opt = torch.optim.Adam([w, b], lr=1e-2)
     for _ in range(steps):
-        gap = torch.einsum("lnd,ld->ln", x, w) + b[:, None] - kth
+        gap = torch.einsum("lnd,ld->ln", x, w) + b[:, None] - ref
         loss = (torch.nn.functional.softplus(sign * gap + margin) * weight).sum(1).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -245,11 +247,13 @@ def calibrate_new_bias(
     domain's tokens (and of the replay prompts' template tokens).
 
     Returns, over the layers the experts adapt, the shares of old-domain tokens (all, and the
-    worst domain) and of new-domain tokens whose top-k the new expert enters, before and after.
+    worst domain) and of new-domain tokens whose top-k the new expert enters, before and after,
+    and of new-domain tokens it leads (top-1) after.
     """
     K, L = grown.new_index, grown.old_weight.shape[0]
     old = Gates(grown.old_weight, grown.old_bias)  # type: ignore[arg-type]
     groups: list[list[torch.Tensor]] = [[] for _ in range(K + 2)]  # old i, template, new
+    leads: list[torch.Tensor] = []  # new-domain tokens: new logit minus the best old one
     for batch in batches:
         x = gate_inputs(lm, old, batch, top_k, temperature)  # [L, N, d]
         logits = torch.einsum("lnd,lkd->lnk", x, grown.weight) + grown.bias[:, None]
@@ -257,6 +261,7 @@ def calibrate_new_bias(
         assert batch.route_labels is not None
         labels = batch.route_labels.reshape(-1)
         keep = stay_out_mask(batch.route_labels, batch.valid, K).reshape(-1)
+        leads.append(top_k_gap(logits, K, 1)[:, labels == K])
         for i in range(K):
             groups[i].append(gap[:, labels == i])
         groups[K].append(gap[:, keep & (labels == IGNORE)])
@@ -281,6 +286,7 @@ def calibrate_new_bias(
         "worst_old_domain_after": max(share(g, shift) for g in gaps[:K]),
         "new_tokens_new_in_top_k_before": share(gaps[K + 1], none),
         "new_tokens_new_in_top_k_after": share(gaps[K + 1], shift),
+        "new_tokens_new_leads_after": share(torch.cat(leads, 1), shift),
         "mean_bias_shift": round(float(shift[adapted].mean()), 4) if adapted else 0.0,
     }
 
