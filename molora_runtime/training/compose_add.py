@@ -34,9 +34,12 @@ from molora_runtime.training.data import DOMAINS
 from molora_runtime.training.experts import attach_experts
 from molora_runtime.training.grow import (
     GrownGates,
+    calibrate_new_bias,
     grow_examples,
     prototype_init,
+    refit_new_rows,
     stay_out_loss,
+    stay_out_mask,
 )
 from molora_runtime.training.record import write_card
 from molora_runtime.training.router import load_experts, routed_batches, train_gates
@@ -64,6 +67,16 @@ class GrowSettings(BaseModel):
         "prototype", description="new row from the domains' mean gate inputs, or the rows' mean"
     )
     init_batches: int = Field(4, ge=1, description="batches the prototype init reads")
+    refit_steps: int = Field(
+        300, ge=0, description="steps of the new rows' logistic refit on captured gate inputs"
+    )
+    calibrate_prompts: int = Field(
+        64, ge=0, description="held-out prompts of the bias calibration (0: no calibration)"
+    )
+    calibrate_quantile: float = Field(
+        0.9, ge=0, le=1, description="share of old-domain tokens the new row must stay out of"
+    )
+    calibrate_margin: float = Field(0.1, ge=0, description="logit margin of the calibration")
     seed: int = 0
 
 
@@ -166,8 +179,8 @@ def train_new_rows(
         prototype_init(lm, grown, batches[: settings.init_batches], settings.margin, temperature)
 
     def hinge(gate_logits: list[torch.Tensor], batch) -> tuple[torch.Tensor, str]:
-        labels = batch.route_labels.reshape(-1)
-        term = stay_out_loss(gate_logits, labels, grown.new_index, top_k, settings.margin)
+        keep = stay_out_mask(batch.route_labels, batch.valid, grown.new_index).reshape(-1)
+        term = stay_out_loss(gate_logits, keep, grown.new_index, top_k, settings.margin)
         return settings.stay_out * term, "stay_out"
 
     cpu0 = time.process_time()
@@ -184,6 +197,29 @@ def train_new_rows(
         label="compose add",
         extra_loss=hinge if settings.stay_out else None,
     )
+    if settings.refit_steps:
+        refit_new_rows(
+            lm, grown, batches, top_k, settings.margin, settings.refit_steps, temperature
+        )
+    if settings.calibrate_prompts:
+        held_out = grow_examples(
+            old_domains,
+            new_domain,
+            settings.calibrate_prompts,
+            settings.seed + 1,
+            settings.new_fraction,
+            settings.single_fraction,
+        )
+        grown.routing = calibrate_new_bias(
+            lm,
+            grown,
+            routed_batches(tokenizer, held_out, [*old_domains, new_domain], 8, device),
+            top_k,
+            settings.calibrate_quantile,
+            settings.calibrate_margin,
+            temperature,
+        )
+        print(f"compose add calibration: {grown.routing}", flush=True)
     return grown, time.process_time() - cpu0
 
 
@@ -235,7 +271,12 @@ def compose_add(
     )
     with tempfile.TemporaryDirectory(prefix="molora-compose-add-") as tmp:
         folder = save_composition(Path(tmp), config, grown.weight, grown.bias)
-        write_card(folder, f"MoLoRA composition {comp_ref} + {plan.expert.ref}", cfg, command)
+        card = write_card(
+            folder, f"MoLoRA composition {comp_ref} + {plan.expert.ref}", cfg, command
+        )
+        if grown.routing:
+            shares = "\n".join(f"- {k}: {v}" for k, v in grown.routing.items())
+            card.write_text(f"{card.read_text()}\nRouting on held-out prompts:\n\n{shares}\n")
         manifest = registry.publish_composition(
             folder,
             plan.composition.name,

@@ -5,13 +5,16 @@ plain tensors, not parameters, so nothing can move them); each layer's gate gain
 (weight [d] and bias) for the new expert. The data mixes the new domain (alone and paired with
 each old one) with a replay of the old domains, so the route supervision teaches the new row
 where to fire and, on replay tokens, where not to; a hinge keeps its logit below the old
-top-k on those tokens, so the old domains keep their routes under the served top-k.
+top-k on those tokens (every token of a replay prompt, template included). Serving mixes only
+the top-k experts' logits, so wherever the new row stays out of the top-k a token routes exactly
+as before; a last calibration on held-out prompts lowers each layer's new bias until that holds
+on all but a set quantile of the old domains' tokens.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,7 +29,7 @@ from molora_runtime.training.data import (
     generate_tasks,
     mixed_examples,
 )
-from molora_runtime.training.experts import Gates, learned_context
+from molora_runtime.training.experts import Gates, TrainableGates, learned_context
 from molora_runtime.training.router import TokenBatch
 
 # Seeds of the new-domain tasks paired with old ones (apart from the single-domain draws).
@@ -41,6 +44,7 @@ class GrownGates:
     old_bias: torch.Tensor  # [L, K], frozen
     new_weight: torch.nn.Parameter  # [L, 1, d]
     new_bias: torch.nn.Parameter  # [L, 1]
+    routing: dict[str, float] = field(default_factory=dict)  # the calibration's shares
 
     @classmethod
     def extend(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> GrownGates:
@@ -77,6 +81,35 @@ class GrownGates:
         return Gates(self.weight, self.bias).table()  # type: ignore[arg-type]
 
 
+def gate_inputs(
+    lm: CausalLM, gates: TrainableGates, batch: TokenBatch, top_k: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """Every layer's gate input [L, B*T, d] on `batch`, routed by `gates` at `top_k`."""
+    B, T = batch.input_ids.shape
+    device = batch.input_ids.device
+    ctx = learned_context(gates, B * T, top_k=top_k, temperature=temperature)
+    inputs: list[torch.Tensor] = []
+    serve = ctx.begin_layer
+
+    def capture(layer: int, normed: torch.Tensor) -> None:
+        inputs.append(normed.float())
+        serve(layer, normed)
+
+    ctx.begin_layer = capture  # type: ignore[method-assign]
+    meta = DenseAttention(batch=B, seq_len=T, positions=torch.arange(T, device=device).repeat(B))
+    lm.hidden_states(batch.input_ids.reshape(-1), meta, None, ctx)
+    return torch.stack(inputs)
+
+
+def stay_out_mask(route_labels: torch.Tensor, valid: torch.Tensor, new_index: int) -> torch.Tensor:
+    """[B, T] tokens the new row must leave to the old experts: those labelled with an old
+    expert, and every valid token (template tokens too) of a prompt without the new domain."""
+    is_new = route_labels == new_index
+    labelled_old = (route_labels != IGNORE) & ~is_new
+    replay_row = ~is_new.any(dim=-1, keepdim=True)
+    return labelled_old | (valid & replay_row)
+
+
 @torch.no_grad()
 def prototype_init(
     lm: CausalLM,
@@ -97,25 +130,11 @@ def prototype_init(
     sums = torch.zeros(2, L, d, device=device)
     counts = torch.zeros(2, device=device)
     for batch in batches:
-        B, T = batch.input_ids.shape
-        ctx = learned_context(grown, B * T, top_k=K + 1, temperature=temperature)
-        inputs: list[torch.Tensor] = []
-        serve = ctx.begin_layer
-
-        def capture(layer: int, normed: torch.Tensor, serve=serve, inputs=inputs) -> None:
-            inputs.append(normed.float())
-            serve(layer, normed)
-
-        ctx.begin_layer = capture  # type: ignore[method-assign]
-        meta = DenseAttention(
-            batch=B, seq_len=T, positions=torch.arange(T, device=device).repeat(B)
-        )
-        lm.hidden_states(batch.input_ids.reshape(-1), meta, None, ctx)
+        x = gate_inputs(lm, grown, batch, K + 1, temperature)  # [L, tokens, d]
         assert batch.route_labels is not None
         labels = batch.route_labels.reshape(-1)
         is_new = labels == K
         is_old = (labels != IGNORE) & ~is_new
-        x = torch.stack(inputs)  # [L, tokens, d]
         sums[0] += x[:, is_old].sum(1)
         sums[1] += x[:, is_new].sum(1)
         counts += torch.stack([is_old.sum(), is_new.sum()])
@@ -131,25 +150,145 @@ def prototype_init(
     grown.new_bias.copy_((b_bar - scale * (u * mid).sum(1)).unsqueeze(1))
 
 
+def top_k_gap(logits: torch.Tensor, new_index: int, top_k: int) -> torch.Tensor:
+    """Per row of [..., K+1] logits: the new logit minus the k-th largest old one (> 0: the new
+    expert takes a top-k place from an old one)."""
+    old = logits[..., :new_index]
+    kth = old.topk(min(top_k, new_index), dim=-1).values[..., -1]
+    return logits[..., new_index] - kth
+
+
 def stay_out_loss(
     gate_logits: list[torch.Tensor],
-    route_labels: torch.Tensor,
+    keep: torch.Tensor,
     new_index: int,
     top_k: int,
     margin: float = 1.0,
 ) -> torch.Tensor:
-    """On tokens labelled with an old expert, how far the new logit reaches into the old top-k:
-    mean of relu(new - (k-th largest old) + margin) over layers and tokens."""
-    keep = (route_labels != IGNORE) & (route_labels != new_index)
-    total = torch.zeros((), device=route_labels.device)
+    """On the stay-out tokens `keep` (flat bool), how far the new logit reaches into the old
+    top-k: mean of relu(new - (k-th largest old) + margin) over layers and tokens."""
+    total = torch.zeros((), device=keep.device)
     if not bool(keep.any()):
         return total
     for logits in gate_logits:
-        rows = logits[keep].float()
-        old = rows[:, :new_index]
-        kth = old.topk(min(top_k, new_index), dim=-1).values[:, -1]
-        total = total + torch.relu(rows[:, new_index] - kth + margin).mean()
+        gap = top_k_gap(logits[keep].float(), new_index, top_k)
+        total = total + torch.relu(gap + margin).mean()
     return total / max(len(gate_logits), 1)
+
+
+def adapted_layers(lm: CausalLM) -> list[int]:
+    """Layers where some expert has weights (routing elsewhere changes nothing)."""
+    return sorted({lin.layer for lin in lm.lora_linears() if lin.lora is not None})
+
+
+def refit_new_rows(
+    lm: CausalLM,
+    grown: GrownGates,
+    batches: list[TokenBatch],
+    top_k: int,
+    margin: float,
+    steps: int,
+    temperature: float = 1.0,
+) -> None:
+    """Refit each adapted layer's new row as a logistic separator of the new domain's tokens
+    (new logit above the best old one by `margin`, so the new expert leads their mix, as its
+    adapter alone would) from the stay-out tokens (below the old k-th one by `margin`), on
+    gate inputs captured once with the old composition's routes; starts from the trained row."""
+    K = grown.new_index
+    layers = adapted_layers(lm)
+    if not layers:
+        return
+    old = Gates(grown.old_weight, grown.old_bias)  # type: ignore[arg-type]
+    xs, refs, targets = [], [], []
+    with torch.no_grad():
+        for batch in batches:
+            assert batch.route_labels is not None
+            labels = batch.route_labels.reshape(-1)
+            is_new = labels == K
+            pick = is_new | stay_out_mask(batch.route_labels, batch.valid, K).reshape(-1)
+            x = gate_inputs(lm, old, batch, top_k, temperature)[layers][:, pick]  # [La, n, d]
+            logits = torch.einsum("lnd,lkd->lnk", x, grown.old_weight[layers])
+            logits = logits + grown.old_bias[layers][:, None]
+            top = logits.topk(min(top_k, K), dim=-1).values
+            refs.append(torch.where(is_new[pick], top[..., 0], top[..., -1]))
+            xs.append(x)
+            targets.append(is_new[pick])
+    x, ref, y = torch.cat(xs, 1), torch.cat(refs, 1), torch.cat(targets)
+    if bool(y.all()) or not bool(y.any()):
+        return
+    sign = torch.where(y, -1.0, 1.0)  # softplus(-(gap - m)) on new tokens, softplus(gap + m) else
+    weight = torch.where(y, 0.5 / y.sum(), 0.5 / (~y).sum())
+    w = grown.new_weight.detach()[layers, 0].clone().requires_grad_(True)
+    b = grown.new_bias.detach()[layers, 0].clone().requires_grad_(True)
+    opt = torch.optim.Adam([w, b], lr=1e-2)
+    for _ in range(steps):
+        gap = torch.einsum("lnd,ld->ln", x, w) + b[:, None] - ref
+        loss = (torch.nn.functional.softplus(sign * gap + margin) * weight).sum(1).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        grown.new_weight[layers, 0] = w.detach()
+        grown.new_bias[layers, 0] = b.detach()
+
+
+@torch.no_grad()
+def calibrate_new_bias(
+    lm: CausalLM,
+    grown: GrownGates,
+    batches: list[TokenBatch],
+    top_k: int,
+    quantile: float,
+    margin: float,
+    temperature: float = 1.0,
+) -> dict[str, float]:
+    """Lower each layer's new bias so that on held-out prompts, routed as the old composition
+    serves them, the new logit stays `margin` below the old k-th one on `quantile` of each old
+    domain's tokens (and of the replay prompts' template tokens).
+
+    Returns, over the layers the experts adapt, the shares of old-domain tokens (all, and the
+    worst domain) and of new-domain tokens whose top-k the new expert enters, before and after,
+    and of new-domain tokens it leads (top-1) after.
+    """
+    K, L = grown.new_index, grown.old_weight.shape[0]
+    old = Gates(grown.old_weight, grown.old_bias)  # type: ignore[arg-type]
+    groups: list[list[torch.Tensor]] = [[] for _ in range(K + 2)]  # old i, template, new
+    leads: list[torch.Tensor] = []  # new-domain tokens: new logit minus the best old one
+    for batch in batches:
+        x = gate_inputs(lm, old, batch, top_k, temperature)  # [L, N, d]
+        logits = torch.einsum("lnd,lkd->lnk", x, grown.weight) + grown.bias[:, None]
+        gap = top_k_gap(logits, K, top_k)  # [L, N]
+        assert batch.route_labels is not None
+        labels = batch.route_labels.reshape(-1)
+        keep = stay_out_mask(batch.route_labels, batch.valid, K).reshape(-1)
+        leads.append(top_k_gap(logits, K, 1)[:, labels == K])
+        for i in range(K):
+            groups[i].append(gap[:, labels == i])
+        groups[K].append(gap[:, keep & (labels == IGNORE)])
+        groups[K + 1].append(gap[:, labels == K])
+    gaps = [torch.cat(g, 1) for g in groups]
+    shift = torch.zeros(L, device=grown.new_bias.device)
+    for g in gaps[: K + 1]:
+        if g.shape[1]:
+            shift = torch.maximum(shift, torch.quantile(g, quantile, dim=1) + margin)
+    grown.new_bias.sub_(shift[:, None])
+    adapted = adapted_layers(lm)
+    none = torch.zeros_like(shift)
+
+    def share(g: torch.Tensor, by: torch.Tensor) -> float:
+        g = (g - by[:, None])[adapted]
+        return round(float((g > 0).float().mean()), 4) if g.numel() else 0.0
+
+    old_all = torch.cat(gaps[: K + 1], 1)
+    return {
+        "old_tokens_new_in_top_k_before": share(old_all, none),
+        "old_tokens_new_in_top_k_after": share(old_all, shift),
+        "worst_old_domain_after": max(share(g, shift) for g in gaps[:K]),
+        "new_tokens_new_in_top_k_before": share(gaps[K + 1], none),
+        "new_tokens_new_in_top_k_after": share(gaps[K + 1], shift),
+        "new_tokens_new_leads_after": share(torch.cat(leads, 1), shift),
+        "mean_bias_shift": round(float(shift[adapted].mean()), 4) if adapted else 0.0,
+    }
 
 
 def _pairs_with_new(old: list[str], new: str, count: int, seed: int, split: str) -> list[Example]:

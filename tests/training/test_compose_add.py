@@ -4,6 +4,8 @@ bad inputs are refused with clear errors before anything is written."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -27,8 +29,15 @@ from molora_runtime.training.compose_add import (
     train_new_rows,
 )
 from molora_runtime.training.experts import attach_experts
-from molora_runtime.training.grow import grow_examples, stay_out_loss
-from molora_runtime.training.router import load_experts
+from molora_runtime.training.grow import (
+    GrownGates,
+    calibrate_new_bias,
+    grow_examples,
+    refit_new_rows,
+    stay_out_loss,
+    stay_out_mask,
+)
+from molora_runtime.training.router import load_experts, routed_batches
 from tests.runtime.rt_util import make_composition, make_peft_adapter
 
 OLD = ["arithmetic", "sorting"]
@@ -81,12 +90,22 @@ def test_training_data_mixes_the_new_domain_with_a_replay_of_the_old() -> None:
 
 
 def test_stay_out_hinge_only_bites_where_the_new_row_enters_the_old_top_k() -> None:
-    labels = torch.tensor([0, 1, 2, IGNORE])
+    labels = torch.tensor([[0, 1, 2, IGNORE]])
+    keep = stay_out_mask(labels, torch.ones_like(labels, dtype=torch.bool), 2).reshape(-1)
     low = torch.tensor([[3.0, 2.0, 0.0]] * 4)  # new logit a margin below the 2nd old one
-    assert stay_out_loss([low], labels, new_index=2, top_k=2, margin=1.0).item() == 0.0
+    assert stay_out_loss([low], keep, new_index=2, top_k=2, margin=1.0).item() == 0.0
     high = torch.tensor([[3.0, 2.0, 2.5]] * 4)
-    loss = stay_out_loss([high], labels, new_index=2, top_k=2, margin=1.0)
+    loss = stay_out_loss([high], keep, new_index=2, top_k=2, margin=1.0)
     assert loss.item() == pytest.approx(1.5)  # tokens of the new expert and unlabelled ones skip
+
+
+def test_stay_out_covers_every_token_of_a_replay_prompt_but_no_padding() -> None:
+    """Template tokens (unlabelled) stay out in prompts without the new domain; in a prompt
+    with it they are free, and the new domain's own tokens never stay out."""
+    labels = torch.tensor([[IGNORE, 0, 1, IGNORE], [IGNORE, 2, 0, IGNORE]])
+    valid = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    keep = stay_out_mask(labels, valid, new_index=2)
+    assert keep.tolist() == [[True, True, True, False], [False, False, True, False]]
 
 
 def test_only_the_new_rows_train(world: dict) -> None:
@@ -118,6 +137,51 @@ def test_only_the_new_rows_train(world: dict) -> None:
             a, b = buffers[(lin.name, lin.layer)]
             assert torch.equal(lin.lora.A, a) and torch.equal(lin.lora.B, b)
     assert set(grown.params()) == {"gate.new_weight", "gate.new_bias"}
+
+
+def test_calibration_pushes_an_intruding_row_out_of_old_tokens_top_k(world: dict) -> None:
+    """A new row whose bias wins every token is lowered until the old domains' held-out tokens
+    route as before (all but the quantile), while the old rows stay bit-identical."""
+    base = world["base"]
+    lm = load_model(base, dtype=torch.float32)
+    refs = {n: str(world["folders"][n]) for n in [*OLD, "multiplication"]}
+    attach_experts(lm, load_experts(lm, refs))
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    L, d = lm.arch.num_layers, lm.arch.hidden_size
+    weight, bias = torch.randn(L, 2, d), torch.randn(L, 2)
+    grown = GrownGates.extend(weight, bias)
+    with torch.no_grad():
+        grown.new_bias.fill_(100.0)
+    examples = grow_examples(OLD, "multiplication", 8, seed=3)
+    batches = routed_batches(tokenizer, examples, [*OLD, "multiplication"], 4, torch.device("cpu"))
+    shares = calibrate_new_bias(lm, grown, batches, top_k=1, quantile=1.0, margin=0.1)
+    assert shares["old_tokens_new_in_top_k_before"] == 1.0
+    assert shares["old_tokens_new_in_top_k_after"] == 0.0
+    assert shares["mean_bias_shift"] > 0
+    assert torch.equal(grown.weight[:, :2], weight) and torch.equal(grown.bias[:, :2], bias)
+    again = calibrate_new_bias(lm, grown, batches, top_k=1, quantile=1.0, margin=0.1)
+    assert again["mean_bias_shift"] == 0.0  # already out: nothing more to lower
+
+
+def test_refit_separates_the_new_domain_from_the_old_ones(world: dict) -> None:
+    """From the mean-of-rows start (never in the top-1), the logistic refit makes the new row
+    enter the top-1 on more new-domain tokens than old ones, touching no old row."""
+    base = world["base"]
+    lm = load_model(base, dtype=torch.float32)
+    refs = {n: str(world["folders"][n]) for n in [*OLD, "multiplication"]}
+    attach_experts(lm, load_experts(lm, refs))
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    L, d = lm.arch.num_layers, lm.arch.hidden_size
+    weight, bias = torch.randn(L, 2, d), torch.randn(L, 2)
+    grown = GrownGates.extend(weight, bias)
+    examples = grow_examples(OLD, "multiplication", 16, seed=5)
+    batches = routed_batches(tokenizer, examples, [*OLD, "multiplication"], 4, torch.device("cpu"))
+    start = calibrate_new_bias(lm, copy.deepcopy(grown), batches, top_k=1, quantile=1.0, margin=0)
+    assert start["new_tokens_new_in_top_k_before"] == 0.0
+    refit_new_rows(lm, grown, batches, top_k=1, margin=1.0, steps=200)
+    fitted = calibrate_new_bias(lm, copy.deepcopy(grown), batches, top_k=1, quantile=1.0, margin=0)
+    assert fitted["new_tokens_new_in_top_k_before"] > fitted["old_tokens_new_in_top_k_before"]
+    assert torch.equal(grown.weight[:, :2], weight) and torch.equal(grown.bias[:, :2], bias)
 
 
 def test_publishes_next_version_and_serves_it(world: dict) -> None:
