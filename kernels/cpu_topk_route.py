@@ -1,14 +1,16 @@
-"""One layer's learned top-k routing on CPU in one kernel call, from the gate's logits.
+"""One layer's learned top-k routing on CPU in one kernel call, from the gate's input.
 
-Given the logits `[T, n]` of T tokens over a composition's n experts, a route is each token's
-top-k experts and their softmax weights, its `[T, W]` slot table (the experts' hot-set slots,
+Given the gate's input `x [T, d]` and one composition's gate `weight [n, d]`, `bias [n]` over
+its n experts, a route is the logits `x Wᵀ + b`, each token's top-k experts and their softmax
+weights, its `[T, W]` slot table (the experts' hot-set slots,
 zero-padded to W columns) and, for the stacked LoRA delta, the per-token weight of every slot of
 the stacked range expanded to each buffer rank in `ranks` (one `[T, Σ count·rank]` block table
-and where it is 0). In PyTorch that is about eight small ops per decoder layer whose dispatch
+and where it is 0). In PyTorch that is about nine small ops per decoder layer whose dispatch
 outweighs their arithmetic at decode sizes; the C++ kernel (`csrc/topk_route.cpp`) is one loop.
 It is built and verified like the panel GEMM (`kernels.cpu_extension_build`); where it cannot
-be built, `available()` is False (with a warning) and callers run `topk_route_reference`, its
-twin. Ties between equal logits go to the lower expert index in the kernel.
+be built or the CPU lacks AVX2/FMA, `available()` is False (with a warning) and callers run
+`topk_route_reference`, its twin. The kernel sums each logit in its own order (fp32 rounding
+apart from `addmm`'s); ties between equal logits go to the lower expert index.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from kernels.cpu_extension_build import ExtensionSpec
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "topk_route.cpp"
-SPEC = ExtensionSpec(name="molora_topk_route", source=SOURCE, cflags=("-O3",))
+SPEC = ExtensionSpec(name="molora_topk_route", source=SOURCE, cflags=("-O3", "-mavx2", "-mfma"))
 SWITCH_ENV = "MOLORA_CPU_TOPK_ROUTE"
 MAX_K = 64  # must equal MAX_K in the C++ source
 
@@ -38,6 +40,7 @@ MAX_K = 64  # must equal MAX_K in the C++ source
 class Route:
     """A layer's routing of T tokens (see the module docstring)."""
 
+    logits: torch.Tensor  # [T, n] fp32 gate logits, bias added, before temperature
     experts: torch.Tensor  # [T, k] int64 expert index within the composition
     weights: torch.Tensor  # [T, k] fp32, each row sums to 1
     slot_ids: torch.Tensor  # [T, W] int64 hot-set slots, 0 past k
@@ -61,18 +64,25 @@ _extension = cpu_extension_build.LazyExtension(
 
 def available() -> bool:
     """Whether the kernel is on and runs here (builds the library on the first call)."""
-    if os.environ.get(SWITCH_ENV, "1") == "0":
+    if os.environ.get(SWITCH_ENV, "1") == "0" or not cpu_panel_gemm.cpu_supported():
         return False
     return _extension.get() is not None
 
 
 def _check(
-    logits: torch.Tensor, k: int, expert_slots: torch.Tensor, local_slots: torch.Tensor | None,
-    ranks: Sequence[int], width: int,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int, expert_slots: torch.Tensor,
+    local_slots: torch.Tensor | None, ranks: Sequence[int], width: int,
 ) -> None:  # fmt: skip
-    if logits.dim() != 2 or logits.dtype != torch.float32:
-        raise ValueError(f"logits must be 2-D fp32, got {logits.dtype} {tuple(logits.shape)}")
-    n = logits.shape[1]
+    if any(t.dtype != torch.float32 for t in (x, weight, bias)):
+        raise ValueError(
+            f"x, weight and bias must be fp32, got {x.dtype}/{weight.dtype}/{bias.dtype}"
+        )
+    n = weight.shape[0]
+    if x.dim() != 2 or weight.shape != (n, x.shape[1]) or bias.shape != (n,):
+        raise ValueError(
+            f"x [T, d], weight [n, d] and bias [n] do not agree: {tuple(x.shape)}, "
+            f"{tuple(weight.shape)}, {tuple(bias.shape)}"
+        )
     if not 1 <= k <= min(n, width, MAX_K):
         raise ValueError(f"top_k={k} must lie in 1..min(experts={n}, width={width}, {MAX_K})")
     if expert_slots.shape != (n,):
@@ -84,42 +94,47 @@ def _check(
 
 
 def topk_route(
-    logits: torch.Tensor, k: int, temperature: float, expert_slots: torch.Tensor,
-    local_slots: torch.Tensor | None, count: int, ranks: Sequence[int], width: int,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int, temperature: float,
+    expert_slots: torch.Tensor, local_slots: torch.Tensor | None, count: int,
+    ranks: Sequence[int], width: int,
 ) -> Route:  # fmt: skip
     """The kernel: `topk_route_reference` in one call (CPU tensors)."""
     lib = _extension.get()
     if lib is None:
         raise RuntimeError("the CPU top-k route kernel is not available here")
-    _check(logits, k, expert_slots, local_slots, ranks, width)
-    T, n = logits.shape
-    logits = logits.contiguous()
+    _check(x, weight, bias, k, expert_slots, local_slots, ranks, width)
+    (T, d), n = x.shape, weight.shape[0]
+    x, weight, bias = x.contiguous(), weight.contiguous(), bias.contiguous()
     slots = expert_slots.to(torch.long).contiguous()
     local = (local_slots if ranks else slots).to(torch.long).contiguous()  # type: ignore[union-attr]
-    rank_t = torch.tensor(list(ranks), dtype=torch.long)
+    rank_t = _rank_tensor(tuple(ranks))
     total = count * sum(ranks)
+    logits = torch.empty(T, n)
     experts = torch.empty(T, k, dtype=torch.long)
     slot_ids = torch.empty(T, width, dtype=torch.long)
     slot_weights = torch.empty(T, width)
     rows = torch.empty(T, total)
     inactive = torch.empty(T, total, dtype=torch.bool)
     bad = lib.route_fp32(
-        logits.data_ptr(), T, n, k, float(temperature), slots.data_ptr(), local.data_ptr(), count,
+        x.data_ptr(), d, weight.data_ptr(), bias.data_ptr(), logits.data_ptr(), T, n, k, float(temperature), slots.data_ptr(), local.data_ptr(), count,
         rank_t.data_ptr(), len(ranks), slot_ids.data_ptr(), slot_weights.data_ptr(), width,
         experts.data_ptr(), rows.data_ptr(), inactive.data_ptr(),
     )  # fmt: skip
     if bad:
         raise ValueError(f"an expert's local slot lies outside the stacked range 0..{count - 1}")
-    return Route(experts, slot_weights[:, :k], slot_ids, slot_weights, rows, inactive)
+    return Route(logits, experts, slot_weights[:, :k], slot_ids, slot_weights, rows, inactive)
 
 
 def topk_route_reference(
-    logits: torch.Tensor, k: int, temperature: float, expert_slots: torch.Tensor,
-    local_slots: torch.Tensor | None, count: int, ranks: Sequence[int], width: int,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int, temperature: float,
+    expert_slots: torch.Tensor, local_slots: torch.Tensor | None, count: int,
+    ranks: Sequence[int], width: int,
 ) -> Route:  # fmt: skip
-    """The twin in PyTorch ops, on any device: top-k of `logits / temperature`, a softmax over
-    the k values (top-1: an argmax and weight 1), the slot table and the rank blocks."""
-    _check(logits, k, expert_slots, local_slots, ranks, width)
+    """The twin in PyTorch ops, on any device: the logits by `addmm`, top-k of
+    `logits / temperature`, a softmax over the k values (top-1: an argmax and weight 1), the
+    slot table and the rank blocks."""
+    _check(x, weight, bias, k, expert_slots, local_slots, ranks, width)
+    logits = torch.addmm(bias, x, weight.t())
     T = logits.shape[0]
     if k == 1:  # argmax is unchanged by a positive temperature, and one weight is 1
         experts = logits.argmax(dim=-1, keepdim=True)
@@ -132,9 +147,20 @@ def topk_route_reference(
     slot_weights = F.pad(weights, (0, width - k))
     if not ranks:
         empty = torch.empty(T, 0, device=logits.device)
-        return Route(experts, weights, slot_ids, slot_weights, empty, empty.bool())
+        return Route(logits, experts, weights, slot_ids, slot_weights, empty, empty.bool())
     assert local_slots is not None
     eye = torch.eye(count, device=logits.device)[local_slots]  # [n, count]
     expander = torch.cat([eye.repeat_interleave(r, dim=1) for r in ranks], dim=1)
     rows = (F.one_hot(experts, logits.shape[1]).float() * weights[..., None]).sum(1) @ expander
-    return Route(experts, weights, slot_ids, slot_weights, rows, rows == 0)
+    return Route(logits, experts, weights, slot_ids, slot_weights, rows, rows == 0)
+
+
+_rank_tensors: dict[tuple[int, ...], torch.Tensor] = {}
+
+
+def _rank_tensor(ranks: tuple[int, ...]) -> torch.Tensor:
+    """The kernel's int64 copy of `ranks`, made once per distinct tuple."""
+    t = _rank_tensors.get(ranks)
+    if t is None:
+        t = _rank_tensors[ranks] = torch.tensor(ranks, dtype=torch.long)
+    return t

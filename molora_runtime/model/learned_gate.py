@@ -2,10 +2,10 @@
 
 When a step's learned tokens all route through one composition with one top-k and one
 temperature (known on the host when the step is built: `LearnedPlan`), a layer's table takes
-two calls instead of the general per-token path: one `addmm` over that composition's real
-experts only (no other compositions' rows, no masking of padding experts), then one top-k route
-(`kernels.cpu_topk_route`: on CPU one kernel call, elsewhere its PyTorch twin) that also builds,
-for the stacked CPU backend, every projection's rank-expanded slot gate at once.
+one top-k route (`kernels.cpu_topk_route`: on CPU one kernel call, elsewhere its PyTorch twin)
+instead of the general per-token path: the gate over that composition's real experts only (no
+other compositions' rows, no masking of padding experts), top-k, softmax and the slot table,
+and for the stacked CPU backend every projection's rank-expanded slot gate at once.
 What does not change from step to step (the layers' gate views, the experts' slots and stacked
 columns, the ranks the projections read) lives in a `PlanCache` on the gate table.
 The general path (`LoRAContext._learned_table`) stays for mixed steps, CUDA graphs and training.
@@ -42,22 +42,13 @@ class PlanCache:
     """A plan's step-independent parts, on the step's device (views stay valid: the gate
     table is written in place)."""
 
-    weight_t: list[torch.Tensor]  # per layer `[d, n]`
+    weight: list[torch.Tensor]  # per layer `[n, d]`
     bias: list[torch.Tensor]  # per layer `[n]`
     experts: torch.Tensor  # [n] the experts' hot-set slots
     local_slots: torch.Tensor | None = None  # [n] expert -> column in the stacked slot range
     count: int = 0  # slots in the stacked range
     # the (rank, dtype) SlotGates the projections read, built together by each layer's route
     ranks: list[tuple[int, torch.dtype]] = field(default_factory=list)
-
-
-@dataclass
-class LayerGate:
-    """One layer's routing of the learned tokens (its top-k pairs, slot table and stacked rank
-    blocks: `route`) and its raw gate logits `[T, n]` (bias added, before temperature)."""
-
-    route: Route
-    logits: torch.Tensor
 
 
 def plan_cache(
@@ -71,9 +62,7 @@ def plan_cache(
     if cache is None:
         c, n = plan.comp_slot, plan.num_experts
         w, b = weight[c, :, :n], bias[c, :, :n]
-        cache = PlanCache(
-            [w[i].t() for i in range(w.shape[0])], list(b.unbind(0)), expert_slots[c, :n]
-        )
+        cache = PlanCache(list(w.unbind(0)), list(b.unbind(0)), expert_slots[c, :n])
         if stacked is not None:
             cache.local_slots = cache.experts - stacked[0]
             cache.count = stacked[1]
@@ -86,27 +75,28 @@ def plan_cache(
 def layer_gate(
     plan: LearnedPlan, cache: PlanCache, layer: int, normed: torch.Tensor, width: int,
     stacked: bool,
-) -> LayerGate:  # fmt: skip
-    """Every token's top-k experts, weights and `[T, width]` slot table for `layer`, with the
-    rank blocks of `cache.ranks` where the stacked delta reads them: one kernel call on CPU."""
+) -> Route:  # fmt: skip
+    """Every token's gate logits, top-k experts, weights and `[T, width]` slot table for
+    `layer`, with the rank blocks of `cache.ranks` where the stacked delta reads them."""
     x = normed if normed.dtype == torch.float32 else normed.float()
-    logits = torch.addmm(cache.bias[layer], x, cache.weight_t[layer])
     k = min(plan.top_k, plan.num_experts)
     ranks = [rank for rank, _ in cache.ranks] if stacked and cache.local_slots is not None else []
-    route_fn = topk_route if logits.is_cpu and cpu_topk_route.available() else topk_route_reference
-    route = route_fn(
-        logits, k, plan.temperature, cache.experts, cache.local_slots, cache.count, ranks, width
-    )
-    return LayerGate(route, logits)
+    weight, bias = cache.weight[layer], cache.bias[layer]
+    grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    kernel = x.is_cpu and not grad and cpu_topk_route.available()
+    return (topk_route if kernel else topk_route_reference)(
+        x, weight, bias, k, plan.temperature, cache.experts,
+        cache.local_slots, cache.count, ranks, width,
+    )  # fmt: skip
 
 
 def table_of(
-    gate: LayerGate, static: tuple[torch.Tensor, torch.Tensor], learned: torch.Tensor | None
+    route: Route, static: tuple[torch.Tensor, torch.Tensor], learned: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's `(slot_ids, weights)` table `[T, W]` for a layer: learned rows from `gate`,
+    """The step's `(slot_ids, weights)` table `[T, W]` for a layer: learned rows from `route`,
     the others from `static`."""
     static_slots, static_w = static
-    slots, weights = gate.route.slot_ids, gate.route.slot_weights.to(static_w.dtype)
+    slots, weights = route.slot_ids, route.slot_weights.to(static_w.dtype)
     if learned is None:
         return slots, weights
     return (
@@ -115,10 +105,10 @@ def table_of(
     )
 
 
-def all_gates(cache: PlanCache, gate: LayerGate) -> dict[tuple[int, torch.dtype], SlotGate]:
+def all_gates(cache: PlanCache, route: Route) -> dict[tuple[int, torch.dtype], SlotGate]:
     """Every `SlotGate` the step's projections read: column blocks of the route's one
     `[T, Σ count·rank]` table, one block per `(rank, dtype)` of `cache.ranks`."""
-    rows, inactive = gate.route.rows, gate.route.inactive
+    rows, inactive = route.rows, route.inactive
     by_dtype = {torch.float32: rows}
     out, col = {}, 0
     for rank, dtype in cache.ranks:

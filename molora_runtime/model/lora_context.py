@@ -152,18 +152,18 @@ class LoRAContext:
                 g.plans, plan, g.weight, g.bias, g.expert_slots, self.stacked_slots
             )
         stacked = stacked and self.stacked_slots is not None and plan.all_learned
-        gate = layer_gate(plan, cache, layer, normed, static[0].shape[1], stacked)
+        route = layer_gate(plan, cache, layer, normed, static[0].shape[1], stacked)
         learned = None if plan.all_learned else self.comp_idx >= 0  # type: ignore[operator]
-        self.slot_ids, self.weights = table_of(gate, static, learned)
+        self.slot_ids, self.weights = table_of(route, static, learned)
         if self.record_layers or self.return_gate_logits:
             t = plan.temperature
-            tempered = gate.logits if t == 1.0 else gate.logits / t
+            tempered = route.logits if t == 1.0 else route.logits / t
             if self.record_layers:
                 self.layer_logits.append(tempered)
             if self.return_gate_logits:
                 self.gate_logits.append(tempered)
         if stacked:
-            self._gates = (self.slot_ids, self.weights, all_gates(cache, gate))
+            self._gates = (self.slot_ids, self.weights, all_gates(cache, route))
 
     def _learned_table(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.comp_idx is not None and self.gates is not None and self._static is not None
