@@ -62,26 +62,29 @@ _extension = cpu_extension_build.LazyExtension(
 )
 
 
+_enabled: bool | None = None
+
+
 def available() -> bool:
-    """Whether the kernel is on and runs here (builds the library on the first call)."""
-    if os.environ.get(SWITCH_ENV, "1") == "0" or not cpu_panel_gemm.cpu_supported():
-        return False
-    return _extension.get() is not None
+    """Whether the kernel is on and runs here (decided, and the library built, on the first
+    call; `MOLORA_CPU_TOPK_ROUTE=0` turns it off)."""
+    global _enabled
+    if _enabled is None:
+        on = os.environ.get(SWITCH_ENV, "1") != "0" and cpu_panel_gemm.cpu_supported()
+        _enabled = on and _extension.get() is not None
+    return _enabled
 
 
 def _check(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int, expert_slots: torch.Tensor,
+    weight: torch.Tensor, bias: torch.Tensor, k: int, expert_slots: torch.Tensor,
     local_slots: torch.Tensor | None, ranks: Sequence[int], width: int,
 ) -> None:  # fmt: skip
-    if any(t.dtype != torch.float32 for t in (x, weight, bias)):
-        raise ValueError(
-            f"x, weight and bias must be fp32, got {x.dtype}/{weight.dtype}/{bias.dtype}"
-        )
+    if weight.dtype != torch.float32 or bias.dtype != torch.float32:
+        raise ValueError(f"the gate must be fp32, got {weight.dtype}/{bias.dtype}")
     n = weight.shape[0]
-    if x.dim() != 2 or weight.shape != (n, x.shape[1]) or bias.shape != (n,):
+    if weight.dim() != 2 or bias.shape != (n,):
         raise ValueError(
-            f"x [T, d], weight [n, d] and bias [n] do not agree: {tuple(x.shape)}, "
-            f"{tuple(weight.shape)}, {tuple(bias.shape)}"
+            f"weight [n, d] and bias [n] do not agree: {tuple(weight.shape)}, {tuple(bias.shape)}"
         )
     if not 1 <= k <= min(n, width, MAX_K):
         raise ValueError(f"top_k={k} must lie in 1..min(experts={n}, width={width}, {MAX_K})")
@@ -93,36 +96,84 @@ def _check(
         raise ValueError(f"ranks must be positive, got {list(ranks)}")
 
 
+def _check_input(x: torch.Tensor, d: int) -> None:
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != d:
+        raise ValueError(f"x must be fp32 [T, {d}], got {x.dtype} {tuple(x.shape)}")
+
+
+class TopKRouter:
+    """One composition's routing, checked once: a gate `weight [n, d]` and `bias [n]` per
+    layer, top-k, temperature, the experts' slots and stacked columns, the rank blocks and the
+    slot table's width. Each call routes one layer's input `x [T, d]` on the kernel where it
+    runs (a CPU input, no autograd, contiguous gates), else on `topk_route_reference`."""
+
+    def __init__(
+        self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], k: int,
+        temperature: float, expert_slots: torch.Tensor, local_slots: torch.Tensor | None,
+        count: int, ranks: Sequence[int], width: int,
+    ) -> None:  # fmt: skip
+        for weight, bias in zip(weights, biases, strict=True):
+            _check(weight, bias, k, expert_slots, local_slots, ranks, width)
+        self.weights, self.biases = list(weights), list(biases)
+        self.k, self.temperature, self.count, self.width = k, float(temperature), count, width
+        self.expert_slots, self.local_slots, self.ranks = expert_slots, local_slots, tuple(ranks)
+        self.n, self.d = weights[0].shape if weights else (0, 0)
+        gates = (*self.weights, *self.biases)
+        self.kernel = (
+            all(t.is_cpu and t.is_contiguous() for t in gates)
+            and expert_slots.is_cpu
+            and available()
+        )
+        if self.kernel:  # the kernel's own int64 copies, made once
+            self._slots = expert_slots.to(torch.long).contiguous()
+            local = local_slots if ranks and local_slots is not None else expert_slots
+            self._local = local.to(torch.long).contiguous()
+            self._ranks = torch.tensor(self.ranks, dtype=torch.long)
+            self._total = count * sum(self.ranks)
+
+    def __call__(self, layer: int, x: torch.Tensor) -> Route:
+        _check_input(x, self.d)
+        weight, bias = self.weights[layer], self.biases[layer]
+        grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        if not (self.kernel and x.is_cpu) or grad:
+            return topk_route_reference(
+                x, weight, bias, self.k, self.temperature, self.expert_slots, self.local_slots,
+                self.count, self.ranks, self.width,
+            )  # fmt: skip
+        lib = _extension.get()
+        assert lib is not None
+        x = x.contiguous()
+        T, k, width = x.shape[0], self.k, self.width
+        logits = torch.empty(T, self.n)
+        experts = torch.empty(T, k, dtype=torch.long)
+        slot_ids = torch.empty(T, width, dtype=torch.long)
+        slot_weights = torch.empty(T, width)
+        rows = torch.empty(T, self._total)
+        inactive = torch.empty(T, self._total, dtype=torch.bool)
+        bad = lib.route_fp32(
+            x.data_ptr(), self.d, weight.data_ptr(), bias.data_ptr(), logits.data_ptr(), T,
+            self.n, k, self.temperature, self._slots.data_ptr(), self._local.data_ptr(),
+            self.count, self._ranks.data_ptr(), len(self.ranks), slot_ids.data_ptr(),
+            slot_weights.data_ptr(), width, experts.data_ptr(), rows.data_ptr(),
+            inactive.data_ptr(),
+        )  # fmt: skip
+        if bad:
+            raise ValueError(
+                f"an expert's local slot lies outside the stacked range 0..{self.count - 1}"
+            )
+        return Route(logits, experts, slot_weights[:, :k], slot_ids, slot_weights, rows, inactive)
+
+
 def topk_route(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int, temperature: float,
     expert_slots: torch.Tensor, local_slots: torch.Tensor | None, count: int,
     ranks: Sequence[int], width: int,
 ) -> Route:  # fmt: skip
-    """The kernel: `topk_route_reference` in one call (CPU tensors)."""
-    lib = _extension.get()
-    if lib is None:
-        raise RuntimeError("the CPU top-k route kernel is not available here")
-    _check(x, weight, bias, k, expert_slots, local_slots, ranks, width)
-    (T, d), n = x.shape, weight.shape[0]
-    x, weight, bias = x.contiguous(), weight.contiguous(), bias.contiguous()
-    slots = expert_slots.to(torch.long).contiguous()
-    local = (local_slots if ranks else slots).to(torch.long).contiguous()  # type: ignore[union-attr]
-    rank_t = _rank_tensor(tuple(ranks))
-    total = count * sum(ranks)
-    logits = torch.empty(T, n)
-    experts = torch.empty(T, k, dtype=torch.long)
-    slot_ids = torch.empty(T, width, dtype=torch.long)
-    slot_weights = torch.empty(T, width)
-    rows = torch.empty(T, total)
-    inactive = torch.empty(T, total, dtype=torch.bool)
-    bad = lib.route_fp32(
-        x.data_ptr(), d, weight.data_ptr(), bias.data_ptr(), logits.data_ptr(), T, n, k, float(temperature), slots.data_ptr(), local.data_ptr(), count,
-        rank_t.data_ptr(), len(ranks), slot_ids.data_ptr(), slot_weights.data_ptr(), width,
-        experts.data_ptr(), rows.data_ptr(), inactive.data_ptr(),
-    )  # fmt: skip
-    if bad:
-        raise ValueError(f"an expert's local slot lies outside the stacked range 0..{count - 1}")
-    return Route(logits, experts, slot_weights[:, :k], slot_ids, slot_weights, rows, inactive)
+    """One layer through a one-layer `TopKRouter`: the kernel on CPU where it runs."""
+    router = TopKRouter(
+        [weight], [bias], k, temperature, expert_slots, local_slots, count, ranks, width
+    )
+    return router(0, x)
 
 
 def topk_route_reference(
@@ -133,7 +184,8 @@ def topk_route_reference(
     """The twin in PyTorch ops, on any device: the logits by `addmm`, top-k of
     `logits / temperature`, a softmax over the k values (top-1: an argmax and weight 1), the
     slot table and the rank blocks."""
-    _check(x, weight, bias, k, expert_slots, local_slots, ranks, width)
+    _check(weight, bias, k, expert_slots, local_slots, ranks, width)
+    _check_input(x, weight.shape[1])
     logits = torch.addmm(bias, x, weight.t())
     T = logits.shape[0]
     if k == 1:  # argmax is unchanged by a positive temperature, and one weight is 1
@@ -153,14 +205,3 @@ def topk_route_reference(
     expander = torch.cat([eye.repeat_interleave(r, dim=1) for r in ranks], dim=1)
     rows = (F.one_hot(experts, logits.shape[1]).float() * weights[..., None]).sum(1) @ expander
     return Route(logits, experts, weights, slot_ids, slot_weights, rows, rows == 0)
-
-
-_rank_tensors: dict[tuple[int, ...], torch.Tensor] = {}
-
-
-def _rank_tensor(ranks: tuple[int, ...]) -> torch.Tensor:
-    """The kernel's int64 copy of `ranks`, made once per distinct tuple."""
-    t = _rank_tensors.get(ranks)
-    if t is None:
-        t = _rank_tensors[ranks] = torch.tensor(ranks, dtype=torch.long)
-    return t

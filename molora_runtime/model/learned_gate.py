@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels import cpu_topk_route
-from kernels.cpu_topk_route import Route, topk_route, topk_route_reference
+from kernels.cpu_topk_route import Route, TopKRouter
 from kernels.stacked import SlotGate
 
 CACHED_PLANS = 16  # plan caches kept per gate table (oldest dropped first)
+CACHED_ROUTERS = 16  # routers kept per plan cache (oldest dropped first)
 
 
 @dataclass
@@ -49,6 +49,8 @@ class PlanCache:
     count: int = 0  # slots in the stacked range
     # the (rank, dtype) SlotGates the projections read, built together by each layer's route
     ranks: list[tuple[int, torch.dtype]] = field(default_factory=list)
+    # routers by (top_k, temperature, ranks, table width); few: one per setting and rank set
+    routers: dict[tuple, TopKRouter] = field(default_factory=dict)
 
 
 def plan_cache(
@@ -80,14 +82,17 @@ def layer_gate(
     `layer`, with the rank blocks of `cache.ranks` where the stacked delta reads them."""
     x = normed if normed.dtype == torch.float32 else normed.float()
     k = min(plan.top_k, plan.num_experts)
-    ranks = [rank for rank, _ in cache.ranks] if stacked and cache.local_slots is not None else []
-    weight, bias = cache.weight[layer], cache.bias[layer]
-    grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    kernel = x.is_cpu and not grad and cpu_topk_route.available()
-    return (topk_route if kernel else topk_route_reference)(
-        x, weight, bias, k, plan.temperature, cache.experts,
-        cache.local_slots, cache.count, ranks, width,
-    )  # fmt: skip
+    ranks = tuple(r for r, _ in cache.ranks) if stacked and cache.local_slots is not None else ()
+    key = (k, plan.temperature, ranks, width)
+    router = cache.routers.get(key)
+    if router is None:
+        if len(cache.routers) >= CACHED_ROUTERS:
+            cache.routers.pop(next(iter(cache.routers)))
+        router = cache.routers[key] = TopKRouter(
+            cache.weight, cache.bias, k, plan.temperature, cache.experts, cache.local_slots,
+            cache.count, ranks, width,
+        )  # fmt: skip
+    return router(layer, x)
 
 
 def table_of(

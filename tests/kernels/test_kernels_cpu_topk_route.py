@@ -95,7 +95,7 @@ def test_refuses_other_dtypes_and_shapes() -> None:
     x, weight, bias, slots, local = _case(0, 5, 3, 3)
     with pytest.raises(ValueError, match="fp32"):
         topk_route(x.double(), weight, bias, 1, 1.0, slots, local, 3, [], 2)
-    with pytest.raises(ValueError, match="do not agree"):
+    with pytest.raises(ValueError, match="x must be fp32"):
         topk_route(x[:, :-1], weight, bias, 1, 1.0, slots, local, 3, [], 2)
     with pytest.raises(ValueError, match="do not agree"):
         topk_route(x, weight, bias[:2], 1, 1.0, slots, local, 3, [], 2)
