@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,3 +206,28 @@ def topk_route_reference(
     expander = torch.cat([eye.repeat_interleave(r, dim=1) for r in ranks], dim=1)
     rows = (F.one_hot(experts, logits.shape[1]).float() * weights[..., None]).sum(1) @ expander
     return Route(logits, experts, weights, slot_ids, slot_weights, rows, rows == 0)
+
+
+def main() -> int:
+    """`python -m kernels.cpu_topk_route`: build ahead (`make models`, the image). Exits 0 where
+    the kernel cannot be built here (the gate then runs PyTorch ops) after saying why, loudly."""
+    logging.basicConfig(level=logging.INFO)
+    if not cpu_panel_gemm.cpu_supported():
+        print(
+            "CPU top-k route: this CPU has no AVX2/FMA; the gate runs PyTorch ops", file=sys.stderr
+        )
+        return 0
+    try:
+        lib = build()
+    except RuntimeError as exc:
+        print(
+            f"WARNING: CPU top-k route not built ({exc}); the gate runs PyTorch ops",
+            file=sys.stderr,
+        )
+        return 0
+    print(f"CPU top-k route kernel built and verified: {lib.__file__}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
