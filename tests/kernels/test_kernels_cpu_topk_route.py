@@ -48,9 +48,9 @@ def test_kernel_matches_twin(
     clear = (ordered[:, k - 1] - ordered[:, k] > 1e-4) if k < n else torch.ones(T, dtype=torch.bool)
     for name in ("experts", "slot_ids", "inactive"):
         assert torch.equal(getattr(got, name)[clear], getattr(want, name)[clear]), name
-    for name in ("weights", "slot_weights", "rows"):
+    for name in ("weights", "slot_weights", "rows"):  # softmax of logits that differ by rounding
         got_t, want_t = getattr(got, name)[clear], getattr(want, name)[clear]
-        torch.testing.assert_close(got_t, want_t, atol=1e-6, rtol=0)
+        torch.testing.assert_close(got_t, want_t, atol=1e-5, rtol=0)
     assert got.rows.shape == (T, count * sum(ranks))
 
 
