@@ -34,4 +34,5 @@ USER 1000
 # (docs/cpu-gemm.md); without a compiler the step warns and serving uses the PyTorch paths.
 RUN pip install --no-cache-dir ninja==1.13.2 \
     && python -m kernels.cpu_panel_gemm \
-    && python -m kernels.cpu_paged_attention
+    && python -m kernels.cpu_paged_attention \
+    && python -m kernels.cpu_topk_route

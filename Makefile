@@ -29,6 +29,7 @@ models: install
 	$(PY) -m pip install -q ninja==1.13.2
 	$(PY) -m kernels.cpu_panel_gemm
 	$(PY) -m kernels.cpu_paged_attention
+	$(PY) -m kernels.cpu_topk_route
 
 serve: models
 	# Ray on loopback with its token auth on (never turn it off: Serve replicas' gRPC servers listen

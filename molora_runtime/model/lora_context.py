@@ -21,14 +21,11 @@ import torch
 from kernels.device_plan import DevicePlan, build_device_plan
 from kernels.stacked import SlotGate, slot_gate
 from molora_runtime.model.learned_gate import (
-    LayerGate,
     LearnedPlan,
     PlanCache,
     all_gates,
-    expand_gate,
     layer_gate,
     plan_cache,
-    slot_weights,
     table_of,
 )
 
@@ -86,8 +83,6 @@ class LoRAContext:
     # per table: (slot_ids, weights, {(rank, dtype): SlotGate})
     _gates: tuple[torch.Tensor, torch.Tensor, dict[tuple[int, torch.dtype], SlotGate]] | None = None
     _device_plan: tuple[torch.Tensor, torch.Tensor, DevicePlan] | None = None
-    # the fast path's layer gate, keyed by the table it built (stacked SlotGates come from it)
-    _layer_gate: tuple[torch.Tensor, LayerGate] | None = None
 
     def add_lora(self, y: torch.Tensor, x: torch.Tensor, buffers: Any, layer: int) -> torch.Tensor:
         """`y` plus the routed delta of `x` over `buffers` (in place where autograd allows)."""
@@ -110,16 +105,12 @@ class LoRAContext:
             cached = self._gates = (self.slot_ids, self.weights, {})
         gate = cached[2].get((rank, dtype))
         if gate is None:
-            fast = self._layer_gate
-            if fast is not None and fast[0] is self.slot_ids:
-                cache = self.learned_plan.cache if self.learned_plan is not None else None
-                assert cache is not None
-                gate = expand_gate(slot_weights(cache, fast[1], count), rank, dtype)
-                cache.ranks.append((rank, dtype))  # the next layers build it with the rest
-                cache.expander = None
-            else:
-                gate = slot_gate(self.slot_ids, self.weights, first, count, rank, dtype)
+            gate = slot_gate(self.slot_ids, self.weights, first, count, rank, dtype)
             cached[2][(rank, dtype)] = gate
+            plan = self.learned_plan
+            cache = plan.cache if plan is not None and plan.all_learned else None
+            if cache is not None and (rank, dtype) not in cache.ranks:
+                cache.ranks.append((rank, dtype))  # the next layers' routes build it
         return gate
 
     def kernel_meta(self) -> DevicePlan | None:
@@ -160,21 +151,19 @@ class LoRAContext:
             cache = plan.cache = plan_cache(
                 g.plans, plan, g.weight, g.bias, g.expert_slots, self.stacked_slots
             )
-        gate = layer_gate(plan, cache, layer, normed)
+        stacked = stacked and self.stacked_slots is not None and plan.all_learned
+        route = layer_gate(plan, cache, layer, normed, static[0].shape[1], stacked)
         learned = None if plan.all_learned else self.comp_idx >= 0  # type: ignore[operator]
-        self.slot_ids, self.weights = table_of(gate, cache, static, learned)
+        self.slot_ids, self.weights = table_of(route, static, learned)
         if self.record_layers or self.return_gate_logits:
             t = plan.temperature
-            tempered = gate.logits if t == 1.0 else gate.logits / t
+            tempered = route.logits if t == 1.0 else route.logits / t
             if self.record_layers:
                 self.layer_logits.append(tempered)
             if self.return_gate_logits:
                 self.gate_logits.append(tempered)
-        if stacked and self.stacked_slots is not None and plan.all_learned:
-            self._layer_gate = (self.slot_ids, gate)
-            self._gates = (
-                self.slot_ids, self.weights, all_gates(cache, gate, self.stacked_slots[1])
-            )  # fmt: skip
+        if stacked:
+            self._gates = (self.slot_ids, self.weights, all_gates(cache, route))
 
     def _learned_table(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.comp_idx is not None and self.gates is not None and self._static is not None
