@@ -16,18 +16,15 @@ apart from `addmm`'s); ties between equal logits go to the lower expert index.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from torch.nn import functional as F
 
-from kernels import cpu_extension_build, cpu_panel_gemm
 from kernels.cpu_extension_build import ExtensionSpec
+from kernels.cpu_kernel import CpuKernel
 
 log = logging.getLogger(__name__)
 
@@ -50,30 +47,18 @@ class Route:
     inactive: torch.Tensor  # [T, Σ count·rank] bool, rows == 0
 
 
-def build() -> ModuleType:
-    """The kernel's extension module: the verified cached build, else a fresh one. Raises
-    RuntimeError with the reason (no compiler, no ninja, the compiler's output)."""
-    if cpu_panel_gemm.compiler() is None:
-        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
-    return cpu_extension_build.load(SPEC)
-
-
-_extension = cpu_extension_build.LazyExtension(
-    lambda: build(), "CPU top-k route kernel unavailable, the gate runs PyTorch ops", log
+KERNEL = CpuKernel(
+    spec=SPEC,
+    title="CPU top-k route",
+    fallback="the gate runs PyTorch ops",
+    switch_env=SWITCH_ENV,
 )
 
 
-_enabled: bool | None = None
-
-
 def available() -> bool:
-    """Whether the kernel is on and runs here (decided, and the library built, on the first
-    call; `MOLORA_CPU_TOPK_ROUTE=0` turns it off)."""
-    global _enabled
-    if _enabled is None:
-        on = os.environ.get(SWITCH_ENV, "1") != "0" and cpu_panel_gemm.cpu_supported()
-        _enabled = on and _extension.get() is not None
-    return _enabled
+    """Whether the kernel is on and runs here (builds the library on the first call;
+    `MOLORA_CPU_TOPK_ROUTE=0` turns it off)."""
+    return KERNEL.available()
 
 
 def _check(
@@ -141,7 +126,7 @@ class TopKRouter:
                 x, weight, bias, self.k, self.temperature, self.expert_slots, self.local_slots,
                 self.count, self.ranks, self.width,
             )  # fmt: skip
-        lib = _extension.get()
+        lib = KERNEL.library()
         assert lib is not None
         x = x.contiguous()
         T, k, width = x.shape[0], self.k, self.width
@@ -208,26 +193,5 @@ def topk_route_reference(
     return Route(logits, experts, weights, slot_ids, slot_weights, rows, rows == 0)
 
 
-def main() -> int:
-    """`python -m kernels.cpu_topk_route`: build ahead (`make models`, the image). Exits 0 where
-    the kernel cannot be built here (the gate then runs PyTorch ops) after saying why, loudly."""
-    logging.basicConfig(level=logging.INFO)
-    if not cpu_panel_gemm.cpu_supported():
-        print(
-            "CPU top-k route: this CPU has no AVX2/FMA; the gate runs PyTorch ops", file=sys.stderr
-        )
-        return 0
-    try:
-        lib = build()
-    except RuntimeError as exc:
-        print(
-            f"WARNING: CPU top-k route not built ({exc}); the gate runs PyTorch ops",
-            file=sys.stderr,
-        )
-        return 0
-    print(f"CPU top-k route kernel built and verified: {lib.__file__}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # build ahead: `make models`, the image
+    raise SystemExit(KERNEL.build_ahead())
