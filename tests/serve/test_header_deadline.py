@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 
 from deployments.access import header_deadline
+from tests.support import ports
 
 DEADLINE_S = 0.6
 
@@ -37,16 +38,19 @@ async def _app(scope, receive, send) -> None:
 @pytest.fixture(params=["h11", "httptools"])
 def server(request) -> Iterator[int]:
     header_deadline.install(DEADLINE_S)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(_app, http=request.param, log_level="warning", lifespan="off")
+    port = ports.free_port()
+    config = uvicorn.Config(
+        _app, host="127.0.0.1", port=port, http=request.param, log_level="warning", lifespan="off"
+    )
     srv = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(srv.serve(sockets=[sock])), daemon=True)
+    thread = threading.Thread(target=lambda: asyncio.run(srv.serve()), daemon=True)
     thread.start()
+    deadline = time.monotonic() + 10
     while not srv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
     try:
-        yield sock.getsockname()[1]
+        yield port
     finally:
         srv.should_exit = True
         thread.join(10)

@@ -139,9 +139,9 @@ def test_only_the_new_rows_train(world: dict) -> None:
     assert set(grown.params()) == {"gate.new_weight", "gate.new_bias"}
 
 
-def test_calibration_pushes_an_intruding_row_out_of_old_tokens_top_k(world: dict) -> None:
-    """A new row whose bias wins every token is lowered until the old domains' held-out tokens
-    route as before (all but the quantile), while the old rows stay bit-identical."""
+def _grown_world(world: dict, prompts: int, seed: int) -> tuple:
+    """The tiny model with the old experts and the new one attached, random old gate rows
+    (`weight`, `bias`) grown by one, and routed batches of `prompts` examples per domain."""
     base = world["base"]
     lm = load_model(base, dtype=torch.float32)
     refs = {n: str(world["folders"][n]) for n in [*OLD, "multiplication"]}
@@ -150,10 +150,17 @@ def test_calibration_pushes_an_intruding_row_out_of_old_tokens_top_k(world: dict
     L, d = lm.arch.num_layers, lm.arch.hidden_size
     weight, bias = torch.randn(L, 2, d), torch.randn(L, 2)
     grown = GrownGates.extend(weight, bias)
+    examples = grow_examples(OLD, "multiplication", prompts, seed=seed)
+    batches = routed_batches(tokenizer, examples, [*OLD, "multiplication"], 4, torch.device("cpu"))
+    return lm, weight, bias, grown, batches
+
+
+def test_calibration_pushes_an_intruding_row_out_of_old_tokens_top_k(world: dict) -> None:
+    """A new row whose bias wins every token is lowered until the old domains' held-out tokens
+    route as before (all but the quantile), while the old rows stay bit-identical."""
+    lm, weight, bias, grown, batches = _grown_world(world, prompts=8, seed=3)
     with torch.no_grad():
         grown.new_bias.fill_(100.0)
-    examples = grow_examples(OLD, "multiplication", 8, seed=3)
-    batches = routed_batches(tokenizer, examples, [*OLD, "multiplication"], 4, torch.device("cpu"))
     shares = calibrate_new_bias(lm, grown, batches, top_k=1, quantile=1.0, margin=0.1)
     assert shares["old_tokens_new_in_top_k_before"] == 1.0
     assert shares["old_tokens_new_in_top_k_after"] == 0.0
@@ -166,16 +173,7 @@ def test_calibration_pushes_an_intruding_row_out_of_old_tokens_top_k(world: dict
 def test_refit_separates_the_new_domain_from_the_old_ones(world: dict) -> None:
     """From the mean-of-rows start (never in the top-1), the logistic refit makes the new row
     enter the top-1 on more new-domain tokens than old ones, touching no old row."""
-    base = world["base"]
-    lm = load_model(base, dtype=torch.float32)
-    refs = {n: str(world["folders"][n]) for n in [*OLD, "multiplication"]}
-    attach_experts(lm, load_experts(lm, refs))
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    L, d = lm.arch.num_layers, lm.arch.hidden_size
-    weight, bias = torch.randn(L, 2, d), torch.randn(L, 2)
-    grown = GrownGates.extend(weight, bias)
-    examples = grow_examples(OLD, "multiplication", 16, seed=5)
-    batches = routed_batches(tokenizer, examples, [*OLD, "multiplication"], 4, torch.device("cpu"))
+    lm, weight, bias, grown, batches = _grown_world(world, prompts=16, seed=5)
     start = calibrate_new_bias(lm, copy.deepcopy(grown), batches, top_k=1, quantile=1.0, margin=0)
     assert start["new_tokens_new_in_top_k_before"] == 0.0
     refit_new_rows(lm, grown, batches, top_k=1, margin=1.0, steps=200)
