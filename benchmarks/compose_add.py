@@ -28,7 +28,7 @@ import torch
 from adapter_store.config import molora_home
 from adapter_store.source import AdapterStoreSource
 from adapter_store.versions import open_registry
-from benchmarks.report import RESULTS_DIR, write_json
+from benchmarks.report import BUNDLED_STORE, RESULTS_DIR, write_json
 from molora_runtime.engine.llm import LLM
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.routes import LearnedRoute, SingleRoute
@@ -39,15 +39,13 @@ from molora_runtime.training.evaluate import render_all, score
 from molora_runtime.training.grow import mixed_with_new
 from molora_runtime.training.router import RouterTrainConfig, train_router
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_STORE = ROOT / "deployments" / "default_store"
 NAME = "molora"
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--store", default=str(DEFAULT_STORE), help="store holding `molora`")
+    p.add_argument("--store", default=str(BUNDLED_STORE), help="store holding `molora`")
     p.add_argument("--new", default="multiplication", help="the new expert's domain")
     p.add_argument("--adapter-steps", type=int, default=16)
     p.add_argument("--gate-steps", type=int, default=32, help="compose add and scratch each")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from adapter_store.source import AdapterStoreSource
-from benchmarks.report import write_json
+from benchmarks.report import BUNDLED_STORE, write_json
 from molora_runtime.config import EngineConfig, HotSetConfig
 from molora_runtime.engine import model_runner
 from molora_runtime.engine.engine import LLMEngine
@@ -33,9 +33,7 @@ from molora_runtime.engine.llm import as_route
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.lora.routing import build_lora_context
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "gate_overhead.json"
-STORE = ROOT / "deployments" / "default_store"
 PROMPTS = [
     "What is 17 times 23?",
     "Sort these numbers in ascending order: 69, 97, 2",
@@ -95,7 +93,7 @@ def make_engine(dtype: str, batch: int) -> LLMEngine:
         max_num_batched_tokens=1024,
         hot_set=HotSetConfig(num_slots=4, max_rank=16),
     )
-    return LLMEngine(config, AdapterStoreSource(store_url=str(STORE)))
+    return LLMEngine(config, AdapterStoreSource(store_url=str(BUNDLED_STORE)))
 
 
 def drain(engine: LLMEngine, general: bool) -> None:

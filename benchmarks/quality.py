@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from adapter_store.source import AdapterStoreSource
-from benchmarks.report import FIGURES_DIR, RESULTS_DIR, write_json
+from benchmarks.report import BUNDLED_STORE, FIGURES_DIR, RESULTS_DIR, write_json
 from molora_runtime.engine.llm import LLM
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.lora.composition import load_composition
@@ -36,15 +36,13 @@ from molora_runtime.training.experts import attach_experts
 from molora_runtime.training.gate_stats import gate_shares, plot_gate_shares
 from molora_runtime.training.router import load_experts
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_STORE = ROOT / "deployments" / "default_store"
 COMPOSITION = "molora"
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--store", default=str(DEFAULT_STORE), help="adapter store (local dir)")
+    p.add_argument("--store", default=str(BUNDLED_STORE), help="adapter store (local dir)")
     p.add_argument("--adapter", action="append", default=[], metavar="NAME=FOLDER")
     p.add_argument("--composition", default=None, help="composition folder (else from store)")
     p.add_argument("--per-domain", type=int, default=96, help="single-domain eval prompts each")

@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from adapter_store.config import DEFAULT_LOCAL_STORE
 from benchmarks.machine import machine_info
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 FIGURES_DIR = Path(__file__).resolve().parents[1] / "docs" / "figures"  # plots the docs show
+BUNDLED_STORE = Path(__file__).resolve().parents[1] / DEFAULT_LOCAL_STORE  # the shipped store
 
 
 def write_json(path: str | Path, result: dict[str, Any]) -> Path:
