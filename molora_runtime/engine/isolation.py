@@ -4,7 +4,8 @@ Two defences, both cheap when nothing is wrong:
 - `run_isolated`: when the batched forward raises, the batch is bisected and re-run until the
   culprit runs alone; only it fails, the others finish the step as if nothing happened (a re-run
   rewrites the same KV positions, and nothing else advances before `after` runs);
-- `sample_isolated`: rows whose logits hold NaN/Inf fail before sampling, and a row whose
+- `sample_isolated`: rows whose logits have no finite maximum (a NaN or +Inf) fail before
+  sampling, and a row whose
   sampling raises fails alone.
 """
 
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from molora_runtime.engine.sampler import scan_rows
 from molora_runtime.errors import MoLoRAError, NonFiniteLogitsError, SequenceStepError
 
 log = logging.getLogger(__name__)
@@ -60,43 +62,34 @@ def run_isolated(
     after(batch, result)
 
 
-def bad_rows(logits: torch.Tensor) -> list[int]:
-    """Rows of `logits` [n, V] holding any NaN or Inf (one host sync).
-
-    A row's sum is finite when all its elements are, so one reduction screens every row; only
-    rows whose sum is not finite (a NaN/Inf, or finite values summing past fp32's range) get
-    the exact element-wise check, which is cheaper than `isfinite` over the whole [n, V] tensor.
-    """
-    if logits.shape[0] == 0:
-        return []
-    suspects = (~torch.isfinite(logits.sum(dim=-1))).nonzero().flatten().tolist()
-    return [i for i in suspects if not bool(torch.isfinite(logits[i]).all())]
-
-
 def sample_isolated(
     logits: torch.Tensor,
     seqs: Sequence[S],
-    sample: Callable[[torch.Tensor, list[int]], list[int]],
+    sample: Callable[[torch.Tensor, list[int], list[int]], list[int]],
     fail: Callable[[S, BaseException], None],
 ) -> list[tuple[int, int]]:
     """(row, token) for every row that samples cleanly; the other rows' sequences `fail`.
 
-    `sample(logits, rows)` samples the given rows at once; if it raises, rows are sampled one
-    by one so the row at fault fails alone.
+    One `scan_rows` read screens the rows and finds their greedy tokens;
+    `sample(logits, rows, greedy)` samples the given rows at once (`greedy`: those rows'
+    greedy tokens); if it raises, rows are sampled one by one so the row at fault fails alone.
     """
-    broken = set(bad_rows(logits))
-    for i in sorted(broken):
-        fail(seqs[i], NonFiniteLogitsError("the model produced NaN/Inf logits for this request"))
-    rows = [i for i in range(len(seqs)) if i not in broken]
+    scan = scan_rows(logits)
+    for i, finite in enumerate(scan.finite):
+        if not finite:
+            fail(
+                seqs[i], NonFiniteLogitsError("the model produced NaN/Inf logits for this request")
+            )
+    rows = [i for i, finite in enumerate(scan.finite) if finite]
     if not rows:
         return []
     try:
-        return list(zip(rows, sample(logits, rows), strict=True))
+        return list(zip(rows, sample(logits, rows, [scan.greedy[i] for i in rows]), strict=True))
     except Exception:
         picks: list[tuple[int, int]] = []
         for i in rows:
             try:
-                picks.append((i, sample(logits, [i])[0]))
+                picks.append((i, sample(logits, [i], [scan.greedy[i]])[0]))
             except Exception as exc:
                 fail(seqs[i], culprit_error(exc))
         return picks

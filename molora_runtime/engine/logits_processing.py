@@ -96,9 +96,10 @@ def token_logprob(logprobs: torch.Tensor, token: int, k: int) -> TokenLogprob:
 
 
 def sample_rows(
-    logits: torch.Tensor, rows: list[RowInput]
+    logits: torch.Tensor, rows: list[RowInput], greedy: list[int]
 ) -> tuple[list[int], list[TokenLogprob | None]]:
-    """One token per row of `logits` [n, V], and its logprobs where the row asked for them."""
+    """One token per row of `logits` [n, V], and its logprobs where the row asked for them
+    (`greedy`: each row's greedy token on its raw logits, from `sampler.scan_rows`)."""
     plain = [i for i, r in enumerate(rows) if not r.processing]
     tokens: list[int] = [0] * len(rows)
     logprobs: list[TokenLogprob | None] = [None] * len(rows)
@@ -107,6 +108,7 @@ def sample_rows(
             take_rows(logits, plain),
             [rows[i].params for i in plain],
             [rows[i].generator for i in plain],
+            [greedy[i] for i in plain],
         )
         for i, tok in zip(plain, picked, strict=True):
             tokens[i] = tok

@@ -78,8 +78,9 @@ class OutputProcessor:
         self.summaries.record(ctx, seqs, [batch.logits_index[i] for i in src])
         logprobs: dict[int, Any] = {}
 
-        def sample(lg: torch.Tensor, rows: list[int]) -> list[int]:
-            tokens, lps = sample_rows(take_rows(lg, rows), [self._row_input(seqs[r]) for r in rows])
+        def sample(lg: torch.Tensor, rows: list[int], greedy: list[int]) -> list[int]:
+            inputs = [self._row_input(seqs[r]) for r in rows]
+            tokens, lps = sample_rows(take_rows(lg, rows), inputs, greedy)
             logprobs.update(zip(rows, lps, strict=True))
             return tokens
 

@@ -3,6 +3,8 @@ generator (vLLM's order: temperature, then min-p, then top-k/top-p)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from molora_runtime.engine.types import SamplingParams
@@ -19,26 +21,40 @@ def _argmax_chunk(vocab: int) -> int:
     return 0
 
 
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """Row-wise argmax of `logits` [n, V] -> [n], the first index of each row's maximum exactly
-    as `torch.argmax` picks it.
+class RowScan(NamedTuple):
+    """One read of a step's logits [n, V]: each row's greedy token (the first index of its
+    maximum, as `torch.argmax` picks it) and whether that maximum is finite. A row holding a
+    NaN or +Inf, or nothing but -Inf, has no finite maximum and nothing to sample from."""
+
+    greedy: list[int]
+    finite: list[bool]
+
+
+def scan_rows(logits: torch.Tensor) -> RowScan:
+    """Every row's greedy token and finiteness from one pass over `logits` [n, V] (one host sync).
 
     On CPU `argmax` over a wide row is a scalar loop, while `amax` is vectorised: each row's
     maximum is found block by block with `amax`, and `argmax` runs only inside the first block
-    holding it (the same first index). Rows with a NaN take `torch.argmax` as they are.
+    holding it. The same maxima screen the rows for NaN/Inf (`amax` propagates NaN), so the
+    failure screen and greedy sampling share one read of the logits.
     """
     n, vocab = logits.shape
+    if n == 0:
+        return RowScan([], [])
     chunk = _argmax_chunk(vocab)
-    if logits.device.type != "cpu" or not chunk or not logits.is_contiguous() or n == 0:
-        return logits.argmax(dim=-1)
-    blocks = logits.view(n, vocab // chunk, chunk)
-    block_max = blocks.amax(dim=-1)
-    row_max = block_max.amax(dim=-1, keepdim=True)
-    if bool(row_max.isnan().any()):
-        return logits.argmax(dim=-1)
-    first = (block_max == row_max).to(torch.uint8).argmax(dim=-1)
-    inner = blocks[torch.arange(n), first].argmax(dim=-1)
-    return first * chunk + inner
+    if logits.device.type != "cpu" or not chunk or not logits.is_contiguous():
+        row_max, tokens = logits.amax(dim=-1), logits.argmax(dim=-1)
+    else:
+        blocks = logits.view(n, vocab // chunk, chunk)
+        block_max = blocks.amax(dim=-1)
+        row_max = block_max.amax(dim=-1)
+        if bool(row_max.isnan().any()):
+            tokens = logits.argmax(dim=-1)
+        else:
+            first = (block_max == row_max.unsqueeze(-1)).to(torch.uint8).argmax(dim=-1)
+            tokens = first * chunk + blocks[torch.arange(n), first].argmax(dim=-1)
+    greedy, finite = torch.stack([tokens, torch.isfinite(row_max).long()]).tolist()
+    return RowScan(greedy, [bool(f) for f in finite])
 
 
 def min_p_filter(scaled: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -63,10 +79,11 @@ def sample_tokens(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
+    greedy: list[int],
 ) -> list[int]:
-    """Pick one token per row of `logits` [n, V] (float32); the sampled rows are scaled and
-    min-p filtered as one batch."""
-    out = [int(t) for t in greedy_tokens(logits).tolist()]
+    """Pick one token per row of `logits` [n, V] (float32): greedy rows take `greedy` (each
+    row's `scan_rows` token); the sampled rows are scaled and min-p filtered as one batch."""
+    out = list(greedy)
     rows = [i for i, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
     if not rows:
         return out

@@ -145,10 +145,11 @@ def test_sampling_error_fails_its_row_only() -> None:
     logits[2, 5] = float("nan")
     failed: dict[str, BaseException] = {}
 
-    def sample(lg: torch.Tensor, rows: list[int]) -> list[int]:
+    def sample(lg: torch.Tensor, rows: list[int], greedy: list[int]) -> list[int]:
         if 1 in rows:
             raise ValueError("row 1 is broken")
-        return lg[rows].argmax(-1).tolist()
+        assert greedy == lg[rows].argmax(-1).tolist()
+        return greedy
 
     picks = sample_isolated(logits, ["s0", "s1", "s2", "s3"], sample, failed.__setitem__)
     assert [r for r, _ in picks] == [0, 3]

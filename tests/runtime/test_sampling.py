@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from molora_runtime.engine.sampler import scan_rows
 from molora_runtime.engine.types import SamplingParams
 from tests.runtime.rt_util import build_engine, random_prompts, request, run_to_completion
 
@@ -126,3 +128,22 @@ def test_chat_messages_through_the_template(chat_engine_factory) -> None:
     via_ids = run_to_completion(engine, [request("i", ids, None, 6)])["i"]
     assert via_messages["outputs"][-1].prompt_tokens == len(ids)
     assert via_messages["tokens"] == via_ids["tokens"]
+
+
+@pytest.mark.parametrize("vocab", [512, 49152, 100])
+def test_row_scan_matches_argmax_and_the_finite_screen(vocab: int) -> None:
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(9, vocab, generator=gen)
+    logits[1, 3] = logits[1, vocab - 1] = 50.0  # a tie: the first index wins, as argmax
+    logits[2, 0] = float("nan")
+    logits[3, vocab // 2] = float("inf")
+    logits[4] = float("-inf")
+    logits[5, 7] = float("-inf")  # a masked token alone leaves the row samplable
+    logits[6] = 0.0  # all equal: token 0
+    scan = scan_rows(logits)
+    assert scan.finite == [True, True, False, False, False, True, True, True, True]
+    ok = [i for i, f in enumerate(scan.finite) if f]
+    assert [scan.greedy[i] for i in ok] == logits[ok].argmax(-1).tolist()
+    assert scan.greedy[1] == 3 and scan.greedy[6] == 0
+    assert scan_rows(logits[:0]) == ([], [])
+    assert scan_rows(logits[:, : vocab - 1]).greedy[0] == int(logits[0, : vocab - 1].argmax())

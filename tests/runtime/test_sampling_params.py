@@ -30,7 +30,7 @@ def test_banned_and_grammar_masks_and_logprobs_of_processed_row() -> None:
     row = torch.tensor([5.0, 4.0, 1.0, 0.0])
     allowed = torch.tensor([True, True, True, False])
     p = SamplingParams(logprobs=2)
-    tokens, lps = sample_rows(row[None], [RowInput(p, None, banned=[0], allowed=allowed)])
+    tokens, lps = sample_rows(row[None], [RowInput(p, None, banned=[0], allowed=allowed)], [0])
     assert tokens == [1]  # 0 banned, greedy over the rest
     want = torch.log_softmax(torch.tensor([float("-inf"), 4.0, 1.0, float("-inf")]), -1)
     lp = lps[0]
@@ -44,7 +44,7 @@ def test_temperature_scales_reported_logprobs() -> None:
     row = torch.tensor([1.0, 2.0, 3.0])
     p = SamplingParams(temperature=0.5, seed=1, logprobs=0)
     gen = torch.Generator().manual_seed(1)
-    tokens, lps = sample_rows(row[None], [RowInput(p, gen)])
+    tokens, lps = sample_rows(row[None], [RowInput(p, gen)], [2])
     want = torch.log_softmax(row / 0.5, -1)
     assert lps[0] is not None and lps[0].logprob == pytest.approx(float(want[tokens[0]]))
     assert lps[0].top == []
