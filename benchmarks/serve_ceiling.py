@@ -9,7 +9,8 @@ vLLM's OpenAI server (threads bound to every core, `--max-num-seqs 64`) and by M
 chat client (128 tokens, `ignore_eos`, greedy) drives each at c=32/64/128. Per cell: tok/s,
 TTFT p50/p99, ITL p50/p99 and CPU milliseconds per generated token summed over every process
 of the server (from /proc), plus the client's own CPU; and the offline engine (`LLM`, no Ray,
-no HTTP) on the same model at b=64. Rounds run vLLM, MoLoRA, offline, then the reverse (ABBA).
+no HTTP) on the same model at b=64, on both cores and on the replica's one. Rounds run vLLM,
+MoLoRA, offline, then the reverse (ABBA).
 
     .venv/bin/python -m benchmarks.serve_ceiling [--quick] [--rounds 2] [--proxy-ingress]
 
@@ -177,25 +178,31 @@ def run_molora(tiny: Path, work: Path, cells: list[int], direct: bool = True) ->
 
 
 def run_offline(tiny: Path) -> dict[str, Any]:
-    """The engine alone on the replica's threads: 128 chat prompts at b=64, 128 tokens each."""
-    layout = servers.replica_layout()
-    torch.set_num_threads(max(1, round(float(layout.get("num_cpus", 1)))))
+    """The engine alone (no Ray, no HTTP): 128 chat prompts at b=64, 128 tokens each, on the
+    shipped replica's threads (both cores), and as `replica_threads` on the free model's
+    replica's `FREE_MODEL_REPLICA_CPUS` threads, the compute the endpoint's replica has."""
+    shipped = max(1, round(float(servers.replica_layout().get("num_cpus", 1))))
     llm = LLM(model=str(tiny), dtype="float32", device="cpu", max_model_len=MAX_MODEL_LEN,
               max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=2048)  # fmt: skip
     sp = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     prompts = [[{"role": "user", "content": f"Say something {i}"}] for i in range(OFFLINE_PROMPTS)]
     llm.generate(prompts[:8], sp)
-    cpu, start = time.process_time(), time.perf_counter()
-    outs = llm.generate(prompts, sp)
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    tokens = sum(len(o.token_ids) for o in outs)
+    rows = {}
+    for threads in (shipped, FREE_MODEL_REPLICA_CPUS):
+        torch.set_num_threads(threads)
+        cpu, start = time.process_time(), time.perf_counter()
+        outs = llm.generate(prompts, sp)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        tokens = sum(len(o.token_ids) for o in outs)
+        rows[threads] = {"batch": MAX_NUM_SEQS, "prompts": OFFLINE_PROMPTS, "threads": threads,
+                         "completion_tokens": tokens, "seconds": round(seconds, 2),
+                         "tok_per_s": round(tokens / seconds, 1),
+                         "cpu_ms_per_token": round(1000 * cpu / tokens, 3)}  # fmt: skip
+        print(f"  offline b={MAX_NUM_SEQS}, {threads} threads: {rows[threads]['tok_per_s']} tok/s",
+              flush=True)  # fmt: skip
     del llm
     gc.collect()
-    row = {"batch": MAX_NUM_SEQS, "prompts": OFFLINE_PROMPTS, "threads": torch.get_num_threads(),
-           "completion_tokens": tokens, "seconds": round(seconds, 2),
-           "tok_per_s": round(tokens / seconds, 1), "cpu_ms_per_token": round(1000 * cpu / tokens, 3)}  # fmt: skip
-    print(f"  offline b={MAX_NUM_SEQS}: {row['tok_per_s']} tok/s", flush=True)
-    return row
+    return {**rows[shipped], "replica_threads": rows[FREE_MODEL_REPLICA_CPUS]}
 
 
 def round_order(round_no: int, proxy: bool = False) -> list[str]:
@@ -205,17 +212,19 @@ def round_order(round_no: int, proxy: bool = False) -> list[str]:
 
 def summarize(rounds: list[dict[str, Any]], cells: list[int]) -> list[str]:
     lines = ["| round | c | vLLM tok/s | MoLoRA tok/s | ratio | CPU ms/tok vLLM | MoLoRA | "
-             "MoLoRA TTFT p50/p99 | ITL p50/p99 | kept of offline |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "MoLoRA TTFT p50/p99 | ITL p50/p99 | kept of offline | of offline, replica's threads |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for i, rnd in enumerate(rounds):
         offline = rnd["offline"]["tok_per_s"]
+        same = rnd["offline"]["replica_threads"]["tok_per_s"]
         for j, c in enumerate(cells):
             v, m = rnd["vllm"]["cells"][j], rnd["molora"]["cells"][j]
             lines.append(
                 f"| {i} | {c} | {v['tok_per_s']} | {m['tok_per_s']} | "
                 f"{m['tok_per_s'] / v['tok_per_s']:.2f} | {v['server_cpu_ms_per_token']} | "
                 f"{m['server_cpu_ms_per_token']} | {m['ttft_p50_ms']}/{m['ttft_p99_ms']} | "
-                f"{m['itl_p50_ms']}/{m['itl_p99_ms']} | {m['tok_per_s'] / offline:.2f} |"
+                f"{m['itl_p50_ms']}/{m['itl_p99_ms']} | {m['tok_per_s'] / offline:.2f} | "
+                f"{m['tok_per_s'] / same:.2f} |"
             )
         for j, c in enumerate(cells if "molora_proxy" in rnd else []):
             v, m = rnd["vllm"]["cells"][j], rnd["molora_proxy"]["cells"][j]
@@ -223,10 +232,12 @@ def summarize(rounds: list[dict[str, Any]], cells: list[int]) -> list[str]:
                 f"| {i} via Serve's proxy | {c} | {v['tok_per_s']} | {m['tok_per_s']} | "
                 f"{m['tok_per_s'] / v['tok_per_s']:.2f} | {v['server_cpu_ms_per_token']} | "
                 f"{m['server_cpu_ms_per_token']} | {m['ttft_p50_ms']}/{m['ttft_p99_ms']} | "
-                f"{m['itl_p50_ms']}/{m['itl_p99_ms']} | {m['tok_per_s'] / offline:.2f} |"
+                f"{m['itl_p50_ms']}/{m['itl_p99_ms']} | {m['tok_per_s'] / offline:.2f} | "
+                f"{m['tok_per_s'] / same:.2f} |"
             )
-        lines.append(f"| {i} | offline b=64 | | {offline} | vs vLLM c=64: "
-                     f"{offline / rnd['vllm']['cells'][cells.index(64)]['tok_per_s']:.2f} | | | | | |")  # fmt: skip
+        lines.append(f"| {i} | offline b=64 | | {offline} ({same} on the replica's threads) | "
+                     f"vs vLLM c=64: {offline / rnd['vllm']['cells'][cells.index(64)]['tok_per_s']:.2f}"
+                     " | | | | | | |")  # fmt: skip
     return lines
 
 
