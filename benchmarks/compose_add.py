@@ -55,6 +55,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--per-domain", type=int, default=24, help="eval prompts of the new domain")
     p.add_argument("--mixed", type=int, default=12, help="mixed eval prompts, each kind")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="training seed (new adapter, both gates)")
+    p.add_argument("--eval-seed", type=int, default=0, help="which held-out prompts are scored")
     p.add_argument("--work", default=str(molora_home() / "train" / "compose_add"))
     p.add_argument("--out", default=str(RESULTS_DIR / "compose_add.json"))
     return p.parse_args()
@@ -72,8 +74,9 @@ def new_adapter(args: argparse.Namespace) -> tuple[Path, float]:
     trained once per config; its CPU-minutes are kept beside it."""
     cfg = AdapterTrainConfig(
         model=args.model, domain=args.new, rank=16, alpha=32, first_layer=16,
-        steps=args.adapter_steps, batch_size=8, lr=4e-3, warmup=2, seed=0, threads=args.threads,
-        output=str(Path(args.work) / f"{args.new}-{args.adapter_steps}"),
+        steps=args.adapter_steps, batch_size=8, lr=4e-3, warmup=2, seed=args.seed,
+        threads=args.threads, output=str(Path(args.work) / f"{args.new}-{args.adapter_steps}"
+                                         + (f"-seed{args.seed}" if args.seed else "")),
     )  # fmt: skip
     folder, meter = Path(cfg.output), Path(f"{cfg.output}.cpu_minutes.json")
     if meter.is_file():
@@ -84,14 +87,14 @@ def new_adapter(args: argparse.Namespace) -> tuple[Path, float]:
 
 
 def eval_examples(
-    old: list[str], new: str, old_per_domain: int, per_domain: int, mixed: int
+    old: list[str], new: str, old_per_domain: int, per_domain: int, mixed: int, seed: int = 0
 ) -> list:
-    singles = [e for d in old for e in domain_examples(d, old_per_domain, 0, "eval", 1)]
-    singles += domain_examples(new, per_domain, 0, "eval", 1)
-    pairs_new = mixed_with_new(old, new, mixed, 0)
+    singles = [e for d in old for e in domain_examples(d, old_per_domain, seed, "eval", 1)]
+    singles += domain_examples(new, per_domain, seed, "eval", 1)
+    pairs_new = mixed_with_new(old, new, mixed, seed)
     for e in pairs_new:
         e.meta["bucket"] = "mixed+new"
-    pairs_old = mixed_examples(old, mixed, 0, "eval")
+    pairs_old = mixed_examples(old, mixed, seed, "eval")
     for e in pairs_old:
         e.meta["bucket"] = "mixed old"
     return singles + pairs_new + pairs_old
@@ -134,8 +137,9 @@ def main() -> None:
         old = registry.latest("composition", NAME)
         expert = registry.publish_adapter(adapter_dir, args.new, "v1", base_model=args.model)
         grow = GrowSettings(
-            steps=args.gate_steps, batch_size=args.batch_size, lr=args.gate_lr, warmup=1
-        )
+            steps=args.gate_steps, batch_size=args.batch_size, lr=args.gate_lr, warmup=1,
+            seed=args.seed,
+        )  # fmt: skip
         cfg = ComposeAddConfig(
             composition=old.ref, adapter=expert.ref, device="cpu", threads=args.threads, grow=grow
         )
@@ -147,15 +151,15 @@ def main() -> None:
         adapters = {ref: str(source.adapter_path(ref)) for ref in refs}
         scratch_cfg = RouterTrainConfig(
             model=args.model, adapters=adapters, output=f"{tmp}/scratch", top_k=old.top_k,
-            steps=args.gate_steps, batch_size=args.batch_size, lr=args.gate_lr, warmup=1, seed=0,
-            threads=args.threads, device="cpu", checkpoint_every=10**6,
+            steps=args.gate_steps, batch_size=args.batch_size, lr=args.gate_lr, warmup=1,
+            seed=args.seed, threads=args.threads, device="cpu", checkpoint_every=10**6,
         )  # fmt: skip
         scratch_dir, scratch_min = cpu_minutes(train_router, scratch_cfg)
         print(f"scratch gate over {len(refs)}: {scratch_min:.1f} CPU-min", flush=True)
 
         old_domains = [r.split("@")[0] for r in old.adapters]
         examples = eval_examples(
-            old_domains, args.new, args.old_per_domain, args.per_domain, args.mixed
+            old_domains, args.new, args.old_per_domain, args.per_domain, args.mixed, args.eval_seed
         )
         llm = LLM(
             model=args.model,
@@ -232,8 +236,9 @@ def main() -> None:
                 "old_per_domain": args.old_per_domain,
                 "new_per_domain": args.per_domain,
                 "mixed_each": args.mixed,
-                "seed": 0,
+                "seed": args.eval_seed,
             },
+            "training_seed": args.seed,
             "metric": "exact-match % per sub-answer (engine, greedy)",
             "table": table,
             "targets": targets,
