@@ -72,11 +72,11 @@ def cpu_minutes(fn, *args, **kwargs):
 def new_adapter(args: argparse.Namespace) -> tuple[Path, float]:
     """The new domain's adapter (the default store's rank, upper layers only, few steps),
     trained once per config; its CPU-minutes are kept beside it."""
+    suffix = f"-seed{args.seed}" if args.seed else ""
     cfg = AdapterTrainConfig(
         model=args.model, domain=args.new, rank=16, alpha=32, first_layer=16,
         steps=args.adapter_steps, batch_size=8, lr=4e-3, warmup=2, seed=args.seed,
-        threads=args.threads, output=str(Path(args.work) / f"{args.new}-{args.adapter_steps}"
-                                         + (f"-seed{args.seed}" if args.seed else "")),
+        threads=args.threads, output=str(Path(args.work) / f"{args.new}-{args.adapter_steps}{suffix}"),
     )  # fmt: skip
     folder, meter = Path(cfg.output), Path(f"{cfg.output}.cpu_minutes.json")
     if meter.is_file():
