@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deployments.ops import metric_names as m
-from deployments.ops.dashboard_panels import Row, timeseries
+from deployments.ops.dashboard_panels import Panel, Row
 from deployments.ops.dashboard_promql import (
     Query,
     grouped,
@@ -11,6 +11,7 @@ from deployments.ops.dashboard_promql import (
     percentiles,
     rate,
     sel,
+    split_by,
 )
 
 
@@ -20,14 +21,14 @@ def rows() -> list[Row]:
         (
             "Adapter hot-set",
             [
-                timeseries(
+                Panel(
                     "Hit rate",
                     "hits / (hits + misses) over all replicas.",
                     "percentunit",
                     [Query(hit_rate(), "hit rate")],
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Loads and evictions",
                     "Adapters brought into a slot and pushed out of one (LRU).",
                     "ops",
@@ -36,14 +37,14 @@ def rows() -> list[Row]:
                     ),
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Slots in use",
                     "Occupied adapter slots per replica.",
                     "short",
-                    grouped("replica", {"": sel(m.HOTSET_SLOTS_USED)}),
+                    split_by("replica", sel(m.HOTSET_SLOTS_USED)),
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Adapter load latency",
                     "p50 / p90 / p99 time to bring an adapter from the store cache into a slot.",
                     "s",
@@ -55,14 +56,14 @@ def rows() -> list[Row]:
         (
             "Adapter tiers",
             [
-                timeseries(
+                Panel(
                     "Hit rate by tier",
                     "hits / (hits + misses) of the slot, host-memory and disk tiers.",
                     "percentunit",
                     [Query(hit_rate(m.TIER_HITS, m.TIER_MISSES, by="tier"), "{{tier}}")],
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Tier loads and evictions",
                     "Adapters brought into and pushed out of each tier (LRU; pinned stay).",
                     "ops",
@@ -71,22 +72,22 @@ def rows() -> list[Row]:
                     ),
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Tier bytes",
                     "Bytes each tier holds, summed over replicas.",
                     "bytes",
-                    grouped("tier", {"": sel(m.TIER_BYTES)}),
+                    split_by("tier", sel(m.TIER_BYTES)),
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Adapters by residency",
                     "How many adapters are in a slot, parsed in host memory, loading, or only "
                     "on disk, summed over replicas.",
                     "short",
-                    grouped("state", {"": sel(m.TIER_ADAPTERS)}),
+                    split_by("state", sel(m.TIER_ADAPTERS)),
                     width=12,
                 ),
-                timeseries(
+                Panel(
                     "Load latency by stage",
                     "p50 / p90 / p99 of each load stage: fetch (store to disk), parse, copy.",
                     "s",
@@ -98,7 +99,7 @@ def rows() -> list[Row]:
         (
             "Learned router",
             [
-                timeseries(
+                Panel(
                     "Gate share per adapter",
                     "Share of routed tokens each expert adapter receives, per composition "
                     "(summed over layers).",
@@ -113,7 +114,7 @@ def rows() -> list[Row]:
                     ],
                     stack=True,
                 ),
-                timeseries(
+                Panel(
                     "Gate tokens per layer",
                     "Routed tokens per second by layer, to spot layers whose gate collapsed.",
                     "short",
