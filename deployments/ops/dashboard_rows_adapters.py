@@ -15,6 +15,11 @@ from deployments.ops.dashboard_promql import (
 )
 
 
+def _loads_and_evictions(by: str, loads: str, evictions: str) -> list[Query]:
+    """An LRU cache's traffic: what it brought in and pushed out per second (per `by`)."""
+    return grouped(by, {"loads": rate(loads), "evictions": rate(evictions)})
+
+
 def rows() -> list[Row]:
     """The rows of this concern, top to bottom."""
     return [
@@ -32,9 +37,7 @@ def rows() -> list[Row]:
                     "Loads and evictions",
                     "Adapters brought into a slot and pushed out of one (LRU).",
                     "ops",
-                    grouped(
-                        "", {"loads": rate(m.HOTSET_LOADS), "evictions": rate(m.HOTSET_EVICTIONS)}
-                    ),
+                    _loads_and_evictions("", m.HOTSET_LOADS, m.HOTSET_EVICTIONS),
                     width=8,
                 ),
                 Panel(
@@ -67,9 +70,7 @@ def rows() -> list[Row]:
                     "Tier loads and evictions",
                     "Adapters brought into and pushed out of each tier (LRU; pinned stay).",
                     "ops",
-                    grouped(
-                        "tier", {"loads": rate(m.TIER_LOADS), "evictions": rate(m.TIER_EVICTIONS)}
-                    ),
+                    _loads_and_evictions("tier", m.TIER_LOADS, m.TIER_EVICTIONS),
                     width=8,
                 ),
                 Panel(
