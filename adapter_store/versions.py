@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from adapter_store.backends.base import Backend, Progress
 from adapter_store.composition_spec import COMPOSITION_CONFIG
@@ -33,13 +33,29 @@ from adapter_store.version_reader import VersionReader
 COMPOSITION_FIELDS = {"base_model", "top_k", "temperature", "num_layers", "hidden_size"}
 
 
-def _check_ref(name: str, version: str, tenant: str | None) -> None:
-    """Refuse a malformed name, version or tenant before anything is read or uploaded."""
+class PublishOptions(TypedDict, total=False):
+    """What any publish may give besides its folder and ref: a description and tags (shown in
+    listings), the tenant owning the name (absent: public) and a per-file upload callback."""
+
+    description: str | None
+    tags: list[str] | None
+    tenant: str | None
+    progress: Progress | None
+
+
+def _check_ref(name: str, version: str, options: PublishOptions) -> str | None:
+    """Refuse an unknown option, a malformed name, version or tenant before anything is read or
+    uploaded; the tenant, when valid."""
+    unknown = set(options) - PublishOptions.__optional_keys__
+    if unknown:
+        raise TypeError(f"unknown publish options: {', '.join(sorted(unknown))}")
+    tenant = options.get("tenant")
     check_name(name)
     check_version(version)
     if tenant is not None:
         check_tenant(tenant)
     check_owner(name, tenant)
+    return tenant
 
 
 class Registry(VersionReader):
@@ -89,15 +105,19 @@ class Registry(VersionReader):
         self,
         manifest_type: type[AdapterManifest] | type[CompositionManifest],
         files: list[Path],
-        ident: tuple[str, str, str | None, list[str] | None, str | None],
-        progress: Progress | None,
+        name: str,
+        version: str,
+        options: PublishOptions,
         fields: dict[str, Any],
     ) -> StagedPublish:
-        """Hash `files`, build the manifest from `ident` (name, version, description, tags,
-        tenant) and the kind's `fields`, and upload the files."""
+        """Hash `files`, build the manifest from the ref, the `options` and the kind's `fields`,
+        and upload the files."""
         entries, sources = file_entries(files)
-        manifest = manifest_type(**manifest_fields(*ident[:2], entries, *ident[2:]), **fields)
-        return self._upload(manifest, sources, progress)
+        shared = manifest_fields(
+            name, version, entries,
+            options.get("description"), options.get("tags"), options.get("tenant"),
+        )  # fmt: skip
+        return self._upload(manifest_type(**shared, **fields), sources, options.get("progress"))
 
     def _check_free(self, kind: Kind, name: str, version: str, tenant: str | None) -> None:
         """The version is new and the name's owner (public or a tenant) is `tenant`."""
@@ -112,12 +132,9 @@ class Registry(VersionReader):
         *,
         base_model: str | None = None,
         base_config: dict[str, Any] | None = None,
-        description: str | None = None,
-        tags: list[str] | None = None,
-        tenant: str | None = None,
-        progress: Progress | None = None,
+        **options: Unpack[PublishOptions],
     ) -> StagedPublish:
-        _check_ref(name, version, tenant)
+        tenant = _check_ref(name, version, options)
         info = validate_adapter(Path(folder), base_config, self.max_bytes)
         base = base_model or info.base_model
         if not base:
@@ -126,8 +143,7 @@ class Registry(VersionReader):
             )
         self._check_free("adapter", name, version, tenant)
         fields = info.model_dump(exclude={"files", "base_model"}) | {"base_model": base}
-        ident = (name, version, description, tags, tenant)
-        return self._stage(AdapterManifest, info.files, ident, progress, fields)
+        return self._stage(AdapterManifest, info.files, name, version, options, fields)
 
     def publish_adapter(
         self, folder: str | Path, name: str, version: str, **kwargs: Any
@@ -161,17 +177,9 @@ class Registry(VersionReader):
         return pinned
 
     def stage_composition(
-        self,
-        folder: str | Path,
-        name: str,
-        version: str,
-        *,
-        description: str | None = None,
-        tags: list[str] | None = None,
-        tenant: str | None = None,
-        progress: Progress | None = None,
+        self, folder: str | Path, name: str, version: str, **options: Unpack[PublishOptions]
     ) -> StagedPublish:
-        _check_ref(name, version, tenant)
+        tenant = _check_ref(name, version, options)
         files, cfg = read_composition(Path(folder), self.max_bytes)
         self._check_free("composition", name, version, tenant)
         pinned = self.pin_adapters(cfg.adapters, cfg.base_model, tenant)
@@ -182,8 +190,7 @@ class Registry(VersionReader):
             )
             files = [stored_cfg if p.name == COMPOSITION_CONFIG else p for p in files]
             fields = cfg.model_dump(include=COMPOSITION_FIELDS) | {"adapters": pinned}
-            ident = (name, version, description, tags, tenant)
-            return self._stage(CompositionManifest, files, ident, progress, fields)
+            return self._stage(CompositionManifest, files, name, version, options, fields)
 
     def publish_composition(
         self, folder: str | Path, name: str, version: str, **kwargs: Any

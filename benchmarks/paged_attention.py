@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.report import write_json
+from kernels.paged_inputs import PagedDecodeInputs
 from molora_runtime.model.paged_decode import paged_decode_tables
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
@@ -92,7 +93,8 @@ def _contig_span(p: dict[str, Any], scale: float) -> torch.Tensor:
 
 
 def _paged(p: dict[str, Any], scale: float) -> torch.Tensor:
-    return paged_decode_tables(p["q"], p["k_cache"], p["v_cache"], p["tables"], p["lens"], scale)
+    inputs = PagedDecodeInputs(p["q"], p["k_cache"], p["v_cache"], p["tables"], p["lens"], scale)
+    return paged_decode_tables(inputs)
 
 
 PATHS: dict[str, Callable[[dict[str, Any], float], torch.Tensor]] = {

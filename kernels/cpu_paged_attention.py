@@ -18,7 +18,7 @@ import torch
 
 from kernels.cpu_extension_build import ExtensionSpec
 from kernels.cpu_kernel import CpuKernel
-from kernels.paged_inputs import check_paged_inputs
+from kernels.paged_inputs import PagedDecodeInputs
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
 SPEC = ExtensionSpec(name="molora_paged_decode", source=SOURCE)
@@ -37,31 +37,24 @@ def available() -> bool:
     return KERNEL.available()
 
 
-def paged_decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Decode attention: q [B, H, D], caches [num_blocks, KVH, block_size, D] (fp32 or bf16,
-    contiguous), block_tables [B, max_blocks] int32 (entries past a length are never read),
-    context_lens [B] int32 (0: padding, output 0) -> [B, H, D] in q's dtype."""
+def paged_decode(inputs: PagedDecodeInputs) -> torch.Tensor:
+    """Decode attention -> [B, H, D] in q's dtype; the caches must be fp32 or bf16 and
+    contiguous, and block-table entries past a sequence's length are never read."""
     lib = KERNEL.library()
     if lib is None:
         raise RuntimeError("the CPU paged attention kernel is not available here")
-    check_paged_inputs(q, k_cache, v_cache, block_tables, context_lens)
+    inputs.check()
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     if k_cache.dtype not in CACHE_DTYPES or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"caches must both be fp32 or bf16, got {k_cache.dtype}/{v_cache.dtype}")
-    if any(t.device.type != "cpu" for t in (q, k_cache, v_cache, block_tables, context_lens)):
+    if any(t.device.type != "cpu" for t in inputs.tensors()):
         raise ValueError("every input must be on the CPU")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the caches must be contiguous")
     num_blocks, kv_heads, block_size, hd = k_cache.shape
     B, H, _ = q.shape
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
+    tables = inputs.block_tables.to(torch.int32).contiguous()
+    lens = inputs.context_lens.to(torch.int32).contiguous()
     out = torch.empty(B, H, hd, dtype=torch.float32)
     if B == 0:
         return out.to(q.dtype)
@@ -69,7 +62,7 @@ def paged_decode(
     kernel = lib.decode_bf16 if k_cache.dtype == torch.bfloat16 else lib.decode_fp32
     bad = kernel(
         q32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
-        lens.data_ptr(), out.data_ptr(), B, H, kv_heads, block_size, hd, num_blocks, float(scale),
+        lens.data_ptr(), out.data_ptr(), B, H, kv_heads, block_size, hd, num_blocks, float(inputs.scale),
         torch.get_num_threads(),
     )  # fmt: skip
     if bad == 1:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.paged_inputs import check_paged_inputs
+from kernels.paged_inputs import PagedDecodeInputs
 
 
 def gather_paged_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -41,26 +41,25 @@ def write_paged_kv(cache: torch.Tensor, values: torch.Tensor, slots: torch.Tenso
     cache[slots // bs, :, slots % bs] = values.to(cache.dtype)
 
 
-def paged_decode_attention_reference(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
+def paged_decode_attention_reference(inputs: PagedDecodeInputs) -> torch.Tensor:
     """The definition: per sequence, gather its blocks, fp32 softmax(q·kᵀ·scale)·v."""
-    check_paged_inputs(q, k_cache, v_cache, block_tables, context_lens)
+    inputs.check()
+    q, k_cache, v_cache, block_tables = (
+        inputs.q,
+        inputs.k_cache,
+        inputs.v_cache,
+        inputs.block_tables,
+    )
     B, H, D = q.shape
     group = H // k_cache.shape[1]
     out = torch.zeros(B, H, D, dtype=torch.float32, device=q.device)
-    for b, length in enumerate(context_lens.tolist()):
+    for b, length in enumerate(inputs.context_lens.tolist()):
         if length <= 0:
             continue
         k = gather_paged_kv(k_cache, block_tables[b], length).float()
         v = gather_paged_kv(v_cache, block_tables[b], length).float()
         k = k.repeat_interleave(group, dim=0)  # [H, L, D]
         v = v.repeat_interleave(group, dim=0)
-        scores = torch.einsum("hd,hld->hl", q[b].float(), k) * scale
+        scores = torch.einsum("hd,hld->hl", q[b].float(), k) * inputs.scale
         out[b] = torch.einsum("hl,hld->hd", torch.softmax(scores, dim=-1), v)
     return out.to(q.dtype)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.paged_inputs import check_paged_inputs
+from kernels.paged_inputs import PagedDecodeInputs
 from kernels.triton_common import sm_count
 
 MAX_SPLITS = 32
@@ -135,19 +135,15 @@ def choose_splits(t: torch.Tensor, programs: int, max_tokens: int, tile: int) ->
 
 
 def paged_decode_attention_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    splits: int | None = None,
+    inputs: PagedDecodeInputs, splits: int | None = None
 ) -> torch.Tensor:
     """[B, H, D] in q's dtype; block_tables/context_lens are used as int32 on q's device.
 
     `splits` overrides the split-K choice (tests); None picks it from the static shapes.
     """
-    check_paged_inputs(q, k_cache, v_cache, block_tables, context_lens)
+    inputs.check()
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
+    block_tables, context_lens = inputs.block_tables, inputs.context_lens
     B, H, D = q.shape
     _, KVH, bs, _ = k_cache.shape
     out = torch.empty_like(q)
@@ -171,7 +167,7 @@ def paged_decode_attention_triton(
     _paged_decode_kernel[(B, KVH, splits)](
         q, *q.stride(), k_cache, v_cache, *k_cache.stride(), *v_cache.stride(),
         bt, *bt.stride(), lens, out, *out.stride(), m, l_s, acc,
-        float(scale), G, D, bs, split_len, splits,
+        float(inputs.scale), G, D, bs, split_len, splits,
         BLOCK_G=block_g, TILE=tile, BLOCK_D=block_d, DIRECT=direct,
     )  # fmt: skip
     if not direct:

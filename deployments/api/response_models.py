@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
@@ -57,16 +57,6 @@ class MoloraInfo(BaseModel):
     gate_summary: list[GateSummaryOut] | None = None  # per choice, when asked (learned routes)
 
 
-class _Envelope(BaseModel):
-    """The fields every completion response and chunk carries besides its object and choices."""
-
-    id: str
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    usage: Usage | None = None
-    molora: MoloraInfo | None = None
-
-
 class _Choice(BaseModel):
     """What every choice carries before its content: vLLM's `stop_reason` beside
     `finish_reason` (the stop string or stop token id that ended the choice, null at EOS or
@@ -84,14 +74,29 @@ class _Choice(BaseModel):
         return data
 
 
+ChoiceT = TypeVar("ChoiceT", bound=_Choice)
+
+
+class _Envelope(BaseModel, Generic[ChoiceT]):
+    """Every completion response and chunk: the same fields around its choices; each kind
+    narrows `object` to its literal and names its choice type (`_Envelope[ChatChoice]`)."""
+
+    id: str
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    usage: Usage | None = None
+    molora: MoloraInfo | None = None
+    object: str
+    choices: list[ChoiceT]
+
+
 class CompletionChoice(_Choice):
     text: str
     logprobs: dict[str, Any] | None = None
 
 
-class CompletionResponse(_Envelope):
+class CompletionResponse(_Envelope[CompletionChoice]):
     object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
 
 
 class ImageURLOut(BaseModel):
@@ -137,9 +142,8 @@ class ChatChoice(_Choice):
     logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionResponse(_Envelope):
+class ChatCompletionResponse(_Envelope[ChatChoice]):
     object: Literal["chat.completion"] = "chat.completion"
-    choices: list[ChatChoice]
 
 
 class FunctionCallDelta(BaseModel):
@@ -168,14 +172,12 @@ class ChatChunkChoice(_Choice):
     logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionChunk(_Envelope):
+class ChatCompletionChunk(_Envelope[ChatChunkChoice]):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    choices: list[ChatChunkChoice]
 
 
-class CompletionChunk(_Envelope):
+class CompletionChunk(_Envelope[CompletionChoice]):
     object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
 
 
 class ModelCard(BaseModel):

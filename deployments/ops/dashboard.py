@@ -23,7 +23,7 @@ from deployments.ops import (
     dashboard_rows_vllm,
 )
 from deployments.ops import metric_names as m
-from deployments.ops.dashboard_panels import DATASOURCE, Row
+from deployments.ops.dashboard_panels import DATASOURCE, Row, build
 
 DASHBOARD_UID = "molora-serve"
 DASHBOARD_TITLE = "MoLoRA Serve"
@@ -85,7 +85,7 @@ def build_dashboard() -> dash_m.Dashboard:
         builder = builder.with_row(dash_b.Row(title).id(panel_id))
         for panel in panels:
             panel_id += 1
-            builder = builder.with_panel(panel.id(panel_id))
+            builder = builder.with_panel(build(panel).id(panel_id))
     return builder.build()
 
 

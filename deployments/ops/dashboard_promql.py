@@ -63,6 +63,11 @@ def grouped(by: str, series: dict[str, str], agg: str = "sum") -> list[Query]:
     ]
 
 
+def split_by(by: str, expr: str, agg: str = "sum") -> list[Query]:
+    """One series of `expr` per value of the `by` labels (`grouped` with one unnamed series)."""
+    return grouped(by, {"": expr}, agg)
+
+
 def percentiles(
     histogram: str, by: str, quantiles: tuple[float, ...] = QUANTILES, suffix: str = "_bucket"
 ) -> list[Query]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deployments.ops import metric_names as m
-from deployments.ops.dashboard_panels import Row, timeseries
+from deployments.ops.dashboard_panels import Panel, Row
 from deployments.ops.dashboard_promql import (
     Query,
     grouped,
@@ -11,7 +11,13 @@ from deployments.ops.dashboard_promql import (
     percentiles,
     rate,
     sel,
+    split_by,
 )
+
+
+def _loads_and_evictions(by: str, loads: str, evictions: str) -> list[Query]:
+    """An LRU cache's traffic: what it brought in and pushed out per second (per `by`)."""
+    return grouped(by, {"loads": rate(loads), "evictions": rate(evictions)})
 
 
 def rows() -> list[Row]:
@@ -20,30 +26,28 @@ def rows() -> list[Row]:
         (
             "Adapter hot-set",
             [
-                timeseries(
+                Panel(
                     "Hit rate",
                     "hits / (hits + misses) over all replicas.",
                     "percentunit",
                     [Query(hit_rate(), "hit rate")],
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Loads and evictions",
                     "Adapters brought into a slot and pushed out of one (LRU).",
                     "ops",
-                    grouped(
-                        "", {"loads": rate(m.HOTSET_LOADS), "evictions": rate(m.HOTSET_EVICTIONS)}
-                    ),
+                    _loads_and_evictions("", m.HOTSET_LOADS, m.HOTSET_EVICTIONS),
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Slots in use",
                     "Occupied adapter slots per replica.",
                     "short",
-                    grouped("replica", {"": sel(m.HOTSET_SLOTS_USED)}),
+                    split_by("replica", sel(m.HOTSET_SLOTS_USED)),
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Adapter load latency",
                     "p50 / p90 / p99 time to bring an adapter from the store cache into a slot.",
                     "s",
@@ -55,38 +59,36 @@ def rows() -> list[Row]:
         (
             "Adapter tiers",
             [
-                timeseries(
+                Panel(
                     "Hit rate by tier",
                     "hits / (hits + misses) of the slot, host-memory and disk tiers.",
                     "percentunit",
                     [Query(hit_rate(m.TIER_HITS, m.TIER_MISSES, by="tier"), "{{tier}}")],
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Tier loads and evictions",
                     "Adapters brought into and pushed out of each tier (LRU; pinned stay).",
                     "ops",
-                    grouped(
-                        "tier", {"loads": rate(m.TIER_LOADS), "evictions": rate(m.TIER_EVICTIONS)}
-                    ),
+                    _loads_and_evictions("tier", m.TIER_LOADS, m.TIER_EVICTIONS),
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Tier bytes",
                     "Bytes each tier holds, summed over replicas.",
                     "bytes",
-                    grouped("tier", {"": sel(m.TIER_BYTES)}),
+                    split_by("tier", sel(m.TIER_BYTES)),
                     width=8,
                 ),
-                timeseries(
+                Panel(
                     "Adapters by residency",
                     "How many adapters are in a slot, parsed in host memory, loading, or only "
                     "on disk, summed over replicas.",
                     "short",
-                    grouped("state", {"": sel(m.TIER_ADAPTERS)}),
+                    split_by("state", sel(m.TIER_ADAPTERS)),
                     width=12,
                 ),
-                timeseries(
+                Panel(
                     "Load latency by stage",
                     "p50 / p90 / p99 of each load stage: fetch (store to disk), parse, copy.",
                     "s",
@@ -98,7 +100,7 @@ def rows() -> list[Row]:
         (
             "Learned router",
             [
-                timeseries(
+                Panel(
                     "Gate share per adapter",
                     "Share of routed tokens each expert adapter receives, per composition "
                     "(summed over layers).",
@@ -113,7 +115,7 @@ def rows() -> list[Row]:
                     ],
                     stack=True,
                 ),
-                timeseries(
+                Panel(
                     "Gate tokens per layer",
                     "Routed tokens per second by layer, to spot layers whose gate collapsed.",
                     "short",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deployments.ops import metric_names as m
-from deployments.ops.dashboard_panels import Row, timeseries
+from deployments.ops.dashboard_panels import Panel, Row
 from deployments.ops.dashboard_promql import (
     SERVE_DESIRED_REPLICAS,
     SERVE_REPLICAS_HEALTHY,
@@ -12,6 +12,7 @@ from deployments.ops.dashboard_promql import (
     grouped,
     percentiles,
     sel,
+    split_by,
 )
 
 
@@ -21,7 +22,7 @@ def rows() -> list[Row]:
         (
             "Replicas and autoscaling",
             [
-                timeseries(
+                Panel(
                     "Replicas vs. autoscaling target",
                     "Healthy replicas next to the target the Serve autoscaler is moving to, "
                     "and its raw decision before min/max bounds.",
@@ -44,19 +45,19 @@ def rows() -> list[Row]:
         (
             "Garbage collector",
             [
-                timeseries(
+                Panel(
                     "GC pause",
                     "p50 / p90 / p99 of one garbage collection in a router or model replica, "
                     "by generation; the process holds the GIL throughout (no step, no token).",
                     "s",
                     percentiles(m.GC_PAUSE, "generation"),
                 ),
-                timeseries(
+                Panel(
                     "Full collections",
                     "Generation-2 collections per second, per replica. Each replica's first is "
                     "Ray Serve's own at start-up, before it freezes the start-up heap.",
                     "ops",
-                    grouped("replica", {"": full_collections()}),
+                    split_by("replica", full_collections()),
                 ),
             ],
         ),

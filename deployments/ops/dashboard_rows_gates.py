@@ -8,7 +8,7 @@ metrics they read (`gate_metrics`); the entropy and top-1 weight histograms are 
 from __future__ import annotations
 
 from deployments.ops import metric_names as m
-from deployments.ops.dashboard_panels import Row, timeseries
+from deployments.ops.dashboard_panels import Panel, Row
 from deployments.ops.dashboard_promql import Query, percentiles, rate
 from deployments.ops.gate_alerts import expert_share
 
@@ -32,14 +32,14 @@ def rows() -> list[Row]:
         (
             TITLE,
             [
-                timeseries(
+                Panel(
                     "Routing entropy",
                     "Median and p90 of the gate's normalized entropy per composition: 0 sends every "
                     "token to one expert, 1 spreads it evenly. A fall towards 0 is a collapsing gate.",
                     "none",
                     percentiles(ent, "composition", (0.5, 0.9), suffix=""),
                 ),
-                timeseries(
+                Panel(
                     "Mean routing entropy by layer",
                     "Mean normalized gate entropy per composition and layer, to find the layers whose "
                     "gate collapsed or never learned to route.",
@@ -51,7 +51,7 @@ def rows() -> list[Row]:
                         )
                     ],
                 ),
-                timeseries(
+                Panel(
                     "Top-1 weight",
                     "Median and p10 of the mixture weight a token gives its first expert (1 at top-1): "
                     "near 1 the mixture behaves as one adapter, near 1/k it blends evenly.",
@@ -63,7 +63,7 @@ def rows() -> list[Row]:
                         ),
                     ],
                 ),
-                timeseries(
+                Panel(
                     "Top-1 expert share",
                     "Share of each composition's tokens whose gate ranks this expert first (summed over "
                     "layers); the collapse alert fires above 95% for one expert.",
@@ -71,7 +71,7 @@ def rows() -> list[Row]:
                     [Query(_share(), "{{composition}} / {{adapter}}")],
                     stack=True,
                 ),
-                timeseries(
+                Panel(
                     "Top-1 share drift",
                     f"Each expert's top-1 share now minus its share {_SHIFT} earlier: a sudden move is a "
                     "change of traffic or of the gate (the shift alert fires beyond 30 points).",

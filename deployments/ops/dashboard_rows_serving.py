@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from deployments.ops import metric_names as m
-from deployments.ops.dashboard_panels import Row, stat, timeseries
+from deployments.ops.dashboard_panels import Panel, Row
 from deployments.ops.dashboard_promql import (
     SERVE_REPLICAS_HEALTHY,
     Query,
-    grouped,
     hit_rate,
     percentiles,
     rate,
     sel,
+    split_by,
 )
 
 
@@ -23,74 +23,78 @@ def rows() -> list[Row]:
         (
             "Overview",
             [
-                stat(
+                Panel(
                     "Requests / s",
                     "All requests answered by the router, any status.",
                     "reqps",
-                    Query(f"sum({rate(m.REQUESTS)})", "requests/s"),
+                    [Query(f"sum({rate(m.REQUESTS)})", "requests/s")],
+                    stat=True,
                 ),
-                stat(
+                Panel(
                     "Completion tokens / s",
                     "Generated tokens over all adapters.",
                     "short",
-                    Query(f"sum({rate(m.TOKENS, completion)})", "tokens/s"),
+                    [Query(f"sum({rate(m.TOKENS, completion)})", "tokens/s")],
+                    stat=True,
                 ),
-                stat(
+                Panel(
                     "Hot-set hit rate",
                     "Share of adapter look-ups served from a resident slot.",
                     "percentunit",
-                    Query(hit_rate(), "hit rate"),
+                    [Query(hit_rate(), "hit rate")],
+                    stat=True,
                 ),
-                stat(
+                Panel(
                     "Healthy replicas",
                     "Replicas passing Serve health checks, summed over deployments.",
                     "short",
-                    Query(f"sum({sel(SERVE_REPLICAS_HEALTHY)})", "replicas"),
+                    [Query(f"sum({sel(SERVE_REPLICAS_HEALTHY)})", "replicas")],
+                    stat=True,
                 ),
             ],
         ),
         (
             "Traffic",
             [
-                timeseries(
+                Panel(
                     "Requests by adapter and route kind",
                     "Request rate split by the adapter named in `model` and the route kind.",
                     "reqps",
-                    grouped("adapter, route_kind", {"": rate(m.REQUESTS, adapter)}),
+                    split_by("adapter, route_kind", rate(m.REQUESTS, adapter)),
                     stack=True,
                 ),
-                timeseries(
+                Panel(
                     "Requests by status",
                     "Request rate by outcome; non-`ok` statuses are client or server errors.",
                     "reqps",
-                    grouped("status", {"": rate(m.REQUESTS, adapter)}),
+                    split_by("status", rate(m.REQUESTS, adapter)),
                 ),
-                timeseries(
+                Panel(
                     "Tokens by adapter and route kind",
                     "Prompt and completion tokens per second.",
                     "short",
-                    grouped("adapter, route_kind, kind", {"": rate(m.TOKENS, adapter)}),
+                    split_by("adapter, route_kind, kind", rate(m.TOKENS, adapter)),
                     stack=True,
                 ),
-                timeseries(
+                Panel(
                     "Placement outcomes",
                     "affinity: replica already held the adapters; spill: load bound moved it; "
                     "new: no replica held them.",
                     "ops",
-                    grouped("outcome", {"": rate(m.PLACEMENTS)}),
+                    split_by("outcome", rate(m.PLACEMENTS)),
                 ),
             ],
         ),
         (
             "Latency",
             [
-                timeseries(
+                Panel(
                     "Time to first token",
                     "p50 / p90 / p99 by route kind.",
                     "s",
                     percentiles(m.TTFT, "route_kind"),
                 ),
-                timeseries(
+                Panel(
                     "Inter-token latency",
                     "p50 / p90 / p99 gap between streamed tokens, by route kind.",
                     "s",
@@ -101,17 +105,17 @@ def rows() -> list[Row]:
         (
             "Scheduler",
             [
-                timeseries(
+                Panel(
                     "Queue depth",
                     "Requests waiting for a batch slot, per replica.",
                     "short",
-                    grouped("replica", {"": sel(m.QUEUE_LENGTH)}),
+                    split_by("replica", sel(m.QUEUE_LENGTH)),
                 ),
-                timeseries(
+                Panel(
                     "Running requests",
                     "Sequences in the running batch, per replica.",
                     "short",
-                    grouped("replica", {"": sel(m.RUNNING)}),
+                    split_by("replica", sel(m.RUNNING)),
                 ),
             ],
         ),

@@ -7,8 +7,8 @@ Prometheus scrapes Ray's exporter (the PodMonitor), where the series carry Ray's
 from __future__ import annotations
 
 from deployments.ops import metric_names as m
-from deployments.ops.dashboard_panels import Row, timeseries
-from deployments.ops.dashboard_promql import Query, grouped, percentiles, rate, sel
+from deployments.ops.dashboard_panels import Panel, Row
+from deployments.ops.dashboard_promql import Query, grouped, percentiles, rate, sel, split_by
 
 
 def rows() -> list[Row]:
@@ -18,7 +18,7 @@ def rows() -> list[Row]:
         (
             "vLLM-named series",
             [
-                timeseries(
+                Panel(
                     "Requests running / waiting",
                     "vllm:num_requests_running and vllm:num_requests_waiting, per replica.",
                     "short",
@@ -26,13 +26,13 @@ def rows() -> list[Row]:
                         "replica", {"running": sel(m.VLLM_RUNNING), "waiting": sel(m.VLLM_WAITING)}
                     ),
                 ),
-                timeseries(
+                Panel(
                     "KV-cache usage",
                     "vllm:kv_cache_usage_perc: share of KV blocks in use (1 = full), per replica.",
                     "percentunit",
-                    grouped("replica", {"": sel(m.VLLM_KV_USAGE)}, agg="max"),
+                    split_by("replica", sel(m.VLLM_KV_USAGE), agg="max"),
                 ),
-                timeseries(
+                Panel(
                     "Prefix-cache hit rate and preemptions",
                     "Cached prompt tokens over queried ones; preemptions per second.",
                     "short",
@@ -41,20 +41,20 @@ def rows() -> list[Row]:
                         Query(f"sum({rate(m.VLLM_PREEMPTIONS)})", "preemptions/s"),
                     ],
                 ),
-                timeseries(
+                Panel(
                     "Queue time",
                     "vllm:request_queue_time_seconds: arrival to first scheduled step.",
                     "s",
                     percentiles(m.VLLM_QUEUE_TIME, ""),
                 ),
-                timeseries(
+                Panel(
                     "End-to-end latency by LoRA",
                     "vllm:e2e_request_latency_seconds of finished requests, per LoRA name "
                     "(an adapter, composition or route name, or the route kind).",
                     "s",
                     percentiles(m.VLLM_E2E, "lora_name"),
                 ),
-                timeseries(
+                Panel(
                     "Time to first token and inter-token latency",
                     "p90 of vllm:time_to_first_token_seconds and vllm:inter_token_latency_seconds.",
                     "s",
@@ -63,7 +63,7 @@ def rows() -> list[Row]:
                         Query(percentiles(m.VLLM_ITL, "")[1].expr, "p90 inter-token"),
                     ],
                 ),
-                timeseries(
+                Panel(
                     "Prompt and generation tokens / s by LoRA",
                     "vllm:prompt_tokens and vllm:generation_tokens rates per LoRA name.",
                     "short",

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kernels import cpu_paged_attention, gemm_choice_cache, gemm_chooser
+from kernels.paged_inputs import PagedDecodeInputs
 from molora_runtime.model.forced_choice import forced_choice
 
 log = logging.getLogger(__name__)
@@ -27,10 +28,8 @@ KINDS = ("kernel", "gathered")
 BATCHES = (1, 8, 32)  # decode batch sizes timed
 CONTEXT = 256  # context length of every timed sequence
 
-# q, k_cache, v_cache, block_tables, context_lens, scale -> out: the gathered PyTorch path
-DecodeFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
-]
+# one layer's decode inputs -> out: the gathered PyTorch path
+DecodeFn = Callable[[PagedDecodeInputs], torch.Tensor]
 
 _chosen: dict[str, str] = {}
 _lock = threading.Lock()
@@ -67,7 +66,8 @@ def candidates(
             q = torch.randn(b, heads, hd, generator=gen).to(k_cache.dtype)
             tables = blocks[: b * width].view(b, width)
             lens = torch.full((b,), CONTEXT, dtype=torch.int32)
-            return lambda: run[kind](q, k, v, tables, lens, hd**-0.5)
+            inputs = PagedDecodeInputs(q, k, v, tables, lens, hd**-0.5)
+            return lambda: run[kind](inputs)
 
         return make
 

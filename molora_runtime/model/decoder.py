@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from kernels.paged_inputs import PagedDecodeInputs
 from molora_runtime.model.arch import ModelArch
 from molora_runtime.model.attention_meta import CacheAttention, DenseAttention, KVCache
 from molora_runtime.model.layers import FusedLinear, LoRALinear, RMSNorm, RotaryEmbedding, Rotation
@@ -86,11 +87,15 @@ class Attention(nn.Module):
         k_cache[meta.slot_blocks, :, meta.slot_offsets] = k.to(k_cache.dtype)
         v_cache[meta.slot_blocks, :, meta.slot_offsets] = v.to(v_cache.dtype)
         D = meta.num_decode
+        tables, lens = meta.block_tables, meta.context_lens
         if not meta.prefill_segments:
-            return paged_decode(q, k_cache, v_cache, meta, self.scale)
+            return paged_decode(
+                PagedDecodeInputs(q, k_cache, v_cache, tables, lens, self.scale), meta
+            )
         out = torch.empty_like(q)
         if D:
-            out[:D] = paged_decode(q[:D], k_cache, v_cache, meta, self.scale)
+            decodes = PagedDecodeInputs(q[:D], k_cache, v_cache, tables, lens, self.scale)
+            out[:D] = paged_decode(decodes, meta)
         hkv, hd = self.num_kv_heads, self.head_dim
         for seg in meta.prefill_segments:
             sl = slice(seg.start, seg.start + seg.length)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kernels import cpu_paged_attention
-from kernels.paged_inputs import check_paged_inputs
+from kernels.paged_inputs import PagedDecodeInputs
 from molora_runtime.model import cpu_attention_choice
 from molora_runtime.model.attention_meta import CacheAttention, DecodePlan
 
@@ -39,21 +39,16 @@ def _attend(
     return torch.bmm(probs.view(B * hkv, g, L), vs).view(B, H, hd).to(q.dtype)
 
 
-def gathered_decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    plan: DecodePlan,
-    scale: float,
-) -> torch.Tensor:
+def gathered_decode(inputs: PagedDecodeInputs, plan: DecodePlan) -> torch.Tensor:
     """Eager decode: gather each sequence's real blocks (one copy) and attend."""
+    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     nb, hkv, bs, hd = k_cache.shape
     B = q.shape[0]
     ks = k_cache.reshape(nb * hkv, bs, hd).index_select(0, plan.index)
     vs = v_cache.reshape(nb * hkv, bs, hd).index_select(0, plan.index)
     ks = ks.view(B * hkv, plan.length, hd)
     vs = vs.view(B * hkv, plan.length, hd)
-    return _attend(q, ks, vs, plan.mask, scale)
+    return _attend(q, ks, vs, plan.mask, inputs.scale)
 
 
 def table_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, kv_heads: int,
@@ -73,46 +68,33 @@ def table_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, kv_heads:
     return DecodePlan(index=index, mask=mask, length=length)
 
 
-def paged_decode_tables(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Decode attention over padded block tables: q [B, H, D], caches [num_blocks, KVH,
-    block_size, D], block_tables [B, max_blocks] int32, context_lens [B] int32 -> [B, H, D]."""
-    if q.is_cuda:
+def paged_decode_tables(inputs: PagedDecodeInputs) -> torch.Tensor:
+    """Decode attention over padded block tables (block_tables [B, max_blocks] int32,
+    context_lens [B] int32) -> [B, H, D]."""
+    if inputs.q.is_cuda:
         # triton is optional (the `kernels` extra) and only CUDA runs it
         from kernels.triton_paged_attention import paged_decode_attention_triton
 
-        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
-    check_paged_inputs(q, k_cache, v_cache, block_tables, context_lens)
+        return paged_decode_attention_triton(inputs)
+    inputs.check()
+    q, context_lens = inputs.q, inputs.context_lens
     if q.shape[0] == 0:
         return torch.zeros_like(q)
-    _, kv_heads, block_size, _ = k_cache.shape
-    plan = table_plan(block_tables, context_lens, kv_heads, block_size)
-    out = gathered_decode(q, k_cache, v_cache, plan, scale)
+    _, kv_heads, block_size, _ = inputs.k_cache.shape
+    plan = table_plan(inputs.block_tables, context_lens, kv_heads, block_size)
+    out = gathered_decode(inputs, plan)
     return out.masked_fill_((context_lens <= 0).to(q.device)[:, None, None], 0.0)
 
 
-def paged_decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: CacheAttention,
-    scale: float,
-) -> torch.Tensor:
+def paged_decode(inputs: PagedDecodeInputs, meta: CacheAttention) -> torch.Tensor:
     """One layer's decodes: on CPU the kernel or the gathered path, whichever was measured
     faster for this cache (the gathered one over the eager step's plan where there is one)."""
+    q, k_cache = inputs.q, inputs.k_cache
     if (
         not q.is_cuda
         and cpu_attention_choice.choose(k_cache, q.shape[1], paged_decode_tables) == "kernel"
     ):
-        return cpu_paged_attention.paged_decode(
-            q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale
-        )
+        return cpu_paged_attention.paged_decode(inputs)
     if not q.is_cuda and meta.decode_plan is not None and not meta.static:
-        return gathered_decode(q, k_cache, v_cache, meta.decode_plan, scale)
-    return paged_decode_tables(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+        return gathered_decode(inputs, meta.decode_plan)
+    return paged_decode_tables(inputs)

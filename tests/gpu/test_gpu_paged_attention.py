@@ -10,6 +10,7 @@ import torch
 from gpu_support import assert_close_scaled, gpu, require_cuda
 
 from kernels.paged_attention import paged_decode_attention_reference
+from kernels.paged_inputs import PagedDecodeInputs
 
 # (rtol, atol relative to 1 + max |out|): the kernel computes in fp32 from the same inputs as
 # the twin and rounds once; only the summation order differs.
@@ -30,7 +31,9 @@ SHAPES = [
 ]
 
 
-def _case(lens: list[int], kvh: int, group: int, d: int, bs: int, dtype: torch.dtype, seed: int):
+def _case(
+    lens: list[int], kvh: int, group: int, d: int, bs: int, dtype: torch.dtype, seed: int
+) -> PagedDecodeInputs:
     g = torch.Generator(device="cuda").manual_seed(seed)
     need = [-(-n // bs) for n in lens]
     num_blocks = sum(need) + 3
@@ -46,15 +49,15 @@ def _case(lens: list[int], kvh: int, group: int, d: int, bs: int, dtype: torch.d
     v = torch.randn(shape, device="cuda", generator=g).to(dtype)
     q = torch.randn(len(lens), kvh * group, d, device="cuda", generator=g).to(dtype)
     ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    return q, k, v, tables, ctx, d**-0.5
+    return PagedDecodeInputs(q, k, v, tables, ctx, d**-0.5)
 
 
-def paged_decode_attention(*args: object) -> torch.Tensor:
+def paged_decode_attention(inputs: PagedDecodeInputs) -> torch.Tensor:
     """The Triton kernel, imported on use: collecting this file must not import Triton before
     tests/kernels switch it to its CPU interpreter."""
     from kernels.triton_paged_attention import paged_decode_attention_triton
 
-    return paged_decode_attention_triton(*args)
+    return paged_decode_attention_triton(inputs)
 
 
 @gpu
@@ -62,13 +65,13 @@ def test_paged_attention_kernel_matches_twin() -> None:
     require_cuda()
     for i, shape in enumerate(SHAPES):
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            args = _case(*shape, dtype=dtype, seed=i)
-            want = paged_decode_attention_reference(*args)
-            got = paged_decode_attention(*args)
+            inputs = _case(*shape, dtype=dtype, seed=i)
+            want = paged_decode_attention_reference(inputs)
+            got = paged_decode_attention(inputs)
             assert_close_scaled(
                 got, want, f"triton {shape[1:]} b={len(shape[0])} {dtype}", TOLERANCES
             )
-            padding = args[4] == 0
+            padding = inputs.context_lens == 0
             assert not got[padding].any(), "padding rows must be zero"
 
 
@@ -77,21 +80,19 @@ def test_paged_attention_replays_in_cuda_graph() -> None:
     """Captured once over static (padded) tables; new lengths/tables/queries copied in."""
     require_cuda()
     lens = [5, 700, 64, 1]
-    q, k, v, tables, ctx, scale = _case(lens, 3, 3, 64, 16, torch.bfloat16, seed=3)
+    inputs = _case(lens, 3, 3, 64, 16, torch.bfloat16, seed=3)
+    q, tables, ctx = inputs.q, inputs.block_tables, inputs.context_lens
     for _ in range(2):  # compile outside the capture
-        paged_decode_attention(q, k, v, tables, ctx, scale)
+        paged_decode_attention(inputs)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = paged_decode_attention(q, k, v, tables, ctx, scale)
+        out = paged_decode_attention(inputs)
     for step, new_lens in enumerate(([6, 701, 65, 2], [0, 16, 700, 3], [40, 1, 0, 704])):
-        q2, _, _, _, _, _ = _case(lens, 3, 3, 64, 16, torch.bfloat16, seed=10 + step)
-        q.copy_(q2)
+        q.copy_(_case(lens, 3, 3, 64, 16, torch.bfloat16, seed=10 + step).q)
         ctx.copy_(torch.tensor(new_lens, dtype=torch.int32))
         tables.copy_(tables.roll(1, dims=0))
         graph.replay()
-        eager = paged_decode_attention(q, k, v, tables, ctx, scale)
+        eager = paged_decode_attention(inputs)
         assert torch.equal(out, eager), "graph replay differs from eager"
-        assert_close_scaled(
-            out, paged_decode_attention_reference(q, k, v, tables, ctx, scale), "replay", TOLERANCES
-        )
+        assert_close_scaled(out, paged_decode_attention_reference(inputs), "replay", TOLERANCES)

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from hypothesis import strategies as st
 
 from kernels.paged_attention import gather_paged_kv
+from kernels.paged_inputs import PagedDecodeInputs
 
 PAGED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class PagedCase:
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_tables: torch.Tensor
-    context_lens: torch.Tensor
-    scale: float
-
-    def args(self) -> tuple:
-        return (
-            self.q, self.k_cache, self.v_cache, self.block_tables, self.context_lens, self.scale
-        )  # fmt: skip
 
 
 def make_paged_case(
@@ -37,7 +21,7 @@ def make_paged_case(
     dtype: torch.dtype = torch.float32,
     extra_blocks: int = 2,
     pad_id: int = 0,
-) -> PagedCase:
+) -> PagedDecodeInputs:
     """Blocks are handed out in a random order (so tables are scattered, never contiguous);
     each table is padded to the widest sequence (+1 column) with `pad_id`."""
     g = torch.Generator().manual_seed(seed)
@@ -56,10 +40,10 @@ def make_paged_case(
     v = torch.randn(shape, generator=g).to(dtype)
     q = torch.randn(len(lens), H, head_dim, generator=g).to(dtype)
     lens_t = torch.tensor(lens, dtype=torch.int32)
-    return PagedCase(q, k, v, tables, lens_t, head_dim**-0.5)
+    return PagedDecodeInputs(q, k, v, tables, lens_t, head_dim**-0.5)
 
 
-def dense_attention(c: PagedCase) -> torch.Tensor:
+def dense_attention(c: PagedDecodeInputs) -> torch.Tensor:
     """Naive softmax attention over each sequence's un-paged K/V (built position by position)."""
     B, H, D = c.q.shape
     kvh, bs = c.k_cache.shape[1], c.k_cache.shape[2]
@@ -81,7 +65,7 @@ def dense_attention(c: PagedCase) -> torch.Tensor:
     return out.to(c.q.dtype)
 
 
-def unpaged(c: PagedCase, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+def unpaged(c: PagedDecodeInputs, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     n = int(c.context_lens[b])
     return gather_paged_kv(c.k_cache, c.block_tables[b], n), gather_paged_kv(
         c.v_cache, c.block_tables[b], n

@@ -4,6 +4,8 @@ equal the twin."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -19,14 +21,15 @@ from paged_cases import (
 
 from benchmarks import paged_attention as paged_bench
 from kernels.paged_attention import paged_decode_attention_reference, write_paged_kv
+from kernels.paged_inputs import PagedDecodeInputs
 from molora_runtime.model.paged_decode import paged_decode_tables
 
 
-def _triton(*args):
+def _triton(inputs: PagedDecodeInputs) -> torch.Tensor:
     """The Triton kernel, imported after conftest set TRITON_INTERPRET=1."""
     from kernels.triton_paged_attention import paged_decode_attention_triton
 
-    return paged_decode_attention_triton(*args)
+    return paged_decode_attention_triton(inputs)
 
 
 PATHS = {
@@ -40,15 +43,15 @@ PATHS = {
 @given(params=paged_params(max_b=4, max_len=40, dtypes=("fp32",)))
 def test_twin_matches_dense_attention(params: dict) -> None:
     c = make_paged_case(**params)
-    assert_paged_close(paged_decode_attention_reference(*c.args()), dense_attention(c))
+    assert_paged_close(paged_decode_attention_reference(c), dense_attention(c))
 
 
 @settings(max_examples=120, deadline=None)
 @given(params=paged_params())
 def test_cpu_path_matches_twin(params: dict) -> None:
     c = make_paged_case(**params)
-    want = paged_decode_attention_reference(*c.args())
-    got = paged_decode_tables(*c.args())
+    want = paged_decode_attention_reference(c)
+    got = paged_decode_tables(c)
     assert_paged_close(got, want)
     assert not got[c.context_lens == 0].any(), "padding rows must be exactly zero"
 
@@ -69,8 +72,8 @@ def triton_paged():
 def test_triton_interpreted_matches_twin(triton_paged, params: dict, splits: int | None) -> None:
     """Direct and split-K launches (the merge kernel, empty splits past a short row's end)."""
     c = make_paged_case(**params)
-    got = triton_paged.paged_decode_attention_triton(*c.args(), splits=splits)
-    assert_paged_close(got, paged_decode_attention_reference(*c.args()))
+    got = triton_paged.paged_decode_attention_triton(c, splits=splits)
+    assert_paged_close(got, paged_decode_attention_reference(c))
     assert not got[c.context_lens == 0].any()
 
 
@@ -90,11 +93,11 @@ def test_triton_smollm_heads_exact_multiples(block_size: int) -> None:
     """SmolLM2's 9 query / 3 KV heads (non-power-of-two group), lengths 1 and n·block."""
     c = make_paged_case(3, [1, 2 * block_size, 3, 0, 70], kv_heads=3, group=3, head_dim=64,
                         block_size=block_size)  # fmt: skip
-    want = paged_decode_attention_reference(*c.args())
-    assert_paged_close(_triton(*c.args()), want)
+    want = paged_decode_attention_reference(c)
+    assert_paged_close(_triton(c), want)
     from kernels.triton_paged_attention import paged_decode_attention_triton
 
-    assert_paged_close(paged_decode_attention_triton(*c.args(), splits=3), want)
+    assert_paged_close(paged_decode_attention_triton(c, splits=3), want)
 
 
 def test_strided_query_and_int64_tables() -> None:
@@ -103,10 +106,10 @@ def test_strided_query_and_int64_tables() -> None:
     qkv = torch.zeros(3, 4 + 4, 16)
     qkv[:, :4] = c.q
     q = qkv[:, :4]
-    want = paged_decode_attention_reference(*c.args())
+    want = paged_decode_attention_reference(c)
     bt, lens = c.block_tables.long(), c.context_lens.long()
     for backend in ("cpu", "triton"):
-        got = PATHS[backend](q, c.k_cache, c.v_cache, bt, lens, c.scale)
+        got = PATHS[backend](replace(c, q=q, block_tables=bt, context_lens=lens))
         assert_paged_close(got, want)
 
 
@@ -117,11 +120,11 @@ def test_unpaged_helper_and_mixed_cache_dtype() -> None:
     for p in range(11):
         assert torch.equal(k[0, p], c.k_cache[int(c.block_tables[0, p // 4]), 0, p % 4])
     kb, vb = c.k_cache.bfloat16(), c.v_cache.bfloat16()
-    args = (c.q, kb, vb, c.block_tables, c.context_lens, c.scale)
-    want = paged_decode_attention_reference(*args)
+    mixed = replace(c, k_cache=kb, v_cache=vb)
+    want = paged_decode_attention_reference(mixed)
     assert want.dtype == torch.float32
-    torch.testing.assert_close(paged_decode_tables(*args), want, rtol=3e-2, atol=3e-2)
-    got = _triton(*args)
+    torch.testing.assert_close(paged_decode_tables(mixed), want, rtol=3e-2, atol=3e-2)
+    got = _triton(mixed)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -130,29 +133,28 @@ def test_all_padding_and_empty_batch(dtype: str) -> None:
     c = make_paged_case(0, [0, 0], kv_heads=2, group=1, head_dim=8, block_size=4,
                         dtype=PAGED_DTYPES[dtype])  # fmt: skip
     for path in PATHS.values():
-        out = path(*c.args())
+        out = path(c)
         assert out.shape == c.q.shape and not out.any()
     e = make_paged_case(0, [], kv_heads=1, group=1, head_dim=8, block_size=4)
-    assert paged_decode_tables(*e.args()).shape == (0, 1, 8)
+    assert paged_decode_tables(e).shape == (0, 1, 8)
 
 
 @pytest.mark.parametrize("path", ["reference", "cpu", "triton"])
 def test_bad_inputs(path: str) -> None:
     c = make_paged_case(0, [3], kv_heads=2, group=2, head_dim=8, block_size=4)
     with pytest.raises(ValueError, match="multiple"):
-        PATHS[path](c.q[:, :3], c.k_cache, c.v_cache, c.block_tables, c.context_lens, c.scale)
+        PATHS[path](replace(c, q=c.q[:, :3]))
     with pytest.raises(ValueError, match="head dim"):
-        PATHS[path](c.q[..., :4], c.k_cache, c.v_cache, c.block_tables, c.context_lens, c.scale)
+        PATHS[path](replace(c, q=c.q[..., :4]))
 
 
 @given(st.integers(1, 3))
 @settings(max_examples=3, deadline=None)
 def test_scale_is_applied(mult: int) -> None:
     c = make_paged_case(4, [6, 9], kv_heads=1, group=3, head_dim=8, block_size=8)
-    args = list(c.args())
-    args[-1] = c.scale * mult
-    got = paged_decode_tables(*args)
-    assert_paged_close(got, paged_decode_attention_reference(*args))
+    scaled = replace(c, scale=c.scale * mult)
+    got = paged_decode_tables(scaled)
+    assert_paged_close(got, paged_decode_attention_reference(scaled))
 
 
 def test_benchmark_layouts_agree() -> None:
@@ -178,7 +180,7 @@ def test_write_then_attend_equals_dense() -> None:
         write_paged_kv(k_cache, keys[p : p + 1], slot)
         write_paged_kv(v_cache, vals[p : p + 1], slot)
     q = torch.randn(1, 4, d, generator=g)
-    got = paged_decode_tables(q, k_cache, v_cache, table, torch.tensor([n]), 0.3)
+    got = paged_decode_tables(PagedDecodeInputs(q, k_cache, v_cache, table, torch.tensor([n]), 0.3))
     kk, vv = (
         keys.transpose(0, 1).repeat_interleave(2, 0),
         vals.transpose(0, 1).repeat_interleave(2, 0),

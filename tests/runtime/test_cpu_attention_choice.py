@@ -15,6 +15,7 @@ import torch
 from kernels import cpu_paged_attention, gemm_choice_cache
 from kernels.cpu_extension_build import CACHE_ENV
 from kernels.paged_attention import paged_decode_attention_reference
+from kernels.paged_inputs import PagedDecodeInputs
 from molora_runtime.model import cpu_attention_choice as choice
 from molora_runtime.model.attention_meta import CacheAttention, decode_plan
 from molora_runtime.model.paged_decode import paged_decode, paged_decode_tables
@@ -61,8 +62,9 @@ def test_every_path_equals_the_twin(
         pytest.skip("the kernel does not build here")
     monkeypatch.setenv(choice.ATTENTION_ENV, kind)
     q, k, v, tables, lens = _problem(dtype)
-    want = paged_decode_attention_reference(q, k, v, tables, lens, 0.125)
-    got = paged_decode(q, k, v, _meta(tables, lens, k), 0.125)
+    inputs = PagedDecodeInputs(q, k, v, tables, lens, 0.125)
+    want = paged_decode_attention_reference(inputs)
+    got = paged_decode(inputs, _meta(tables, lens, k))
     assert choice.choose(k, q.shape[1], paged_decode_tables) == kind
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)

@@ -156,3 +156,11 @@ def test_composition_refuses_missing_or_mismatched(
         registry.publish_composition(bad, "c", "1")
     assert registry.names("composition") == []
     assert registry.backend.list_keys("compositions/") == []
+
+
+def test_a_misspelled_publish_option_is_refused_before_anything_is_written(
+    registry: Registry, alpha: Path, base_config: dict
+) -> None:
+    with pytest.raises(TypeError, match="unknown publish options: tenat"):
+        registry.publish_adapter(alpha, "alpha", "1", base_config=base_config, tenat="acme")
+    assert registry.versions("adapter", "alpha") == []
