@@ -271,8 +271,10 @@ int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
       for (const int64_t s : used) {
         const W* bt = bt_base + s * bt_slot_stride + c.col;
         const int TBmax = wide ? TB512 : TB256;
-        for (int64_t p0 = start[s]; p0 < start[s + 1]; p0 += TBmax) {
-          const int tb = static_cast<int>(std::min<int64_t>(TBmax, start[s + 1] - p0));
+        for (int64_t p0 = start[s], tb = 0; p0 < start[s + 1]; p0 += tb) {
+          // a block holds a token once: a token that lists one slot twice gets two blocks
+          tb = 1;
+          while (tb < TBmax && p0 + tb < start[s + 1] && tok[p0 + tb] != tok[p0 + tb - 1]) ++tb;
           const float* hs[TB512];
           float* accs[TB512];
           for (int t = 0; t < tb; ++t) {
@@ -280,11 +282,11 @@ int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
             accs[t] = acc.data() + tok[p0 + t] * D + out_col;
           }
           if (c.cols == chunk_cols && wide) {
-            dispatch<TB512>(tb, [&](auto TBc) {
+            dispatch<TB512>(static_cast<int>(tb), [&](auto TBc) {
               expand16<decltype(TBc)::value, CB>(hs, bt, ldb, rank, accs);
             });
           } else if (c.cols == chunk_cols) {
-            dispatch<TB256>(tb, [&](auto TBc) {
+            dispatch<TB256>(static_cast<int>(tb), [&](auto TBc) {
               expand8<decltype(TBc)::value, CB>(hs, bt, ldb, rank, accs);
             });
           } else {  // a member's last columns when its width is not a multiple of the chunk

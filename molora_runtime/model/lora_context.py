@@ -128,6 +128,11 @@ class LoRAContext:
     def has_learned(self) -> bool:
         return self.comp_idx is not None and self.gates is not None
 
+    @property
+    def learned_routes(self) -> bool:
+        """Whether a learned gate writes this step's table (a rank pool's view keeps its plan)."""
+        return self.learned_plan is not None or self.has_learned
+
     def begin_layer(self, layer: int, normed: torch.Tensor) -> None:
         """Compute this layer's per-token table (learned rows from the gates on `normed`)."""
         if self._static is None:
