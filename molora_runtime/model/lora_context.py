@@ -72,6 +72,7 @@ class LoRAContext:
     lora_layers: frozenset[int] | None = None
     # every learned token on one composition (host-known): the layer's gate takes the fast path
     learned_plan: LearnedPlan | None = None
+    gated: bool = False  # a learned gate writes rows of this table (kept by a rank pool's view)
     record_layers: bool = False  # keep each layer's table (attribution / gate statistics)
     return_gate_logits: bool = False  # keep raw gate logits (router training)
     # outputs of the forward, filled by begin_layer
@@ -130,8 +131,8 @@ class LoRAContext:
 
     @property
     def learned_routes(self) -> bool:
-        """Whether a learned gate writes this step's table (a rank pool's view keeps its plan)."""
-        return self.learned_plan is not None or self.has_learned
+        """Whether a learned gate writes rows of this step's table."""
+        return self.gated or self.learned_plan is not None or self.has_learned
 
     def begin_layer(self, layer: int, normed: torch.Tensor) -> None:
         """Compute this layer's per-token table (learned rows from the gates on `normed`)."""
