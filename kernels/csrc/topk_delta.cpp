@@ -22,6 +22,7 @@
 namespace {
 
 constexpr int64_t ROW_BLOCK = 16;  // A rows per shrink work item
+constexpr int64_t PAIR_BLOCK = 8;  // (token, slot) pairs per shrink work item
 constexpr int64_t MEMBER_FIELDS = 5;  // bt address, slot stride, width, output column, first A row
 
 inline float widen(float v) { return v; }
@@ -208,10 +209,18 @@ int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
     tok[q] = p / width, pw[q] = weights[p], active[p / width] = 1;
   }
   std::vector<int64_t> used;
-  for (int64_t s = 0; s < rows; ++s)
-    if (start[s + 1] > start[s]) used.push_back(s);
-  const int64_t blocks = (R + ROW_BLOCK - 1) / ROW_BLOCK;
-  const int64_t items = static_cast<int64_t>(used.size()) * blocks;
+  struct Item {
+    int64_t slot, p0, p1, r0;  // a slot's pairs p0..p1-1 against its A rows from r0
+  };
+  std::vector<Item> items;  // small and many, taken dynamically: slots hold unequal pair counts
+  for (int64_t s = 0; s < rows; ++s) {
+    if (start[s + 1] == start[s]) continue;
+    used.push_back(s);
+    for (int64_t p0 = start[s]; p0 < start[s + 1]; p0 += PAIR_BLOCK)
+      for (int64_t r0 = 0; r0 < R; r0 += ROW_BLOCK)
+        items.push_back({s, p0, std::min(start[s + 1], p0 + PAIR_BLOCK), r0});
+  }
+  const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t lanes = wide ? 16 : 8, chunk_cols = CB * lanes;
   std::vector<Chunk> chunks;
   int64_t D = 0;
@@ -220,26 +229,30 @@ int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
     for (int64_t c = 0; c < w; c += chunk_cols) chunks.push_back({m, c, std::min(chunk_cols, w - c)});
     D = std::max(D, col + w);
   }
-  std::vector<float> h(P * R);
-  std::vector<float> acc(T * D);
+  // scratch of the calling thread, grown, never shrunk: rank vectors per pair, per-token sums
+  static thread_local std::vector<float> h_buf, acc_buf;
+  if (h_buf.size() < static_cast<size_t>(P * R)) h_buf.resize(P * R);
+  if (acc_buf.size() < static_cast<size_t>(T * D)) acc_buf.resize(T * D);
+  float* const h = h_buf.data();
+  float* const acc = acc_buf.data();
   const int64_t n_chunks = static_cast<int64_t>(chunks.size());
 
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t s = used[item / blocks], r0 = (item % blocks) * ROW_BLOCK;
-      const int64_t r1 = std::min(R, r0 + ROW_BLOCK);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_items; ++i) {
+      const Item& item = items[i];
+      const int64_t s = item.slot, r0 = item.r0, r1 = std::min(R, r0 + ROW_BLOCK);
       const W* a_slot = a + s * a_slot_stride;
       const int TBmax = wide ? TB512 : TB256, RBmax = wide ? RB512 : RB256;
-      for (int64_t p0 = start[s]; p0 < start[s + 1]; p0 += TBmax) {
-        const int tb = static_cast<int>(std::min<int64_t>(TBmax, start[s + 1] - p0));
+      for (int64_t p0 = item.p0; p0 < item.p1; p0 += TBmax) {
+        const int tb = static_cast<int>(std::min<int64_t>(TBmax, item.p1 - p0));
         const X* xs[TB512];
         float* hs[TB512];
         for (int t = 0; t < tb; ++t) xs[t] = x + tok[p0 + t] * ldx;
         for (int64_t r = r0; r < r1; r += RBmax) {
           const int rb = static_cast<int>(std::min<int64_t>(RBmax, r1 - r));
-          for (int t = 0; t < tb; ++t) hs[t] = h.data() + (p0 + t) * R + r;
+          for (int t = 0; t < tb; ++t) hs[t] = h + (p0 + t) * R + r;
           const W* ar = a_slot + r * d;
           const float* wt = pw.data() + p0;
           if (wide) {
@@ -267,7 +280,7 @@ int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
       const int64_t bt_slot_stride = mem[1], ldb = mem[2], out_col = mem[3] + c.col;
       const int64_t a_row = mem[4];
       for (int64_t t = 0; t < T; ++t)
-        if (active[t]) std::memset(acc.data() + t * D + out_col, 0, c.cols * sizeof(float));
+        if (active[t]) std::memset(acc + t * D + out_col, 0, c.cols * sizeof(float));
       for (const int64_t s : used) {
         const W* bt = bt_base + s * bt_slot_stride + c.col;
         const int TBmax = wide ? TB512 : TB256;
@@ -278,8 +291,8 @@ int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
           const float* hs[TB512];
           float* accs[TB512];
           for (int t = 0; t < tb; ++t) {
-            hs[t] = h.data() + (p0 + t) * R + a_row;
-            accs[t] = acc.data() + tok[p0 + t] * D + out_col;
+            hs[t] = h + (p0 + t) * R + a_row;
+            accs[t] = acc + tok[p0 + t] * D + out_col;
           }
           if (c.cols == chunk_cols && wide) {
             dispatch<TB512>(static_cast<int>(tb), [&](auto TBc) {
@@ -298,7 +311,7 @@ int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
       }
       for (int64_t t = 0; t < T; ++t) {
         if (!active[t]) continue;
-        const float* src = acc.data() + t * D + out_col;
+        const float* src = acc + t * D + out_col;
         Y* dst = y + t * ldy + out_col;
         for (int64_t j = 0; j < c.cols; ++j) narrow(widen(dst[j]) + src[j], dst + j);
       }
