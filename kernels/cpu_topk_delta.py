@@ -55,8 +55,8 @@ def has_avx512() -> bool:
 
 def _check_slots(A: torch.Tensor, members: Members) -> int:
     """The members' rank, once `A` and every `Bt` agree on slots, rank, dtype and device."""
-    if A.dim() != 3 or A.dtype not in DTYPES or not members:
-        raise ValueError(f"A must be fp32/bf16 [S, n·r, d_in] with members, got {tuple(A.shape)}")
+    if A.dim() != 3 or not A.is_floating_point() or not members:
+        raise ValueError(f"A must be floating [S, n·r, d_in] with members, got {tuple(A.shape)}")
     rank = members[0][0].shape[1]
     if A.shape[1] != rank * len(members):
         raise ValueError(f"A has {A.shape[1]} rows per slot, {len(members)} members of rank {rank}")
@@ -73,10 +73,10 @@ def _check_step(
     slot_ids: torch.Tensor, weights: torch.Tensor,
 ) -> None:  # fmt: skip
     T = x.shape[0]
-    if x.dim() != 2 or x.shape[1] != A.shape[2] or x.dtype not in DTYPES:
-        raise ValueError(f"x must be fp32/bf16 [T, {A.shape[2]}], got {x.dtype} {tuple(x.shape)}")
-    if y.dim() != 2 or y.shape[0] != T or y.dtype not in DTYPES:
-        raise ValueError(f"y must be fp32/bf16 [{T}, D], got {y.dtype} {tuple(y.shape)}")
+    if x.dim() != 2 or x.shape[1] != A.shape[2] or not x.is_floating_point():
+        raise ValueError(f"x must be floating [T, {A.shape[2]}], got {x.dtype} {tuple(x.shape)}")
+    if y.dim() != 2 or y.shape[0] != T or not y.is_floating_point():
+        raise ValueError(f"y must be floating [{T}, D], got {y.dtype} {tuple(y.shape)}")
     if any(col + bt.shape[2] > y.shape[1] for bt, col in members):
         raise ValueError(f"a member's columns lie past y's {y.shape[1]}")
     if slot_ids.dim() != 2 or slot_ids.shape != weights.shape or slot_ids.shape[0] != T:
@@ -90,13 +90,14 @@ class GroupedDelta:
     """One layer's slot buffers, checked once: `A [S, n·r, d_in]` (member i's rows at i·r),
     each member's `Bt [S, r, w]` and first output column, slot id of row 0 `slot_base`. Each
     call adds the routed delta of one step into `y` in place, on the kernel where it runs (CPU
-    tensors, no autograd), else on `topk_delta_reference`."""
+    tensors in fp32 or bf16, no autograd), else on `topk_delta_reference`."""
 
     def __init__(self, A: torch.Tensor, members: Members, slot_base: int = 0) -> None:
         self.rank = _check_slots(A, members)
         self.A, self.members, self.slot_base = A, list(members), slot_base
         self.kernel = (
             A.is_cpu
+            and A.dtype in DTYPES
             and A.stride(2) == 1
             and A.stride(1) == A.shape[2]
             and all(bt.stride(2) == 1 and bt.stride(1) == bt.shape[2] for bt, _ in members)
@@ -121,7 +122,8 @@ class GroupedDelta:
         grad = torch.is_grad_enabled() and (
             x.requires_grad or weights.requires_grad or y.requires_grad
         )
-        if not self.kernel or grad or not (x.is_cpu and y.is_cpu and slot_ids.is_cpu):
+        runs = x.dtype in DTYPES and y.dtype in DTYPES and x.is_cpu and y.is_cpu
+        if not (self.kernel and runs and slot_ids.is_cpu) or grad:
             return topk_delta_reference(y, x, A, self.members, slot_ids, weights, self.slot_base)
         lib = KERNEL.library()
         assert lib is not None

@@ -141,3 +141,14 @@ def test_autograd_runs_the_twin_into_the_gate_weights() -> None:
     out = GroupedDelta(A, members)(torch.zeros(2, D), x, ids, weights)
     out.sum().backward()
     assert weights.grad is not None and weights.grad.abs().sum() > 0
+
+
+def test_other_dtypes_run_the_twin() -> None:
+    gen = torch.Generator().manual_seed(2)
+    A, members, D = _slots(gen, 3, 4, 16, [8], torch.float16, 4)
+    delta = GroupedDelta(A, members)
+    assert not delta.kernel
+    x, y = torch.randn(2, 16, generator=gen).half(), torch.zeros(2, D, dtype=torch.float16)
+    ids, weights = torch.tensor([[1], [2]]), torch.ones(2, 1)
+    want = topk_delta_reference(y.clone(), x, A, members, ids, weights)
+    assert torch.equal(delta(y, x, ids, weights), want) and want.abs().sum() > 0
