@@ -92,9 +92,7 @@ class StackedBackend:
 
     def __init__(self, packed: bool, grouped: bool = False) -> None:
         self.packed, self.grouped = packed, grouped
-        self.name = ("stacked-packed" if packed else "stacked") + (
-            "+grouped-topk" if grouped else ""
-        )
+        self.name = "stacked-packed" if packed else "stacked"
         self._pairs: dict[int, PackedPairs] = {}  # per buffers object
         # per (buffers object, layer): the buffers (kept, so their id is not reused) and the call
         self._deltas: dict[tuple[int, int], tuple[SlotBuffers, GroupedDelta]] = {}
@@ -191,8 +189,9 @@ def choose_backend(device: torch.device, probe: SlotBuffers | None = None) -> Lo
     times = _time_candidates([plain, packed], probe)
     best = min(times, key=times.__getitem__)
     log.info(
-        "LoRA backend: %s (start-up timing, ms per call: %s)",
+        "LoRA backend: %s (start-up timing, ms per call: %s); learned top-k steps: %s",
         best.name, ", ".join(f"{b.name} {t * 1e3:.3f}" for b, t in times.items()),
+        "the grouped kernel" if grouped else "the stacked path",
     )  # fmt: skip
     return best
 
