@@ -35,4 +35,5 @@ USER 1000
 RUN pip install --no-cache-dir ninja==1.13.2 \
     && python -m kernels.cpu_panel_gemm \
     && python -m kernels.cpu_paged_attention \
-    && python -m kernels.cpu_topk_route
+    && python -m kernels.cpu_topk_route \
+    && python -m kernels.cpu_topk_delta

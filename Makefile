@@ -30,6 +30,7 @@ models: install
 	$(PY) -m kernels.cpu_panel_gemm
 	$(PY) -m kernels.cpu_paged_attention
 	$(PY) -m kernels.cpu_topk_route
+	$(PY) -m kernels.cpu_topk_delta
 
 serve: models
 	# Ray on loopback with its token auth on (never turn it off: Serve replicas' gRPC servers listen

@@ -2,11 +2,10 @@
 
 Given the gate's input `x [T, d]` and one composition's gate `weight [n, d]`, `bias [n]` over
 its n experts, a route is the logits `x Wᵀ + b`, each token's top-k experts and their softmax
-weights, its `[T, W]` slot table (the experts' hot-set slots,
-zero-padded to W columns) and, for the stacked LoRA delta, the per-token weight of every slot of
-the stacked range expanded to each buffer rank in `ranks` (one `[T, Σ count·rank]` block table
-and where it is 0). In PyTorch that is about nine small ops per decoder layer whose dispatch
-outweighs their arithmetic at decode sizes; the C++ kernel (`csrc/topk_route.cpp`) is one loop.
+weights and its `[T, W]` slot table (the experts' hot-set slots, zero-padded to W columns), which
+the grouped LoRA delta (`kernels.cpu_topk_delta`) reads. In PyTorch that is about six small ops
+per decoder layer whose dispatch outweighs their arithmetic at decode sizes; the C++ kernel
+(`csrc/topk_route.cpp`) is one loop.
 It is built and verified like the panel GEMM (`kernels.cpu_extension_build`); where it cannot
 be built or the CPU lacks AVX2/FMA, `available()` is False (with a warning) and callers run
 `topk_route_reference`, its twin. The kernel sums each logit in its own order (fp32 rounding
@@ -43,8 +42,6 @@ class Route:
     weights: torch.Tensor  # [T, k] fp32, each row sums to 1
     slot_ids: torch.Tensor  # [T, W] int64 hot-set slots, 0 past k
     slot_weights: torch.Tensor  # [T, W] fp32, 0 past k
-    rows: torch.Tensor  # [T, Σ count·rank] fp32 rank-expanded weight of each stacked slot
-    inactive: torch.Tensor  # [T, Σ count·rank] bool, rows == 0
 
 
 KERNEL = CpuKernel(
@@ -62,9 +59,8 @@ def available() -> bool:
 
 
 def _check(
-    weight: torch.Tensor, bias: torch.Tensor, k: int, expert_slots: torch.Tensor,
-    local_slots: torch.Tensor | None, ranks: Sequence[int], width: int,
-) -> None:  # fmt: skip
+    weight: torch.Tensor, bias: torch.Tensor, k: int, expert_slots: torch.Tensor, width: int
+) -> None:
     if weight.dtype != torch.float32 or bias.dtype != torch.float32:
         raise ValueError(f"the gate must be fp32, got {weight.dtype}/{bias.dtype}")
     n = weight.shape[0]
@@ -76,10 +72,6 @@ def _check(
         raise ValueError(f"top_k={k} must lie in 1..min(experts={n}, width={width}, {MAX_K})")
     if expert_slots.shape != (n,):
         raise ValueError(f"expert_slots must be [{n}], got {tuple(expert_slots.shape)}")
-    if ranks and (local_slots is None or local_slots.shape != (n,)):
-        raise ValueError("rank blocks need each expert's local slot [n]")
-    if any(r < 1 for r in ranks):
-        raise ValueError(f"ranks must be positive, got {list(ranks)}")
 
 
 def _check_input(x: torch.Tensor, d: int) -> None:
@@ -89,20 +81,18 @@ def _check_input(x: torch.Tensor, d: int) -> None:
 
 class TopKRouter:
     """One composition's routing, checked once: a gate `weight [n, d]` and `bias [n]` per
-    layer, top-k, temperature, the experts' slots and stacked columns, the rank blocks and the
-    slot table's width. Each call routes one layer's input `x [T, d]` on the kernel where it
+    layer, top-k, temperature, the experts' slots and the slot table's width. Each call routes one layer's input `x [T, d]` on the kernel where it
     runs (a CPU input, no autograd, contiguous gates), else on `topk_route_reference`."""
 
     def __init__(
         self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], k: int,
-        temperature: float, expert_slots: torch.Tensor, local_slots: torch.Tensor | None,
-        count: int, ranks: Sequence[int], width: int,
+        temperature: float, expert_slots: torch.Tensor, width: int,
     ) -> None:  # fmt: skip
         for weight, bias in zip(weights, biases, strict=True):
-            _check(weight, bias, k, expert_slots, local_slots, ranks, width)
+            _check(weight, bias, k, expert_slots, width)
         self.weights, self.biases = list(weights), list(biases)
-        self.k, self.temperature, self.count, self.width = k, float(temperature), count, width
-        self.expert_slots, self.local_slots, self.ranks = expert_slots, local_slots, tuple(ranks)
+        self.k, self.temperature, self.width = k, float(temperature), width
+        self.expert_slots = expert_slots
         self.n, self.d = weights[0].shape if weights else (0, 0)
         gates = (*self.weights, *self.biases)
         self.kernel = (
@@ -110,12 +100,8 @@ class TopKRouter:
             and expert_slots.is_cpu
             and available()
         )
-        if self.kernel:  # the kernel's own int64 copies, made once
+        if self.kernel:  # the kernel's own int64 copy, made once
             self._slots = expert_slots.to(torch.long).contiguous()
-            local = local_slots if ranks and local_slots is not None else expert_slots
-            self._local = local.to(torch.long).contiguous()
-            self._ranks = torch.tensor(self.ranks, dtype=torch.long)
-            self._total = count * sum(self.ranks)
 
     def __call__(self, layer: int, x: torch.Tensor) -> Route:
         _check_input(x, self.d)
@@ -123,9 +109,8 @@ class TopKRouter:
         grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         if not (self.kernel and x.is_cpu) or grad:
             return topk_route_reference(
-                x, weight, bias, self.k, self.temperature, self.expert_slots, self.local_slots,
-                self.count, self.ranks, self.width,
-            )  # fmt: skip
+                x, weight, bias, self.k, self.temperature, self.expert_slots, self.width
+            )
         lib = KERNEL.library()
         assert lib is not None
         x = x.contiguous()
@@ -134,43 +119,32 @@ class TopKRouter:
         experts = torch.empty(T, k, dtype=torch.long)
         slot_ids = torch.empty(T, width, dtype=torch.long)
         slot_weights = torch.empty(T, width)
-        rows = torch.empty(T, self._total)
-        inactive = torch.empty(T, self._total, dtype=torch.bool)
         bad = lib.route_fp32(
             x.data_ptr(), self.d, weight.data_ptr(), bias.data_ptr(), logits.data_ptr(), T,
-            self.n, k, self.temperature, self._slots.data_ptr(), self._local.data_ptr(),
-            self.count, self._ranks.data_ptr(), len(self.ranks), slot_ids.data_ptr(),
-            slot_weights.data_ptr(), width, experts.data_ptr(), rows.data_ptr(),
-            inactive.data_ptr(),
+            self.n, k, self.temperature, self._slots.data_ptr(), slot_ids.data_ptr(),
+            slot_weights.data_ptr(), width, experts.data_ptr(),
         )  # fmt: skip
-        if bad:
-            raise ValueError(
-                f"an expert's local slot lies outside the stacked range 0..{self.count - 1}"
-            )
-        return Route(logits, experts, slot_weights[:, :k], slot_ids, slot_weights, rows, inactive)
+        if bad:  # _check refused such a k at construction
+            raise ValueError(f"top_k={k} does not fit {self.n} experts and width {width}")
+        return Route(logits, experts, slot_weights[:, :k], slot_ids, slot_weights)
 
 
 def topk_route(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int, temperature: float,
-    expert_slots: torch.Tensor, local_slots: torch.Tensor | None, count: int,
-    ranks: Sequence[int], width: int,
+    expert_slots: torch.Tensor, width: int,
 ) -> Route:  # fmt: skip
     """One layer through a one-layer `TopKRouter`: the kernel on CPU where it runs."""
-    router = TopKRouter(
-        [weight], [bias], k, temperature, expert_slots, local_slots, count, ranks, width
-    )
-    return router(0, x)
+    return TopKRouter([weight], [bias], k, temperature, expert_slots, width)(0, x)
 
 
 def topk_route_reference(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int, temperature: float,
-    expert_slots: torch.Tensor, local_slots: torch.Tensor | None, count: int,
-    ranks: Sequence[int], width: int,
+    expert_slots: torch.Tensor, width: int,
 ) -> Route:  # fmt: skip
     """The twin in PyTorch ops, on any device: the logits by `addmm`, top-k of
-    `logits / temperature`, a softmax over the k values (top-1: an argmax and weight 1), the
-    slot table and the rank blocks."""
-    _check(weight, bias, k, expert_slots, local_slots, ranks, width)
+    `logits / temperature`, a softmax over the k values (top-1: an argmax and weight 1) and the
+    slot table."""
+    _check(weight, bias, k, expert_slots, width)
     _check_input(x, weight.shape[1])
     logits = torch.addmm(bias, x, weight.t())
     T = logits.shape[0]
@@ -183,14 +157,7 @@ def topk_route_reference(
         weights = torch.softmax(vals, dim=-1)
     slot_ids = F.pad(expert_slots[experts], (0, width - k))
     slot_weights = F.pad(weights, (0, width - k))
-    if not ranks:
-        empty = torch.empty(T, 0, device=logits.device)
-        return Route(logits, experts, weights, slot_ids, slot_weights, empty, empty.bool())
-    assert local_slots is not None
-    eye = torch.eye(count, device=logits.device)[local_slots]  # [n, count]
-    expander = torch.cat([eye.repeat_interleave(r, dim=1) for r in ranks], dim=1)
-    rows = (F.one_hot(experts, logits.shape[1]).float() * weights[..., None]).sum(1) @ expander
-    return Route(logits, experts, weights, slot_ids, slot_weights, rows, rows == 0)
+    return Route(logits, experts, weights, slot_ids, slot_weights)
 
 
 if __name__ == "__main__":  # build ahead: `make models`, the image

@@ -5,9 +5,9 @@ temperature (known on the host when the step is built: `LearnedPlan`), a layer's
 one top-k route (`kernels.cpu_topk_route`: on CPU one kernel call, elsewhere its PyTorch twin)
 instead of the general per-token path: the gate over that composition's real experts only (no
 other compositions' rows, no masking of padding experts), top-k, softmax and the slot table,
-and for the stacked CPU backend every projection's rank-expanded slot gate at once.
-What does not change from step to step (the layers' gate views, the experts' slots and stacked
-columns, the ranks the projections read) lives in a `PlanCache` on the gate table.
+which the CPU backend's grouped top-k delta reads as it is.
+What does not change from step to step (the layers' gate views, the experts' slots) lives in a
+`PlanCache` on the gate table.
 The general path (`LoRAContext._learned_table`) stays for mixed steps, CUDA graphs and training.
 """
 
@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.cpu_topk_route import Route, TopKRouter
-from kernels.stacked import SlotGate
 
 CACHED_PLANS = 16  # plan caches kept per gate table (oldest dropped first)
 CACHED_ROUTERS = 16  # routers kept per plan cache (oldest dropped first)
@@ -45,29 +44,22 @@ class PlanCache:
     weight: list[torch.Tensor]  # per layer `[n, d]`
     bias: list[torch.Tensor]  # per layer `[n]`
     experts: torch.Tensor  # [n] the experts' hot-set slots
-    local_slots: torch.Tensor | None = None  # [n] expert -> column in the stacked slot range
-    count: int = 0  # slots in the stacked range
-    # the (rank, dtype) SlotGates the projections read, built together by each layer's route
-    ranks: list[tuple[int, torch.dtype]] = field(default_factory=list)
-    # routers by (top_k, temperature, ranks, table width); few: one per setting and rank set
+    # routers by (top_k, temperature, table width); few: one per setting
     routers: dict[tuple, TopKRouter] = field(default_factory=dict)
 
 
 def plan_cache(
     caches: dict[tuple, PlanCache], plan: LearnedPlan, weight: torch.Tensor, bias: torch.Tensor,
-    expert_slots: torch.Tensor, stacked: tuple[int, int] | None,
+    expert_slots: torch.Tensor,
 ) -> PlanCache:  # fmt: skip
     """The cache of `plan` in `caches` (`weight [C, L, K, d]`, `bias [C, L, K]`,
     `expert_slots [C, K]`: the gate table), made on first use."""
-    key = (plan.comp_slot, plan.num_experts, plan.expert_slots, stacked)
+    key = (plan.comp_slot, plan.num_experts, plan.expert_slots)
     cache = caches.get(key)
     if cache is None:
         c, n = plan.comp_slot, plan.num_experts
         w, b = weight[c, :, :n], bias[c, :, :n]
         cache = PlanCache(list(w.unbind(0)), list(b.unbind(0)), expert_slots[c, :n])
-        if stacked is not None:
-            cache.local_slots = cache.experts - stacked[0]
-            cache.count = stacked[1]
         if len(caches) >= CACHED_PLANS:
             caches.pop(next(iter(caches)))
         caches[key] = cache
@@ -75,23 +67,20 @@ def plan_cache(
 
 
 def layer_gate(
-    plan: LearnedPlan, cache: PlanCache, layer: int, normed: torch.Tensor, width: int,
-    stacked: bool,
-) -> Route:  # fmt: skip
+    plan: LearnedPlan, cache: PlanCache, layer: int, normed: torch.Tensor, width: int
+) -> Route:
     """Every token's gate logits, top-k experts, weights and `[T, width]` slot table for
-    `layer`, with the rank blocks of `cache.ranks` where the stacked delta reads them."""
+    `layer`."""
     x = normed if normed.dtype == torch.float32 else normed.float()
     k = min(plan.top_k, plan.num_experts)
-    ranks = tuple(r for r, _ in cache.ranks) if stacked and cache.local_slots is not None else ()
-    key = (k, plan.temperature, ranks, width)
+    key = (k, plan.temperature, width)
     router = cache.routers.get(key)
     if router is None:
         if len(cache.routers) >= CACHED_ROUTERS:
             cache.routers.pop(next(iter(cache.routers)))
         router = cache.routers[key] = TopKRouter(
-            cache.weight, cache.bias, k, plan.temperature, cache.experts, cache.local_slots,
-            cache.count, ranks, width,
-        )  # fmt: skip
+            cache.weight, cache.bias, k, plan.temperature, cache.experts, width
+        )
     return router(layer, x)
 
 
@@ -108,20 +97,3 @@ def table_of(
         torch.where(learned[:, None], slots, static_slots),
         torch.where(learned[:, None], weights, static_w),
     )
-
-
-def all_gates(cache: PlanCache, route: Route) -> dict[tuple[int, torch.dtype], SlotGate]:
-    """Every `SlotGate` the step's projections read: column blocks of the route's one
-    `[T, Σ count·rank]` table, one block per `(rank, dtype)` of `cache.ranks`."""
-    rows, inactive = route.rows, route.inactive
-    by_dtype = {torch.float32: rows}
-    out, col = {}, 0
-    for rank, dtype in cache.ranks:
-        if dtype not in by_dtype:
-            by_dtype[dtype] = rows.to(dtype)
-        width = cache.count * rank
-        out[(rank, dtype)] = SlotGate(
-            by_dtype[dtype][:, col : col + width], inactive[:, col : col + width]
-        )
-        col += width
-    return out

@@ -9,7 +9,9 @@ start (`choose_backend`):
   three outputs), over the kernel layout.
 - CPU: the stacked two-GEMM delta (`kernels.stacked`), its GEMMs either plain or on packed copies
   of the slot range (`pack_weight`); which of the two is decided by timing both on this engine's
-  own buffers at start, never by the CPU's model name.
+  own buffers at start, never by the CPU's model name. Steps whose table a learned gate wrote
+  (top-k over a composition) run the grouped kernel instead (`kernels.cpu_topk_delta`, one call
+  per projection reading only each token's own slots) wherever it runs here.
 - anything else, and every call that must backpropagate (router training): the reference twin
   `routed_lora_segmented`, which reads only the rows that use each slot.
 
@@ -25,6 +27,8 @@ import time
 
 import torch
 
+from kernels import cpu_topk_delta
+from kernels.cpu_topk_delta import GroupedDelta
 from kernels.reference import routed_lora_segmented
 from kernels.stacked import SlotGate, routed_lora_stacked, routed_lora_stacked_group
 from molora_runtime.model.lora_context import LoRAContext
@@ -81,20 +85,25 @@ class TritonBackend(ReferenceBackend):
 
 class StackedBackend:
     """Stacked layout (CPU): one shrink and one expand per projection or fused group, over the
-    slot range this step touches; `packed` runs both on packed copies of that range."""
+    slot range this step touches; `packed` runs both on packed copies of that range. With
+    `grouped`, a learned gate's table runs the grouped top-k kernel over the same buffers."""
 
     stacked = True
 
-    def __init__(self, packed: bool) -> None:
-        self.packed = packed
+    def __init__(self, packed: bool, grouped: bool = False) -> None:
+        self.packed, self.grouped = packed, grouped
         self.name = "stacked-packed" if packed else "stacked"
         self._pairs: dict[int, PackedPairs] = {}  # per buffers object
+        # per (buffers object, layer): the buffers (kept, so their id is not reused) and the call
+        self._deltas: dict[tuple[int, int], tuple[SlotBuffers, GroupedDelta]] = {}
 
     def add(
         self, y: torch.Tensor, x: torch.Tensor, buffers: SlotBuffers, layer: int, ctx: LoRAContext
     ) -> torch.Tensor:
         if ctx.stacked_slots is None:  # no token of this step uses an adapter
             return y
+        if self.grouped and ctx.learned_routes and not _needs_grad(x, ctx.weights):
+            return self._grouped_delta(buffers, layer)(y, x, ctx.slot_ids, ctx.weights)
         first, count = ctx.stacked_slots
         gate = ctx.slot_gate(buffers.rank, buffers.A.dtype)
         if self.packed and not _needs_grad(x, gate.weights):
@@ -106,6 +115,20 @@ class StackedBackend:
             return routed_lora_stacked_group(x, A, member_bt, buffers.member_rank, gate, y)
         a_flat, bt_flat = buffers.stacked_pair(layer, first, count)
         return routed_lora_stacked(x, a_flat, bt_flat, gate, out=y)
+
+    def _grouped_delta(self, buffers: SlotBuffers, layer: int) -> GroupedDelta:
+        """The grouped kernel's call over one layer's slot rows of `buffers`, made once."""
+        key = (id(buffers), layer)
+        cached = self._deltas.get(key)
+        if cached is None:
+            if isinstance(buffers, GroupBuffers):
+                assert buffers.A is not None
+                members = [(m.B[layer], col) for m, col in buffers.columns]
+                delta = GroupedDelta(buffers.A[layer], members, buffers.slot_base)
+            else:
+                delta = GroupedDelta(buffers.A[layer], [(buffers.B[layer], 0)], buffers.slot_base)
+            cached = self._deltas[key] = (buffers, delta)
+        return cached[1]
 
     def _packed_pair(
         self, buffers: SlotBuffers, layer: int, first: int, count: int
@@ -159,14 +182,16 @@ def choose_backend(device: torch.device, probe: SlotBuffers | None = None) -> Lo
         return TritonBackend()
     if device.type != "cpu":
         return ReferenceBackend()
-    plain, packed = StackedBackend(packed=False), StackedBackend(packed=True)
+    grouped = cpu_topk_delta.available()
+    plain, packed = StackedBackend(False, grouped), StackedBackend(True, grouped)
     if probe is None or pack_weight(probe.A[0, 0]) is None:
         return plain
     times = _time_candidates([plain, packed], probe)
     best = min(times, key=times.__getitem__)
     log.info(
-        "LoRA backend: %s (start-up timing, ms per call: %s)",
+        "LoRA backend: %s (start-up timing, ms per call: %s); learned top-k steps: %s",
         best.name, ", ".join(f"{b.name} {t * 1e3:.3f}" for b, t in times.items()),
+        "the grouped kernel" if grouped else "the stacked path",
     )  # fmt: skip
     return best
 

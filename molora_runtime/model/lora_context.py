@@ -23,7 +23,6 @@ from kernels.stacked import SlotGate, slot_gate
 from molora_runtime.model.learned_gate import (
     LearnedPlan,
     PlanCache,
-    all_gates,
     layer_gate,
     plan_cache,
     table_of,
@@ -72,6 +71,7 @@ class LoRAContext:
     lora_layers: frozenset[int] | None = None
     # every learned token on one composition (host-known): the layer's gate takes the fast path
     learned_plan: LearnedPlan | None = None
+    gated: bool = False  # a learned gate writes rows of this table (kept by a rank pool's view)
     record_layers: bool = False  # keep each layer's table (attribution / gate statistics)
     return_gate_logits: bool = False  # keep raw gate logits (router training)
     # outputs of the forward, filled by begin_layer
@@ -95,8 +95,8 @@ class LoRAContext:
         """The stacked delta's gate over `stacked_slots` for buffers of this rank and dtype.
 
         Built once per routing table (once per step for static routes, once per layer for
-        learned ones) and shared by every projection that reads it; a fused group's rank is its
-        members' ranks together.
+        learned ones where the grouped kernel does not run) and shared by every projection that
+        reads it; a fused group's rank is its members' ranks together.
         """
         assert self.stacked_slots is not None
         first, count = self.stacked_slots
@@ -107,10 +107,6 @@ class LoRAContext:
         if gate is None:
             gate = slot_gate(self.slot_ids, self.weights, first, count, rank, dtype)
             cached[2][(rank, dtype)] = gate
-            plan = self.learned_plan
-            cache = plan.cache if plan is not None and plan.all_learned else None
-            if cache is not None and (rank, dtype) not in cache.ranks:
-                cache.ranks.append((rank, dtype))  # the next layers' routes build it
         return gate
 
     def kernel_meta(self) -> DevicePlan | None:
@@ -128,6 +124,11 @@ class LoRAContext:
     def has_learned(self) -> bool:
         return self.comp_idx is not None and self.gates is not None
 
+    @property
+    def learned_routes(self) -> bool:
+        """Whether a learned gate writes rows of this step's table."""
+        return self.gated or self.learned_plan is not None or self.has_learned
+
     def begin_layer(self, layer: int, normed: torch.Tensor) -> None:
         """Compute this layer's per-token table (learned rows from the gates on `normed`)."""
         if self._static is None:
@@ -136,23 +137,20 @@ class LoRAContext:
         if idle and not (self.record_layers or self.return_gate_logits):
             return  # no projection of this layer reads the table
         if self.has_learned and self.learned_plan is not None:
-            self._fast_table(layer, normed, stacked=not idle)
+            self._fast_table(layer, normed)
         elif self.has_learned:
             self.slot_ids, self.weights = self._learned_table(layer, normed)
         if self.record_layers:
             self.layer_tables.append((self.slot_ids, self.weights))
 
-    def _fast_table(self, layer: int, normed: torch.Tensor, stacked: bool) -> None:
+    def _fast_table(self, layer: int, normed: torch.Tensor) -> None:
         """`learned_gate`'s path: one composition, one top-k, one temperature."""
         plan, g, static = self.learned_plan, self.gates, self._static
         assert plan is not None and g is not None and static is not None
         cache = plan.cache
         if cache is None:
-            cache = plan.cache = plan_cache(
-                g.plans, plan, g.weight, g.bias, g.expert_slots, self.stacked_slots
-            )
-        stacked = stacked and self.stacked_slots is not None and plan.all_learned
-        route = layer_gate(plan, cache, layer, normed, static[0].shape[1], stacked)
+            cache = plan.cache = plan_cache(g.plans, plan, g.weight, g.bias, g.expert_slots)
+        route = layer_gate(plan, cache, layer, normed, static[0].shape[1])
         learned = None if plan.all_learned else self.comp_idx >= 0  # type: ignore[operator]
         self.slot_ids, self.weights = table_of(route, static, learned)
         if self.record_layers or self.return_gate_logits:
@@ -162,8 +160,6 @@ class LoRAContext:
                 self.layer_logits.append(tempered)
             if self.return_gate_logits:
                 self.gate_logits.append(tempered)
-        if stacked:
-            self._gates = (self.slot_ids, self.weights, all_gates(cache, route))
 
     def _learned_table(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.comp_idx is not None and self.gates is not None and self._static is not None

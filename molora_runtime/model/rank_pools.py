@@ -105,7 +105,8 @@ def pool_context(ctx: LoRAContext, pool: SlotPool, backend: LoRABackend) -> LoRA
     inside = (ids >= pool.first) & (ids < pool.first + pool.slots)
     local = torch.where(inside, ids - (pool.first - 1), torch.zeros((), dtype=ids.dtype))
     return replace(
-        ctx, slot_ids=local, backend=backend, stacked_slots=stacked, comp_idx=None, gates=None,
+        ctx, slot_ids=local, backend=backend, stacked_slots=stacked, gated=ctx.learned_routes,
+        comp_idx=None, gates=None,
         record_layers=False, return_gate_logits=False, layer_tables=[], gate_logits=[],
         _static=None, _gates=None, _device_plan=None,
     )  # fmt: skip
