@@ -75,6 +75,17 @@ DOMAINS: dict[str, DomainSpec] = {
             generator="products",
             config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
         ),
+        # Also outside it: ordering words by their letters, a second candidate for `compose add`.
+        DomainSpec(
+            name="alphabetical",
+            generator="word_sorting",
+            config={
+                "min_words": 3,
+                "max_words": 3,
+                "min_word_length": 3,
+                "max_word_length": 6,
+            },
+        ),
     )
 }
 
@@ -125,6 +136,9 @@ def _compact_question(domain: str, entry: dict[str, Any]) -> str:
         return entry["question"].strip().splitlines()[-1].strip()
     if domain == "multiplication":  # the expression without the answer-format sentence
         return f"Multiply: {meta['expression']}"
+    if domain == "alphabetical":  # lowercased words, without the ASCII-ordering instructions
+        words = ", ".join(w.lower() for w in meta["original_words"])
+        return f"Sort these words alphabetically, {meta['direction']}: {words}"
     return entry["question"].strip()
 
 
@@ -145,6 +159,10 @@ def generate_tasks(domain: str, count: int, seed: int) -> list[Task]:
 def _compact_answer(domain: str, entry: dict[str, Any]) -> str:
     if domain == "sorting":
         return ", ".join(_whole(n) for n in entry["metadata"]["sorted_numbers"])
+    if domain == "alphabetical":  # the lowercased words the question shows, in its order
+        meta = entry["metadata"]
+        words = sorted(w.lower() for w in meta["original_words"])
+        return ", ".join(words[::-1] if meta["direction"] == "descending" else words)
     return str(entry["answer"]).strip()
 
 

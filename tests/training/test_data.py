@@ -6,6 +6,8 @@ from molora_runtime.training.data import (
     DOMAINS,
     Example,
     Task,
+    _compact_answer,
+    _compact_question,
     domain_examples,
     mixed_examples,
     score_completion,
@@ -29,8 +31,39 @@ def test_examples_are_deterministic_and_splits_disjoint() -> None:
         assert len(train_q & eval_q) <= len(eval_q) // 4
 
 
+def test_alphabetical_questions_are_compact_and_answers_sorted_lowercase() -> None:
+    tasks = [t for e in domain_examples("alphabetical", 40, 0, "eval") for t in e.tasks]
+    directions = set()
+    for t in tasks:
+        head, _, listed = t.question.partition(": ")
+        prefix, _, direction = head.partition(", ")
+        assert prefix == "Sort these words alphabetically"
+        assert direction in {"ascending", "descending"}
+        words = listed.split(", ")
+        assert len(words) == 3 and all(w == w.lower() for w in words)
+        answer = t.answer.split(", ")
+        assert sorted(answer) == sorted(words), "the answer reorders the question's words"
+        assert answer == sorted(words, reverse=direction == "descending")
+        directions.add(direction)
+    assert directions == {"ascending", "descending"}
+
+
+def test_alphabetical_ignores_the_generators_ascii_order_of_capitals() -> None:
+    # reasoning-gym sorts by ASCII ("Only" before "ambassador"); the question shows lowercase
+    entry = {
+        "question": "...",
+        "answer": "Only, ambassador, federal",
+        "metadata": {"original_words": ["federal", "Only", "ambassador"], "direction": "ascending"},
+    }
+    assert _compact_question("alphabetical", entry).endswith(": federal, only, ambassador")
+    assert _compact_answer("alphabetical", entry) == "ambassador, federal, only"
+    entry["metadata"]["direction"] = "descending"
+    assert _compact_answer("alphabetical", entry) == "only, federal, ambassador"
+
+
 def test_mixed_examples_pair_two_domains() -> None:
-    examples = mixed_examples(list(DOMAINS), 24, seed=0, split="eval")
+    pairs = len(DOMAINS) * (len(DOMAINS) - 1)
+    examples = mixed_examples(list(DOMAINS), pairs, seed=0, split="eval")
     assert all(len(e.tasks) == 2 and e.domains[0] != e.domains[1] for e in examples)
     assert {tuple(e.domains) for e in examples} == {
         (a, b) for a in DOMAINS for b in DOMAINS if a != b
