@@ -77,6 +77,14 @@ class GrowSettings(BaseModel):
         0.9, ge=0, le=1, description="share of old-domain tokens the new row must stay out of"
     )
     calibrate_margin: float = Field(0.1, ge=0, description="logit margin of the calibration")
+    calibrate_keep: float | None = Field(
+        0.98,
+        ge=0,
+        le=1,
+        description="share of each old domain's held-out prompts whose greedy answers must stay "
+        "the old composition's; the calibration's bias drop is given back as far as that holds "
+        "(None: keep the whole drop)",
+    )
     seed: int = 0
 
 
@@ -218,6 +226,7 @@ def train_new_rows(
             settings.calibrate_quantile,
             settings.calibrate_margin,
             temperature,
+            settings.calibrate_keep,
         )
         print(f"compose add calibration: {grown.routing}", flush=True)
     return grown, time.process_time() - cpu0

@@ -28,16 +28,18 @@ from molora_runtime.training.compose_add import (
     compose_add,
     train_new_rows,
 )
-from molora_runtime.training.experts import attach_experts
+from molora_runtime.training.experts import Gates, attach_experts
 from molora_runtime.training.grow import (
     GrownGates,
+    answer_predictions,
     calibrate_new_bias,
     grow_examples,
     refit_new_rows,
     stay_out_loss,
     stay_out_mask,
+    unchanged_shares,
 )
-from molora_runtime.training.router import load_experts, routed_batches
+from molora_runtime.training.router import TokenBatch, load_experts, routed_batches
 from tests.runtime.rt_util import make_composition, make_peft_adapter
 
 OLD = ["arithmetic", "sorting"]
@@ -168,6 +170,47 @@ def test_calibration_pushes_an_intruding_row_out_of_old_tokens_top_k(world: dict
     assert torch.equal(grown.weight[:, :2], weight) and torch.equal(grown.bias[:, :2], bias)
     again = calibrate_new_bias(lm, grown, batches, top_k=1, quantile=1.0, margin=0.1)
     assert again["mean_bias_shift"] == 0.0  # already out: nothing more to lower
+
+
+def test_unchanged_shares_count_old_prompts_whose_answer_predictions_all_hold() -> None:
+    """A prompt counts for every old domain its answer serves; prompts with the new domain and
+    predictions outside the answer are ignored."""
+    ids = torch.zeros(4, 5, dtype=torch.long)
+    labels = torch.full((4, 5), IGNORE)
+    labels[:, 2:] = 7
+    route = torch.tensor(
+        [[-100, 0, 0, 0, 0], [-100, 1, 1, 1, 1], [-100, 0, 0, 1, 1], [-100, 2, 2, 2, 2]]
+    )
+    batch = TokenBatch(ids, labels, torch.ones(4, 5, dtype=torch.bool), route)
+    old = torch.zeros(4, 5, dtype=torch.long)
+    new = old.clone()
+    new[0, 1] = 5  # a prompt position: not an answer prediction
+    new[1, 3] = 5  # domain 1's own prompt changes
+    new[3, 4] = 5  # the new domain's (2): not counted
+    shares = unchanged_shares([batch], [old], [new], new_index=2)
+    assert shares == {0: 1.0, 1: 0.5}
+
+
+def test_relaxed_calibration_keeps_old_answers_and_never_lowers_more_than_the_bound(
+    world: dict,
+) -> None:
+    """The bias drop given back leaves the old composition's answer predictions on held-out
+    old prompts as the `keep` share demands; `keep` above 1 keeps the whole drop, 0 none."""
+    lm, _, _, grown, batches = _grown_world(world, prompts=16, seed=7)
+    with torch.no_grad():
+        grown.new_bias.fill_(100.0)
+    whole = calibrate_new_bias(lm, copy.deepcopy(grown), batches, 1, 1.0, 0.1, keep_answers=None)
+    never = calibrate_new_bias(lm, copy.deepcopy(grown), batches, 1, 1.0, 0.1, keep_answers=1.01)
+    assert never == {**whole, "shift_scale": 1.0}
+    free = calibrate_new_bias(lm, copy.deepcopy(grown), batches, 1, 1.0, 0.1, keep_answers=0.0)
+    assert free["shift_scale"] == 0.0 and free["mean_bias_shift"] == 0.0
+    shares = calibrate_new_bias(lm, grown, batches, 1, 1.0, 0.1, keep_answers=0.98)
+    assert shares["mean_bias_shift"] <= whole["mean_bias_shift"]
+    old = Gates(grown.old_weight, grown.old_bias)  # type: ignore[arg-type]
+    grown_gates = Gates(grown.weight.detach(), grown.bias.detach())  # type: ignore[arg-type]
+    reference = [answer_predictions(lm, old, b, 1) for b in batches]
+    got = [answer_predictions(lm, grown_gates, b, 1) for b in batches]
+    assert min(unchanged_shares(batches, reference, got, grown.new_index).values()) >= 0.98
 
 
 def test_refit_separates_the_new_domain_from_the_old_ones(world: dict) -> None:
