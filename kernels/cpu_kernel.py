@@ -16,7 +16,9 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -24,6 +26,8 @@ from kernels import cpu_extension_build
 from kernels.cpu_extension_build import ExtensionSpec
 
 log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).parent / "csrc"
 
 
 def cpu_supported() -> bool:
@@ -52,6 +56,16 @@ class CpuKernel:
     _library: ModuleType | None = field(default=None, init=False, repr=False)
     _attempted: bool = field(default=False, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @classmethod
+    def from_csrc(
+        cls, name: str, source: str, switch_env: str, title: str, fallback: str, **options: Any
+    ) -> CpuKernel:
+        """The kernel built as module `name` from `kernels/csrc/<source>`; `options` are the
+        spec's (`cflags`, `ldflags`) or the kernel's own (`check`)."""
+        check = options.pop("check", None)
+        spec = ExtensionSpec(name=name, source=CSRC / source, **options)
+        return cls(spec=spec, title=title, fallback=fallback, switch_env=switch_env, check=check)
 
     def build(self) -> ModuleType:
         """The extension module: the verified cached build, else a fresh one. Raises

@@ -12,24 +12,17 @@ Which of the two runs a shape is measured per CPU by the runtime, not decided he
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from kernels.cpu_extension_build import ExtensionSpec
 from kernels.cpu_kernel import CpuKernel
 from kernels.paged_inputs import PagedDecodeInputs
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
-SPEC = ExtensionSpec(name="molora_paged_decode", source=SOURCE)
 SWITCH_ENV = "MOLORA_CPU_PAGED_ATTENTION"
 CACHE_DTYPES = (torch.float32, torch.bfloat16)
-KERNEL = CpuKernel(
-    spec=SPEC,
-    title="CPU paged attention",
-    fallback="decode gathers blocks",
-    switch_env=SWITCH_ENV,
-)
+KERNEL = CpuKernel.from_csrc(
+    "molora_paged_decode", "paged_decode.cpp", SWITCH_ENV, "CPU paged attention",
+    "decode gathers blocks",
+)  # fmt: skip
 
 
 def available() -> bool:

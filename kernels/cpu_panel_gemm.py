@@ -19,17 +19,13 @@ warning) and callers keep their oneDNN path; `MOLORA_CPU_PANEL_GEMM=0` turns the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import torch
 from torch.nn import functional as F
 
-from kernels.cpu_extension_build import ExtensionSpec
 from kernels.cpu_kernel import CpuKernel
 
-SOURCE = Path(__file__).parent / "csrc" / "panel_gemm.cpp"
-SPEC = ExtensionSpec(name="molora_panel_gemm", source=SOURCE)
 SWITCH_ENV = "MOLORA_CPU_PANEL_GEMM"
 PANEL_WIDTH = 16  # must equal NR in the C++ source; checked against the library at load
 PANEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -65,13 +61,11 @@ def _check_width(lib: ModuleType) -> None:
         raise RuntimeError("panel width of the built library differs from PANEL_WIDTH")
 
 
-KERNEL = CpuKernel(
-    spec=SPEC,
-    title="CPU panel GEMM",
-    fallback="its shapes run on oneDNN or F.linear",
-    switch_env=SWITCH_ENV,
-    check=_check_width,
-)
+KERNEL = CpuKernel.from_csrc(
+    "molora_panel_gemm", "panel_gemm.cpp", SWITCH_ENV, "CPU panel GEMM",
+    "its shapes run on oneDNN or F.linear", check=_check_width,
+)  # fmt: skip
+SPEC = KERNEL.spec
 
 
 def has_avx512() -> bool:

@@ -19,25 +19,18 @@ definition; `MOLORA_CPU_TOPK_DELTA=0` turns the kernel off.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-from kernels.cpu_extension_build import ExtensionSpec
 from kernels.cpu_kernel import CpuKernel
 from kernels.reference import routed_lora_segmented
 
-SOURCE = Path(__file__).parent / "csrc" / "topk_delta.cpp"
-SPEC = ExtensionSpec(name="molora_topk_delta", source=SOURCE)
 SWITCH_ENV = "MOLORA_CPU_TOPK_DELTA"
 DTYPES = (torch.float32, torch.bfloat16)
-
-KERNEL = CpuKernel(
-    spec=SPEC,
-    title="CPU grouped top-k LoRA delta",
-    fallback="the LoRA delta runs the stacked PyTorch path",
-    switch_env=SWITCH_ENV,
-)
+KERNEL = CpuKernel.from_csrc(
+    "molora_topk_delta", "topk_delta.cpp", SWITCH_ENV, "CPU grouped top-k LoRA delta",
+    "the LoRA delta runs the stacked PyTorch path",
+)  # fmt: skip
 
 Members = Sequence[tuple[torch.Tensor, int]]  # each member's `Bt [S, r, w]` and first column
 

@@ -17,18 +17,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-from kernels.cpu_extension_build import ExtensionSpec
 from kernels.cpu_kernel import CpuKernel
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "topk_route.cpp"
-SPEC = ExtensionSpec(name="molora_topk_route", source=SOURCE, cflags=("-O3", "-mavx2", "-mfma"))
 SWITCH_ENV = "MOLORA_CPU_TOPK_ROUTE"
 MAX_K = 64  # must equal MAX_K in the C++ source
 
@@ -44,12 +40,10 @@ class Route:
     slot_weights: torch.Tensor  # [T, W] fp32, 0 past k
 
 
-KERNEL = CpuKernel(
-    spec=SPEC,
-    title="CPU top-k route",
-    fallback="the gate runs PyTorch ops",
-    switch_env=SWITCH_ENV,
-)
+KERNEL = CpuKernel.from_csrc(
+    "molora_topk_route", "topk_route.cpp", SWITCH_ENV, "CPU top-k route",
+    "the gate runs PyTorch ops", cflags=("-O3", "-mavx2", "-mfma"),
+)  # fmt: skip
 
 
 def available() -> bool:
