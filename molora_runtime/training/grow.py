@@ -309,13 +309,17 @@ RELAX_SCALES = (0.0, 0.25, 0.5, 0.75)
 def answer_predictions(
     lm: CausalLM, gates: TrainableGates, batch: TokenBatch, top_k: int, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Greedy next-token predictions [B, T] on `batch` (teacher-forced) routed by `gates`."""
+    """Greedy next-token predictions [B, T] on `batch` (teacher-forced) routed by `gates`, at
+    the answer positions (-1 elsewhere: the LM head runs only where an answer is predicted)."""
     B, T = batch.input_ids.shape
     ctx = learned_context(gates, B * T, top_k=top_k, temperature=temperature)
     positions = torch.arange(T, device=batch.input_ids.device).repeat(B)
     meta = DenseAttention(batch=B, seq_len=T, positions=positions)
     hidden = lm.hidden_states(batch.input_ids.reshape(-1), meta, None, ctx)
-    return lm.logits(hidden).argmax(-1).reshape(B, T)
+    answer = (batch.labels != IGNORE).reshape(-1)
+    out = torch.full((B * T,), -1, dtype=torch.long, device=hidden.device)
+    out[answer] = lm.logits(hidden[answer]).argmax(-1)
+    return out.reshape(B, T)
 
 
 def unchanged_shares(
