@@ -15,6 +15,7 @@ apart from `addmm`'s); ties between equal logits go to the lower expert index.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,74 @@ class Route:
     weights: torch.Tensor  # [T, k] fp32, each row sums to 1
     slot_ids: torch.Tensor  # [T, W] int64 hot-set slots, 0 past k
     slot_weights: torch.Tensor  # [T, W] fp32, 0 past k
+
+
+@dataclass(frozen=True)
+class RouteTables:
+    """Every layer's route of one step's T tokens, one `[L, T, ...]` buffer per field of
+    `Route`: each layer is written in place (no allocation per layer) and the step's routing
+    reads back whole, with no stacking of per-layer tensors. With `stats`, the kernel also folds
+    each layer's route statistics into it (`route_stats_reference`'s columns, every token
+    counted). Made by `TopKRouter.tables`."""
+
+    logits: torch.Tensor  # [L, T, n]
+    experts: torch.Tensor  # [L, T, k]
+    slot_ids: torch.Tensor  # [L, T, W]
+    slot_weights: torch.Tensor  # [L, T, W]
+    stats: torch.Tensor | None  # [L, columns] float64
+    # (L, T, n, k, W, statistics columns or 0): what the kernel writes through
+    shape: tuple[int, int, int, int, int, int]
+    # each buffer's address and its bytes per layer, read once (stats: 0, 0 when absent)
+    addresses: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def empty(
+        cls, layers: int, tokens: int, n: int, k: int, width: int, stats_columns: int = 0
+    ) -> RouteTables:
+        fields = (
+            torch.empty(layers, tokens, n),
+            torch.empty(layers, tokens, k, dtype=torch.long),
+            torch.empty(layers, tokens, width, dtype=torch.long),
+            torch.empty(layers, tokens, width),
+        )
+        stats = torch.zeros(layers, stats_columns, dtype=torch.float64) if stats_columns else None
+        addresses = tuple((t.data_ptr(), t[0].nbytes) for t in fields)
+        addresses += ((stats.data_ptr(), stats[0].nbytes) if stats is not None else (0, 0),)
+        return cls(*fields, stats, (layers, tokens, n, k, width, stats_columns), addresses)
+
+
+def stats_columns(n: int, entropy_edges: int, top1_edges: int) -> int:
+    """Columns of a route statistics row over n experts (`route_stats_reference`)."""
+    return 3 + entropy_edges + top1_edges + 2 * n
+
+
+def route_stats_reference(
+    logits: torch.Tensor, top1_weight: torch.Tensor, selected: torch.Tensor, mask: torch.Tensor,
+    entropy_edges: torch.Tensor, top1_edges: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """Per layer, the route statistics of the tokens in `mask` `[T]`, from their tempered gate
+    logits `[L, T, n]`, top-1 weights `[L, T]` and how often each selected each expert
+    `[L, T, n]`: a float64 `[L, stats_columns(n, ...)]` of tokens, the sums of routing entropy
+    (of the softmax over the n experts, over log n: 0 one-hot, 1 uniform, 0 with one expert) and
+    of top-1 weight, their cumulative histograms (value <= each edge), then per expert the
+    tokens that rank it first and the selections. The twin of the kernel's statistics, and the
+    path of every step the kernel does not route."""
+    L, _, n = logits.shape
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    entropy = -(logp.exp() * logp).nan_to_num(0.0).sum(-1)  # [L, T]
+    entropy = entropy / math.log(n) if n > 1 else torch.zeros_like(entropy)
+    m = mask.to(torch.float64)[None, :]  # [1, T]
+    first = F.one_hot(logits.argmax(-1), n).to(torch.float64)  # [L, T, n]
+    cols = [
+        m.expand(L, -1).sum(1, keepdim=True),
+        (entropy.double() * m).sum(1, keepdim=True),
+        (top1_weight.double() * m).sum(1, keepdim=True),
+        ((entropy[..., None] <= entropy_edges) * m[..., None]).sum(1),
+        ((top1_weight[..., None] <= top1_edges) * m[..., None]).sum(1),
+        (first * m[..., None]).sum(1),
+        (selected.double() * m[..., None]).sum(1),
+    ]
+    return torch.cat(cols, dim=1)
 
 
 KERNEL = CpuKernel.from_csrc(
@@ -75,15 +144,23 @@ def _check_input(x: torch.Tensor, d: int) -> None:
 
 class TopKRouter:
     """One composition's routing, checked once: a gate `weight [n, d]` and `bias [n]` per
-    layer, top-k, temperature, the experts' slots and the slot table's width. Each call routes one layer's input `x [T, d]` on the kernel where it
-    runs (a CPU input, no autograd, contiguous gates), else on `topk_route_reference`."""
+    layer, top-k, temperature, the experts' slots and the slot table's width, and optionally
+    the route statistics' histogram edges (fp32 `[E]`, `[W]`). Each call routes one layer's
+    input `x [T, d]` on the kernel where it runs (a CPU input, no autograd, contiguous gates),
+    else on `topk_route_reference`."""
 
     def __init__(
         self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], k: int,
         temperature: float, expert_slots: torch.Tensor, width: int,
+        stats_edges: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:  # fmt: skip
         for weight, bias in zip(weights, biases, strict=True):
             _check(weight, bias, k, expert_slots, width)
+        self.stats_edges, self.columns = None, 0  # columns of a statistics row (0: none)
+        if stats_edges is not None:
+            ent, top1 = (e.detach().to("cpu", torch.float32).contiguous() for e in stats_edges)
+            self.stats_edges = (ent, top1)
+            self.columns = stats_columns(weights[0].shape[0] if weights else 0, len(ent), len(top1))
         self.weights, self.biases = list(weights), list(biases)
         self.k, self.temperature, self.width = k, float(temperature), width
         self.expert_slots = expert_slots
@@ -94,8 +171,17 @@ class TopKRouter:
             and expert_slots.is_cpu
             and available()
         )
-        if self.kernel:  # the kernel's own int64 copy, made once
+        if self.kernel:  # the kernel's own int64 copy and the gates' addresses, read once
             self._slots = expert_slots.to(torch.long).contiguous()
+            self._slots_ptr = self._slots.data_ptr()
+            self._pointers = [
+                (w.data_ptr(), b.data_ptr()) for w, b in zip(self.weights, self.biases, strict=True)
+            ]
+            self._lib = KERNEL.library()
+            # the edges' addresses and lengths (zeros: no statistics)
+            self._edges = tuple(
+                v for e in self.stats_edges or () for v in (e.data_ptr(), len(e))
+            ) or (0, 0, 0, 0)
 
     def __call__(self, layer: int, x: torch.Tensor) -> Route:
         _check_input(x, self.d)
@@ -105,22 +191,55 @@ class TopKRouter:
             return topk_route_reference(
                 x, weight, bias, self.k, self.temperature, self.expert_slots, self.width
             )
-        lib = KERNEL.library()
-        assert lib is not None
         x = x.contiguous()
         T, k, width = x.shape[0], self.k, self.width
         logits = torch.empty(T, self.n)
         experts = torch.empty(T, k, dtype=torch.long)
         slot_ids = torch.empty(T, width, dtype=torch.long)
         slot_weights = torch.empty(T, width)
-        bad = lib.route_fp32(
+        bad = self._lib.route_fp32(
             x.data_ptr(), self.d, weight.data_ptr(), bias.data_ptr(), logits.data_ptr(), T,
-            self.n, k, self.temperature, self._slots.data_ptr(), slot_ids.data_ptr(),
-            slot_weights.data_ptr(), width, experts.data_ptr(),
+            self.n, k, self.temperature, self._slots_ptr, slot_ids.data_ptr(),
+            slot_weights.data_ptr(), width, experts.data_ptr(), 0, 0, 0, 0, 0,
         )  # fmt: skip
         if bad:  # _check refused such a k at construction
             raise ValueError(f"top_k={k} does not fit {self.n} experts and width {width}")
         return Route(logits, experts, slot_weights[:, :k], slot_ids, slot_weights)
+
+    def writes_in_place(self, x: torch.Tensor) -> bool:
+        """Whether `route_into` takes input `x` (the kernel runs on it, without autograd)."""
+        return self.kernel and x.is_cpu and not (torch.is_grad_enabled() and x.requires_grad)
+
+    def tables(self, tokens: int) -> RouteTables:
+        """Empty buffers for every layer's route of `tokens` tokens (and zeroed statistics
+        where the router has edges)."""
+        L, n, k, width = len(self.weights), self.n, self.k, self.width
+        return RouteTables.empty(L, tokens, n, k, width, self.columns)
+
+    def route_into(self, layer: int, x: torch.Tensor, out: RouteTables) -> None:
+        """`self(layer, x)` written into `out`'s rows of `layer` (where `writes_in_place(x)`).
+        Per call it only checks what the kernel's pointers rely on: a decode step makes one
+        call per layer, and their Python work, not the kernel, is what this path saves."""
+        L, (T, d) = len(self.weights), x.shape
+        shape = (L, T, self.n, self.k, self.width, self.columns)
+        if not (
+            0 <= layer < L and d == self.d and out.shape == shape and x.dtype == torch.float32
+            and x.is_contiguous() and self.writes_in_place(x)
+        ):  # fmt: skip
+            raise ValueError(
+                f"route_into takes a layer < {L}, a contiguous fp32 CPU [T, {self.d}] input "
+                f"and this router's `tables(T)`"
+            )
+        (lg, lg_n), (ex, ex_n), (ids, ids_n), (sw, sw_n), (st, st_n) = out.addresses
+        w, b = self._pointers[layer]
+        edges = self._edges if st else (0, 0, 0, 0)  # st: this router's own `columns`
+        bad = self._lib.route_fp32(
+            x.data_ptr(), d, w, b, lg + layer * lg_n, T, self.n, self.k, self.temperature,
+            self._slots_ptr, ids + layer * ids_n, sw + layer * sw_n, self.width,
+            ex + layer * ex_n, st + layer * st_n if st else 0, *edges,
+        )  # fmt: skip
+        if bad:  # _check refused such a k at construction
+            raise ValueError(f"top_k={self.k} does not fit {self.n} experts and {self.width}")
 
 
 def topk_route(

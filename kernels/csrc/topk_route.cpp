@@ -5,14 +5,61 @@
 // In PyTorch this is an addmm, a top-k, a softmax, an index and two pads per decoder layer: at
 // decode sizes ([32, 576] x [576, 4]) each op's dispatch costs more than its arithmetic, so one
 // loop over the tokens replaces them.
-// Built as a PyTorch C++ extension by kernels/cpu_topk_route.py; `topk_route_reference` there
-// is its twin.
+// With a statistics row per layer it also folds, in the same loop, what gate telemetry reads:
+// tokens, the sums and cumulative histograms of routing entropy and top-1 weight, and per expert
+// the tokens that rank it first and that select it (the Python side otherwise spends ~30 small
+// ops per step on them).
+// Built as a PyTorch C++ extension by kernels/cpu_topk_route.py; `topk_route_reference` and
+// `route_stats_reference` there are its twins.
 #include <pybind11/pybind11.h>
 #include <stdint.h>
 
 #include <cmath>
 
 namespace {
+
+// Where one layer's statistics go (see `route_stats_reference` for the column order).
+struct Stats {
+  double* row;  // [3 + n_ent + n_w + 2n] float64, added into; null: no statistics
+  const float* ent_edges;
+  int64_t n_ent;
+  const float* w_edges;
+  int64_t n_w;
+};
+
+// Normalized entropy (0: one-hot, 1: uniform; 0 with one expert) of softmax(row / temperature).
+inline float entropy(const float* row, int64_t n, float temperature) {
+  if (n < 2) return 0.0f;
+  float m = row[0] / temperature;
+  for (int64_t e = 1; e < n; ++e) m = std::fmax(m, row[e] / temperature);
+  float total = 0.0f;
+  for (int64_t e = 0; e < n; ++e) total += std::exp(row[e] / temperature - m);
+  const float log_total = std::log(total);
+  float h = 0.0f;
+  for (int64_t e = 0; e < n; ++e) {
+    const float logp = row[e] / temperature - m - log_total;
+    const float p = std::exp(logp);
+    if (p > 0.0f) h -= p * logp;
+  }
+  return h / std::log(static_cast<float>(n));
+}
+
+void add_stats(const Stats& s, const float* row, int64_t n, float temperature,
+               const int64_t* idx, const float* w, int64_t k) {
+  double* out = s.row;
+  const float h = entropy(row, n, temperature);
+  out[0] += 1.0;
+  out[1] += h;
+  out[2] += w[0];
+  double* ent = out + 3;
+  for (int64_t b = 0; b < s.n_ent; ++b) ent[b] += h <= s.ent_edges[b] ? 1.0 : 0.0;
+  double* top1 = ent + s.n_ent;
+  for (int64_t b = 0; b < s.n_w; ++b) top1[b] += w[0] <= s.w_edges[b] ? 1.0 : 0.0;
+  double* first = top1 + s.n_w;
+  first[idx[0]] += 1.0;
+  double* selected = first + n;
+  for (int64_t j = 0; j < k; ++j) selected[idx[j]] += w[j] > 0.0f ? 1.0 : 0.0;
+}
 
 constexpr int64_t MAX_K = 64;
 constexpr int64_t LANES = 16;  // partial sums per dot product: the compiler keeps them in SIMD
@@ -31,7 +78,7 @@ inline float dot(const float* x, const float* w, int64_t d, float b) {
 
 void route(const float* x, int64_t d, const float* gate_w, const float* gate_b, float* logits,
            int64_t T, int64_t n, int64_t k, float temperature, const int64_t* expert_slots,
-           int64_t* slot_ids, float* weights, int64_t W, int64_t* experts) {
+           int64_t* slot_ids, float* weights, int64_t W, int64_t* experts, const Stats& stats) {
   for (int64_t t = 0; t < T; ++t) {
     float* row = logits + t * n;
     for (int64_t e = 0; e < n; ++e) row[e] = dot(x + t * d, gate_w + e * d, d, gate_b[e]);
@@ -61,6 +108,7 @@ void route(const float* x, int64_t d, const float* gate_w, const float* gate_b, 
       tw[j] = j < k ? w[j] : 0.0f;
     }
     for (int64_t j = 0; j < k; ++j) experts[t * k + j] = idx[j];
+    if (stats.row != nullptr) add_stats(stats, row, n, temperature, idx, w, k);
   }
 }
 
@@ -68,18 +116,23 @@ void route(const float* x, int64_t d, const float* gate_w, const float* gate_b, 
 
 // x: [T, d] fp32; gate_w: [n, d] fp32; gate_b: [n] fp32; expert_slots: [n] int64; outputs
 // logits [T, n] fp32, slot_ids [T, W] int64, weights [T, W] fp32 and experts [T, k] int64, all
-// contiguous. Addresses come as integers: the caller (cpu_topk_route.TopKRouter) checks shapes,
-// dtypes and 1 <= k <= min(n, W, 64); returns 2 where k lies outside that, else 0.
+// contiguous; stats (0: none): one layer's [3 + n_ent + n_w + 2n] float64 row, added into, with
+// the histograms' fp32 upper bounds ent_edges [n_ent] and w_edges [n_w]. Addresses come as
+// integers: the caller (cpu_topk_route.TopKRouter) checks shapes, dtypes and
+// 1 <= k <= min(n, W, 64); returns 2 where k lies outside that, else 0.
 static int64_t route_fp32(uintptr_t x, int64_t d, uintptr_t gate_w, uintptr_t gate_b,
                           uintptr_t logits, int64_t T, int64_t n, int64_t k, double temperature,
                           uintptr_t expert_slots, uintptr_t slot_ids, uintptr_t weights,
-                          int64_t W, uintptr_t experts) {
+                          int64_t W, uintptr_t experts, uintptr_t stats, uintptr_t ent_edges,
+                          int64_t n_ent, uintptr_t w_edges, int64_t n_w) {
   if (k < 1 || k > n || k > W || k > MAX_K) return 2;
+  const Stats s{reinterpret_cast<double*>(stats), reinterpret_cast<const float*>(ent_edges),
+                n_ent, reinterpret_cast<const float*>(w_edges), n_w};
   route(reinterpret_cast<const float*>(x), d, reinterpret_cast<const float*>(gate_w),
         reinterpret_cast<const float*>(gate_b), reinterpret_cast<float*>(logits), T, n, k,
         static_cast<float>(temperature), reinterpret_cast<const int64_t*>(expert_slots),
         reinterpret_cast<int64_t*>(slot_ids), reinterpret_cast<float*>(weights), W,
-        reinterpret_cast<int64_t*>(experts));
+        reinterpret_cast<int64_t*>(experts), s);
   return 0;
 }
 

@@ -61,8 +61,9 @@ class GateSummaries:
         assert ctx.comp_idx is not None and ctx.gates is not None
         g = ctx.gates
         K = g.expert_slots.shape[1]
-        slots = torch.stack([t[0].index_select(0, index) for t in ctx.layer_tables])  # [L, R, W]
-        weights = torch.stack([t[1].index_select(0, index) for t in ctx.layer_tables]).float()
+        all_slots, all_weights = ctx.recorded_tables()  # [L, T, W]
+        slots = all_slots.index_select(1, index)  # [L, R, W]
+        weights = all_weights.index_select(1, index).float()
         comp = ctx.comp_idx.index_select(0, index).clamp(min=0)  # [R]
         experts = g.expert_slots.index_select(0, comp)  # [R, K]
         n = g.num_experts.index_select(0, comp)  # [R]
@@ -71,7 +72,7 @@ class GateSummaries:
         hit = hit & (weights > 0)[..., None] & real[None, :, None, :]
         selected = hit.sum(2, dtype=torch.float64)  # [L, R, K]
         weight_sum = (hit * weights[..., None]).sum(2, dtype=torch.float64)
-        logits = torch.stack([lg.index_select(0, index) for lg in ctx.layer_logits]).float()
+        logits = ctx.recorded_logits().index_select(1, index).float()
         if logits.shape[-1] < K:  # the one-composition path keeps only its real experts
             logits = torch.nn.functional.pad(logits, (0, K - logits.shape[-1]), value=-math.inf)
         logits = logits[..., :K].masked_fill(~real[None], -math.inf)

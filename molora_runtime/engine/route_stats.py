@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from kernels.cpu_topk_route import route_stats_reference
 from molora_runtime.engine.gate_telemetry import GateTelemetry
 from molora_runtime.engine.types import TokenAttribution
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
+from molora_runtime.model.learned_gate import stats_edges
 
 
 def slot_names(hot_set: HotSet) -> dict[int, str]:
@@ -27,9 +29,10 @@ def attributions(
     """`attribution` of several rows with one device→host read for all of them (not 2 a row)."""
     if ctx is None or not ctx.layer_tables or not rows:
         return [TokenAttribution(token_id=t, adapters={}) for t in tokens]
-    index = torch.tensor(rows, dtype=torch.long, device=ctx.layer_tables[0][0].device)
-    slots = torch.stack([t[0].index_select(0, index) for t in ctx.layer_tables])  # [L, R, W]
-    weights = torch.stack([t[1].index_select(0, index) for t in ctx.layer_tables]).float()
+    all_slots, all_weights = ctx.recorded_tables()  # [L, T, W]
+    index = torch.tensor(rows, dtype=torch.long, device=all_slots.device)
+    slots = all_slots.index_select(1, index)  # [L, R, W]
+    weights = all_weights.index_select(1, index).float()
     # slot ids are small integers: exact in fp32, so both ride in one transfer
     both = torch.stack([slots.float(), weights]).cpu()
     n_layers = len(ctx.layer_tables)
@@ -65,23 +68,35 @@ class GateStats:
         self.fold_every = fold_every
         self._counts: dict[str, torch.Tensor] = {}
         self._pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (comp, [L, K], seen)
-        self.telemetry = GateTelemetry(hot_set)  # entropy, top-1 weight and expert, per layer
+        self.telemetry = GateTelemetry()  # entropy, top-1 weight and expert, per layer
 
     def record(self, ctx: LoRAContext) -> None:
+        """Queue one step's routing: the route kernel's statistics where it folded them,
+        else `route_stats_reference` on the recorded tables, per composition present."""
         assert ctx.comp_idx is not None and ctx.gates is not None
-        slots = torch.stack([t[0] for t in ctx.layer_tables])  # [L, T, W]
-        weights = torch.stack([t[1] for t in ctx.layer_tables])
-        active = weights > 0
+        plan, routed = ctx.learned_plan, ctx.routed_stats()
+        slots, weights = ctx.recorded_tables()  # [L, T, W]
+        logits = ctx.recorded_logits() if ctx.layer_logits else None  # [L, T, >= n]
         for comp in self.hot_set.compositions():
             c = self.hot_set.comp_slot_of(comp)
-            k = len(self.hot_set.composition_info(comp).experts)  # host copy of num_experts[c]
-            mask = ctx.comp_idx == c  # [T]
-            experts = ctx.gates.expert_slots[c, :k]
-            hit = (slots[..., None] == experts) & (active & mask[None, :, None])[..., None]
-            self._pending.append((comp, hit.sum(dim=(1, 2)), mask.sum()))
+            if plan is not None and plan.comp_slot != c:
+                continue  # the host knows this step has no token of it
+            n = len(self.hot_set.composition_info(comp).experts)  # host copy of num_experts[c]
+            step = routed if routed is not None and plan is not None else None
+            if step is None:
+                mask = ctx.comp_idx == c  # [T]
+                experts = ctx.gates.expert_slots[c, :n]
+                selected = ((slots[..., None] == experts) & (weights > 0)[..., None]).sum(2)
+                if logits is None:  # tables without logits (attribution only): counts alone
+                    counts = (selected * mask[None, :, None]).sum(1)
+                    self._pending.append((comp, counts, mask.sum()))
+                    continue
+                top1, edges = weights[..., 0].float(), stats_edges(mask.device)
+                step = route_stats_reference(logits[..., :n], top1, selected, mask, *edges)
+            self._pending.append((comp, step[:, -n:], step[0, 0]))
+            self.telemetry.add(comp, step[:, :-n])
         if len(self._pending) >= self.fold_every:
             self._fold()
-        self.telemetry.record(ctx)
 
     def _fold(self) -> None:
         if not self._pending:

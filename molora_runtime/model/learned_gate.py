@@ -21,6 +21,22 @@ from kernels.cpu_topk_route import Route, TopKRouter
 
 CACHED_PLANS = 16  # plan caches kept per gate table (oldest dropped first)
 CACHED_ROUTERS = 16  # routers kept per plan cache (oldest dropped first)
+# Upper bounds of gate telemetry's two histograms (Prometheus `le`; +Inf is the token count).
+ENTROPY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+TOP1_BUCKETS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+_EDGES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def stats_edges(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The histograms' bounds as route statistics compare them, on `device`: fp32, a hair
+    above each bound, so a value computed as exactly the bound lands in it."""
+    edges = _EDGES.get(device)
+    if edges is None:
+        edges = _EDGES[device] = (
+            torch.tensor(ENTROPY_BUCKETS, device=device) + 1e-6,
+            torch.tensor(TOP1_BUCKETS, device=device) + 1e-6,
+        )
+    return edges
 
 
 @dataclass
@@ -66,12 +82,8 @@ def plan_cache(
     return cache
 
 
-def layer_gate(
-    plan: LearnedPlan, cache: PlanCache, layer: int, normed: torch.Tensor, width: int
-) -> Route:
-    """Every token's gate logits, top-k experts, weights and `[T, width]` slot table for
-    `layer`."""
-    x = normed if normed.dtype == torch.float32 else normed.float()
+def router_of(plan: LearnedPlan, cache: PlanCache, width: int) -> TopKRouter:
+    """The plan's router for a `[T, width]` slot table, made on first use."""
     k = min(plan.top_k, plan.num_experts)
     key = (k, plan.temperature, width)
     router = cache.routers.get(key)
@@ -79,9 +91,10 @@ def layer_gate(
         if len(cache.routers) >= CACHED_ROUTERS:
             cache.routers.pop(next(iter(cache.routers)))
         router = cache.routers[key] = TopKRouter(
-            cache.weight, cache.bias, k, plan.temperature, cache.experts, width
-        )
-    return router(layer, x)
+            cache.weight, cache.bias, k, plan.temperature, cache.experts, width,
+            stats_edges(cache.experts.device),
+        )  # fmt: skip
+    return router
 
 
 def table_of(

@@ -18,13 +18,14 @@ from typing import Any, Protocol
 
 import torch
 
+from kernels.cpu_topk_route import RouteTables, TopKRouter
 from kernels.device_plan import DevicePlan, build_device_plan
 from kernels.stacked import SlotGate, slot_gate
 from molora_runtime.model.learned_gate import (
     LearnedPlan,
     PlanCache,
-    layer_gate,
     plan_cache,
+    router_of,
     table_of,
 )
 
@@ -83,6 +84,11 @@ class LoRAContext:
     # per table: (slot_ids, weights, {(rank, dtype): SlotGate})
     _gates: tuple[torch.Tensor, torch.Tensor, dict[tuple[int, torch.dtype], SlotGate]] | None = None
     _device_plan: tuple[torch.Tensor, torch.Tensor, DevicePlan] | None = None
+    # the fast path's routes of every layer, written in place (`_fast_table`), and how many
+    _router: TopKRouter | None = None
+    _routes: RouteTables | None = None
+    _routed_layers: int = 0
+    _stacked: dict[str, Any] = field(default_factory=dict)  # `recorded_*`, built once
 
     def add_lora(self, y: torch.Tensor, x: torch.Tensor, buffers: Any, layer: int) -> torch.Tensor:
         """`y` plus the routed delta of `x` over `buffers` (in place where autograd allows)."""
@@ -144,22 +150,79 @@ class LoRAContext:
             self.layer_tables.append((self.slot_ids, self.weights))
 
     def _fast_table(self, layer: int, normed: torch.Tensor) -> None:
-        """`learned_gate`'s path: one composition, one top-k, one temperature."""
-        plan, g, static = self.learned_plan, self.gates, self._static
-        assert plan is not None and g is not None and static is not None
-        cache = plan.cache
-        if cache is None:
-            cache = plan.cache = plan_cache(g.plans, plan, g.weight, g.bias, g.expert_slots)
-        route = layer_gate(plan, cache, layer, normed, static[0].shape[1])
-        learned = None if plan.all_learned else self.comp_idx >= 0  # type: ignore[operator]
-        self.slot_ids, self.weights = table_of(route, static, learned)
+        """`learned_gate`'s path: one composition, one top-k, one temperature. Where every
+        token is learned and the kernel runs, each layer's route lands in one step-wide
+        `RouteTables` (no allocation per layer)."""
+        plan, static = self.learned_plan, self._static
+        assert plan is not None and static is not None
+        x = normed if normed.dtype == torch.float32 else normed.float()
+        router = self._router
+        if router is None:  # the first layer of the step
+            g = self.gates
+            assert g is not None
+            cache = plan.cache
+            if cache is None:
+                cache = plan.cache = plan_cache(g.plans, plan, g.weight, g.bias, g.expert_slots)
+            router = self._router = router_of(plan, cache, static[0].shape[1])
+            if plan.all_learned and router.writes_in_place(x):
+                self._routes = router.tables(x.shape[0])
+        routes = self._routes
+        if routes is not None:
+            router.route_into(layer, x, routes)
+            self._routed_layers += 1
+            self.slot_ids, self.weights = routes.slot_ids[layer], routes.slot_weights[layer]
+            logits = routes.logits[layer]
+        else:
+            route = router(layer, x)
+            learned = None if plan.all_learned else self.comp_idx >= 0  # type: ignore[operator]
+            self.slot_ids, self.weights = table_of(route, static, learned)
+            logits = route.logits
         if self.record_layers or self.return_gate_logits:
             t = plan.temperature
-            tempered = route.logits if t == 1.0 else route.logits / t
+            tempered = logits if t == 1.0 else logits / t
             if self.record_layers:
                 self.layer_logits.append(tempered)
             if self.return_gate_logits:
                 self.gate_logits.append(tempered)
+
+    def recorded_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recorded layers' tables stacked: `(slot_ids, weights)`, each `[L, T, W]` (read
+        straight from the step's `RouteTables` where every layer was routed into them)."""
+        got = self._stacked.get("tables")
+        if got is None:
+            routes = self._routes
+            if routes is not None and self._routed_layers == len(self.layer_tables):
+                got = (routes.slot_ids, routes.slot_weights)
+            else:
+                got = (
+                    torch.stack([s for s, _ in self.layer_tables]),
+                    torch.stack([w for _, w in self.layer_tables]),
+                )
+            self._stacked["tables"] = got
+        return got
+
+    def routed_stats(self) -> torch.Tensor | None:
+        """The step's route statistics `[L, columns]` as the route kernel folded them
+        (`kernels.cpu_topk_route.route_stats_reference`'s columns, the plan's composition, every
+        token), where it routed every recorded layer; None otherwise."""
+        routes = self._routes
+        if routes is None or not self.layer_tables or self._routed_layers != len(self.layer_tables):
+            return None
+        return routes.stats
+
+    def recorded_logits(self) -> torch.Tensor:
+        """The recorded layers' tempered gate logits stacked `[L, T, >= n]`."""
+        got = self._stacked.get("logits")
+        if got is None:
+            routes, plan = self._routes, self.learned_plan
+            if routes is not None and self._routed_layers == len(self.layer_logits):
+                assert plan is not None
+                t = plan.temperature
+                got = routes.logits if t == 1.0 else routes.logits / t
+            else:
+                got = torch.stack(self.layer_logits)
+            self._stacked["logits"] = got
+        return got
 
     def _learned_table(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.comp_idx is not None and self.gates is not None and self._static is not None

@@ -108,5 +108,6 @@ def pool_context(ctx: LoRAContext, pool: SlotPool, backend: LoRABackend) -> LoRA
         ctx, slot_ids=local, backend=backend, stacked_slots=stacked, gated=ctx.learned_routes,
         comp_idx=None, gates=None,
         record_layers=False, return_gate_logits=False, layer_tables=[], gate_logits=[],
-        _static=None, _gates=None, _device_plan=None,
+        layer_logits=[], _static=None, _gates=None, _device_plan=None, _router=None, _routes=None,
+        _routed_layers=0, _stacked={},
     )  # fmt: skip

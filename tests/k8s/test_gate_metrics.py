@@ -6,7 +6,8 @@ import random
 
 from deployments.ops import metric_names as m
 from deployments.ops.gate_metrics import gate_samples
-from molora_runtime.engine.gate_telemetry import ENTROPY_BUCKETS, TOP1_BUCKETS, LayerTelemetry
+from molora_runtime.engine.gate_telemetry import LayerTelemetry
+from molora_runtime.model.learned_gate import ENTROPY_BUCKETS, TOP1_BUCKETS
 
 LAYERS = 4
 EXPERTS = {"maths": ["arithmetic", "sorting"], "trio": ["a", "b", "c"]}

@@ -8,9 +8,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.nn import functional as F
 
 from kernels import cpu_topk_route as ctr
-from kernels.cpu_topk_route import topk_route, topk_route_reference
+from kernels.cpu_topk_route import (
+    TopKRouter,
+    route_stats_reference,
+    topk_route,
+    topk_route_reference,
+)
 
 pytestmark = pytest.mark.skipif(not ctr.available(), reason="the kernel does not build here")
 
@@ -88,3 +94,59 @@ def test_refuses_other_dtypes_and_shapes() -> None:
         topk_route(x, weight, bias[:2], 1, 1.0, slots, 2)
     with pytest.raises(ValueError, match="expert_slots"):
         topk_route(x, weight, bias, 1, 1.0, torch.arange(4), 2)
+
+
+EDGES = (torch.tensor([0.05, 0.2, 0.5, 0.9, 1.0]) + 1e-6, torch.tensor([0.4, 0.6, 0.8, 1.0]) + 1e-6)
+
+
+def _router(seed: int, L: int, n: int, k: int, temp: float, width: int) -> TopKRouter:
+    gen = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(n, D, generator=gen) for _ in range(L)]
+    biases = [torch.randn(n, generator=gen) for _ in range(L)]
+    slots = torch.randperm(n + 2, generator=gen)[:n] + 1
+    return TopKRouter(weights, biases, k, temp, slots, width, EDGES)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**16), L=st.integers(1, 4), T=st.integers(1, 24), n=st.integers(1, 6),
+    k=st.integers(1, 6), temp=st.sampled_from([1.0, 0.5, 3.0]), pad=st.integers(0, 2),
+)  # fmt: skip
+def test_tables_and_statistics_match_the_twins(
+    seed: int, L: int, T: int, n: int, k: int, temp: float, pad: int
+) -> None:
+    """Routing every layer into one step's tables gives each layer's own route, and the
+    statistics the kernel folds on the way equal `route_stats_reference` on those routes."""
+    k = min(k, n)
+    router = _router(seed, L, n, k, temp, k + pad)
+    xs = torch.randn(L, T, D, generator=torch.Generator().manual_seed(seed + 1))
+    tables = router.tables(T)
+    for layer in range(L):
+        router.route_into(layer, xs[layer], tables)
+        alone = router(layer, xs[layer])
+        for name in ("logits", "experts", "slot_ids", "slot_weights"):
+            assert torch.equal(getattr(tables, name)[layer], getattr(alone, name)), name
+    experts, weights = tables.experts, tables.slot_weights[..., :k]
+    selected = (F.one_hot(experts, n) * (weights > 0)[..., None]).sum(2)
+    want = route_stats_reference(
+        tables.logits / temp, tables.slot_weights[..., 0], selected, torch.ones(T, dtype=torch.bool),
+        *EDGES,
+    )  # fmt: skip
+    assert tables.stats is not None and tables.stats.shape == want.shape
+    torch.testing.assert_close(tables.stats, want, atol=1e-4, rtol=1e-5)
+    assert torch.equal(tables.stats[:, 0], torch.full((L,), float(T), dtype=torch.float64))
+
+
+def test_route_into_refuses_what_would_write_out_of_bounds() -> None:
+    router = _router(0, 2, 3, 2, 1.0, 2)
+    x = torch.randn(5, D)
+    tables = router.tables(5)
+    for layer in (-1, 2):
+        with pytest.raises(ValueError, match="route_into"):
+            router.route_into(layer, x, tables)
+    other = TopKRouter(router.weights, router.biases, 2, 1.0, router.expert_slots, 2)
+    for bad_tables in (router.tables(4), other.tables(5)):  # other tokens; no statistics
+        with pytest.raises(ValueError, match="route_into"):
+            router.route_into(0, x, bad_tables)
+    with pytest.raises(ValueError, match="route_into"):
+        router.route_into(0, x.t().contiguous().t(), tables)  # not contiguous

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from molora_runtime.engine.gate_telemetry import ENTROPY_BUCKETS, TOP1_BUCKETS
+from kernels import cpu_topk_route
 from molora_runtime.lora.composition import load_composition
+from molora_runtime.model.learned_gate import ENTROPY_BUCKETS, TOP1_BUCKETS
+from molora_runtime.model.lora_context import LoRAContext
 from molora_runtime.routes import LearnedRoute
 from tests.runtime.rt_util import make_composition, random_prompts, request, run_to_completion
 
@@ -42,24 +44,37 @@ def expected(bias: torch.Tensor, top_k: int) -> tuple[float, float, int]:
 
 
 @pytest.mark.parametrize("top_k", [2, 1])
+@pytest.mark.parametrize("static", [True, False], ids=["with-static", "learned-only"])
 def test_values_on_a_known_gate(
-    top_k: int, tiny_engine_factory, tiny_adapters, flat_gate: Path
+    top_k: int, static: bool, tiny_engine_factory, tiny_adapters, flat_gate: Path, monkeypatch
 ) -> None:
+    """With a static request in every step the statistics come from the recorded tables;
+    learned-only steps take the route kernel's own (on CPU where it builds): both agree."""
     engine = tiny_engine_factory(compositions={"flat": flat_gate})
     prompts = random_prompts(2, 256, [5, 9], seed=3)
     new_tokens = 4
     route = LearnedRoute(composition="flat", top_k=top_k)
     reqs = [request(f"r{i}", p, route, new_tokens) for i, p in enumerate(prompts)]
-    reqs.append(request("static", prompts[0], "a", new_tokens))  # shares steps, never counted
+    if static:
+        reqs.append(request("static", prompts[0], "a", new_tokens))  # shares steps, not counted
+    folded = []  # per recorded step: whether the route kernel's statistics were there
+    routed_stats = LoRAContext.routed_stats
+    monkeypatch.setattr(
+        LoRAContext, "routed_stats", lambda ctx: folded.append(routed_stats(ctx)) or folded[-1]
+    )
     run_to_completion(engine, reqs)
+    kernel = cpu_topk_route.available() and not static
+    assert folded and all((got is not None) == kernel for got in folded)
     fed = sum(len(p) for p in prompts) + len(prompts) * (new_tokens - 1)  # the last is not fed
-    telemetry = engine.pop_gate_telemetry()
+    telemetry, counts = engine.pop_gate_telemetry(), engine.pop_gate_stats()
     assert set(telemetry) == {"flat"}
     layers = telemetry["flat"]
     bias = load_composition("flat", flat_gate).gate_bias
     assert bias is not None and len(layers) == engine.arch.num_layers == bias.shape[0]
-    for layer, got in zip(bias, layers, strict=True):
+    for layer, got, picked in zip(bias, layers, counts["flat"], strict=True):
         entropy, top1_w, top1_e = expected(layer, top_k)
+        top = set(torch.topk(layer, top_k).indices.tolist())
+        assert picked == [fed if k in top else 0 for k in range(3)]
         assert got.tokens == fed
         assert got.entropy_sum == pytest.approx(fed * entropy, rel=1e-4)
         assert got.top1_weight_sum == pytest.approx(fed * top1_w, rel=1e-4)
