@@ -104,42 +104,81 @@ class GroupedDelta:
                 ],
                 dtype=torch.long,
             )
+            self._lib = KERNEL.library()
+            self._d_in, self._a_dtype = A.shape[2], 2 * (A.dtype != torch.float32)
+            self._width = max(col + bt.shape[2] for bt, col in members)  # y's columns needed
+            # the slot rows' arguments: A's address, slot stride, rows, slots, slot base, the
+            # members' table, count and rank
+            self._slots = (
+                A.data_ptr(), A.stride(0), A.shape[1], A.shape[0], slot_base,
+                self._members.data_ptr(), len(members), self.rank,
+            )  # fmt: skip
 
     def __call__(
         self, y: torch.Tensor, x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor,
         *, allow_avx512: bool = True,
     ) -> torch.Tensor:  # fmt: skip
-        """`y` with the delta of `x` added (in place where the kernel runs)."""
+        """`y` with the delta of `x` added (in place where the kernel runs).
+
+        A decode step calls this once per projection with the same table, so the table's
+        checks and conversions are made once per table (`_table_args`) and the rest of a
+        call checks only what the kernel's pointers rely on."""
         A = self.A
-        _check_step(y, x, A, self.members, slot_ids, weights)
         grad = torch.is_grad_enabled() and (
             x.requires_grad or weights.requires_grad or y.requires_grad
         )
-        runs = x.dtype in DTYPES and y.dtype in DTYPES and x.is_cpu and y.is_cpu
-        if not (self.kernel and runs and slot_ids.is_cpu) or grad:
+        if grad or not self.kernel:
+            _check_step(y, x, A, self.members, slot_ids, weights)
             return topk_delta_reference(y, x, A, self.members, slot_ids, weights, self.slot_base)
-        lib = KERNEL.library()
-        assert lib is not None
-        if x.stride(1) != 1:
-            x = x.contiguous()
-        ids = slot_ids if slot_ids.dtype == torch.long else slot_ids.long()
-        ids, w = ids.contiguous(), weights.float().contiguous()
-        out = y if y.stride(1) == 1 else y.contiguous()
-        dtypes = (x.dtype != torch.float32) + 2 * (A.dtype != torch.float32)
-        dtypes += 4 * (out.dtype != torch.float32)
-        bad = lib.topk_delta(
-            x.data_ptr(), x.stride(0), x.shape[1], x.shape[0], ids.data_ptr(), w.data_ptr(),
-            ids.shape[1], A.data_ptr(), A.stride(0), A.shape[1], A.shape[0], self.slot_base,
-            self._members.data_ptr(), len(self.members), self.rank, out.data_ptr(),
-            out.stride(0), dtypes, torch.get_num_threads(), allow_avx512,
+        table = _table_args(slot_ids, weights)
+        xs, ys = x.shape, y.shape
+        fits = (
+            len(xs) == 2 and xs[1] == self._d_in and len(ys) == 2 and ys[0] == xs[0] == table[3]
+            and ys[1] >= self._width and x.dtype in DTYPES and y.dtype in DTYPES and x.is_cpu
+            and y.is_cpu and x.stride(1) == 1 and y.stride(1) == 1
+        )  # fmt: skip
+        if not fits:
+            _check_step(y, x, A, self.members, slot_ids, weights)
+            if not (x.dtype in DTYPES and y.dtype in DTYPES and x.is_cpu and y.is_cpu):
+                return topk_delta_reference(
+                    y, x, A, self.members, slot_ids, weights, self.slot_base
+                )
+            out = self(y.contiguous(), x.contiguous(), slot_ids, weights, allow_avx512=allow_avx512)
+            return out if out is y else y.copy_(out)
+        dtypes = (x.dtype != torch.float32) + self._a_dtype + 4 * (y.dtype != torch.float32)
+        bad = self._lib.topk_delta(
+            x.data_ptr(), x.stride(0), xs[1], xs[0], table[0], table[1], table[2], *self._slots,
+            y.data_ptr(), y.stride(0), dtypes, torch.get_num_threads(), allow_avx512,
         )  # fmt: skip
         if bad:
             raise ValueError(
                 f"a slot id lies outside {self.slot_base}..{self.slot_base + A.shape[0] - 1}"
             )
-        if out is not y:
-            y.copy_(out)
         return y
+
+
+# the last table `_table_args` prepared: (slot_ids, weights, its arguments)
+_LAST_TABLE: list[tuple[torch.Tensor, torch.Tensor, tuple]] = []
+
+
+def _table_args(slot_ids: torch.Tensor, weights: torch.Tensor) -> tuple:
+    """A routing table's kernel arguments (ids address, weights address, W, T, and the
+    converted tensors, kept alive with them), prepared once for the projections that share it
+    (kept only where no conversion was needed, so the kernel reads the table itself)."""
+    last = _LAST_TABLE[0] if _LAST_TABLE else None
+    if last is not None and last[0] is slot_ids and last[1] is weights:
+        return last[2]
+    T = slot_ids.shape[0] if slot_ids.dim() == 2 else -1
+    if slot_ids.dim() != 2 or slot_ids.shape != weights.shape or not slot_ids.is_cpu:
+        raise ValueError(
+            f"slot_ids and weights must both be CPU [T, W], got {tuple(slot_ids.shape)} and "
+            f"{tuple(weights.shape)}"
+        )
+    ids = slot_ids.to(torch.long).contiguous()
+    w = weights.to("cpu", torch.float32).contiguous()
+    args = (ids.data_ptr(), w.data_ptr(), ids.shape[1], T, ids, w)
+    _LAST_TABLE[:] = [(slot_ids, weights, args)] if ids is slot_ids and w is weights else []
+    return args
 
 
 def topk_delta_reference(
