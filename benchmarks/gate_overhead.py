@@ -17,6 +17,7 @@ Prints a table and writes `benchmarks/results/gate_overhead.json`.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -163,7 +164,8 @@ def main() -> None:
         "benchmark": "gate_overhead", "dtype": args.dtype, "threads": args.threads,
         "batch": args.batch, "decode_steps": args.steps, "composition": "molora",
         "single": "arithmetic", "interleaving": "ABC then CBA per step", "rows": rows,
-        "note": "run on a shared, loaded 2-core box: read paired_median_ratio",
+        "load_average_1_5_15_min": [round(v, 2) for v in os.getloadavg()],
+        "read": "paired_median_ratio where the load average exceeds the threads",
     })  # fmt: skip
 
 
