@@ -32,11 +32,15 @@ def _case(seed: int, T: int, n: int, count: int) -> tuple[torch.Tensor, ...]:
     return x, weight, bias, torch.randperm(count, generator=gen)[:n] + 5
 
 
+# a route's drawn settings: seed, experts, top-k, temperature and the table's padding past k
+ROUTE = {
+    "seed": st.integers(0, 2**16), "n": st.integers(1, 6), "k": st.integers(1, 6),
+    "temp": st.sampled_from([1.0, 0.5, 3.0]), "pad": st.integers(0, 2),
+}  # fmt: skip
+
+
 @settings(max_examples=80, deadline=None)
-@given(
-    seed=st.integers(0, 2**16), T=st.integers(1, 40), n=st.integers(1, 6), extra=st.integers(0, 3),
-    k=st.integers(1, 6), temp=st.sampled_from([1.0, 0.5, 3.0]), pad=st.integers(0, 2),
-)  # fmt: skip
+@given(**ROUTE, T=st.integers(1, 40), extra=st.integers(0, 3))
 def test_kernel_matches_twin(
     seed: int, T: int, n: int, extra: int, k: int, temp: float, pad: int
 ) -> None:
@@ -108,10 +112,7 @@ def _router(seed: int, L: int, n: int, k: int, temp: float, width: int) -> TopKR
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**16), L=st.integers(1, 4), T=st.integers(1, 24), n=st.integers(1, 6),
-    k=st.integers(1, 6), temp=st.sampled_from([1.0, 0.5, 3.0]), pad=st.integers(0, 2),
-)  # fmt: skip
+@given(**ROUTE, L=st.integers(1, 4), T=st.integers(1, 24))
 def test_tables_and_statistics_match_the_twins(
     seed: int, L: int, T: int, n: int, k: int, temp: float, pad: int
 ) -> None:
