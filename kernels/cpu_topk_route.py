@@ -45,24 +45,29 @@ class Route:
 class RouteTables:
     """Every layer's route of one step's T tokens, one `[L, T, ...]` buffer per field of
     `Route`: each layer is written in place (no allocation per layer) and the step's routing
-    reads back whole, with no stacking of per-layer tensors. With `stats`, the kernel also folds
-    each layer's route statistics into it (`route_stats_reference`'s columns, every token
-    counted). Made by `TopKRouter.tables`."""
+    reads back whole, with no stacking of per-layer tensors. With `static`, the tokens whose
+    `learned` flag is off keep their own route's rows (`static_ids`, `static_weights` `[T, W]`)
+    in the slot table. With `stats`, the kernel also folds each layer's route statistics of the
+    learned tokens into it (`route_stats_reference`'s columns). Made by `TopKRouter.tables`."""
 
     logits: torch.Tensor  # [L, T, n]
     experts: torch.Tensor  # [L, T, k]
     slot_ids: torch.Tensor  # [L, T, W]
     slot_weights: torch.Tensor  # [L, T, W]
     stats: torch.Tensor | None  # [L, columns] float64
+    static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # learned, ids, weights
     # (L, T, n, k, W, statistics columns or 0): what the kernel writes through
     shape: tuple[int, int, int, int, int, int]
-    # each buffer's address and its bytes per layer, read once (stats: 0, 0 when absent)
+    # each buffer's address and bytes per layer, read once (stats: 0, 0 when absent), then
+    # the static rows' three addresses (0 when absent)
     addresses: tuple[tuple[int, int], ...]
+    static_addresses: tuple[int, int, int]
 
     @classmethod
     def empty(
-        cls, layers: int, tokens: int, n: int, k: int, width: int, stats_columns: int = 0
-    ) -> RouteTables:
+        cls, layers: int, tokens: int, n: int, k: int, width: int, stats_columns: int = 0,
+        static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> RouteTables:  # fmt: skip
         fields = (
             torch.empty(layers, tokens, n),
             torch.empty(layers, tokens, k, dtype=torch.long),
@@ -72,7 +77,19 @@ class RouteTables:
         stats = torch.zeros(layers, stats_columns, dtype=torch.float64) if stats_columns else None
         addresses = tuple((t.data_ptr(), t[0].nbytes) for t in fields)
         addresses += ((stats.data_ptr(), stats[0].nbytes) if stats is not None else (0, 0),)
-        return cls(*fields, stats, (layers, tokens, n, k, width, stats_columns), addresses)
+        static_addresses = (0, 0, 0)
+        if static is not None:
+            learned, ids, weights = static
+            if learned.shape != (tokens,) or not ids.shape == weights.shape == (tokens, width):
+                raise ValueError(f"static rows must be [{tokens}] and [{tokens}, {width}]")
+            static = (
+                learned.to("cpu", torch.uint8).contiguous(),
+                ids.to("cpu", torch.long).contiguous(),
+                weights.to("cpu", torch.float32).contiguous(),
+            )
+            static_addresses = tuple(t.data_ptr() for t in static)  # type: ignore[assignment]
+        shape = (layers, tokens, n, k, width, stats_columns)
+        return cls(*fields, stats, static, shape, addresses, static_addresses)
 
 
 def stats_columns(n: int, entropy_edges: int, top1_edges: int) -> int:
@@ -200,7 +217,7 @@ class TopKRouter:
         bad = self._lib.route_fp32(
             x.data_ptr(), self.d, weight.data_ptr(), bias.data_ptr(), logits.data_ptr(), T,
             self.n, k, self.temperature, self._slots_ptr, slot_ids.data_ptr(),
-            slot_weights.data_ptr(), width, experts.data_ptr(), 0, 0, 0, 0, 0,
+            slot_weights.data_ptr(), width, experts.data_ptr(), 0, 0, 0, 0, 0, 0, 0, 0,
         )  # fmt: skip
         if bad:  # _check refused such a k at construction
             raise ValueError(f"top_k={k} does not fit {self.n} experts and width {width}")
@@ -210,11 +227,15 @@ class TopKRouter:
         """Whether `route_into` takes input `x` (the kernel runs on it, without autograd)."""
         return self.kernel and x.is_cpu and not (torch.is_grad_enabled() and x.requires_grad)
 
-    def tables(self, tokens: int) -> RouteTables:
+    def tables(
+        self, tokens: int,
+        static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> RouteTables:  # fmt: skip
         """Empty buffers for every layer's route of `tokens` tokens (and zeroed statistics
-        where the router has edges)."""
+        where the router has edges); `static`: (learned [T] bool, slot ids, weights [T, W]) of
+        a step that also has tokens on other routes."""
         L, n, k, width = len(self.weights), self.n, self.k, self.width
-        return RouteTables.empty(L, tokens, n, k, width, self.columns)
+        return RouteTables.empty(L, tokens, n, k, width, self.columns, static)
 
     def route_into(self, layer: int, x: torch.Tensor, out: RouteTables) -> None:
         """`self(layer, x)` written into `out`'s rows of `layer` (where `writes_in_place(x)`).
@@ -236,7 +257,7 @@ class TopKRouter:
         bad = self._lib.route_fp32(
             x.data_ptr(), d, w, b, lg + layer * lg_n, T, self.n, self.k, self.temperature,
             self._slots_ptr, ids + layer * ids_n, sw + layer * sw_n, self.width,
-            ex + layer * ex_n, st + layer * st_n if st else 0, *edges,
+            ex + layer * ex_n, st + layer * st_n if st else 0, *edges, *out.static_addresses,
         )  # fmt: skip
         if bad:  # _check refused such a k at construction
             raise ValueError(f"top_k={self.k} does not fit {self.n} experts and {self.width}")

@@ -78,7 +78,8 @@ inline float dot(const float* x, const float* w, int64_t d, float b) {
 
 void route(const float* x, int64_t d, const float* gate_w, const float* gate_b, float* logits,
            int64_t T, int64_t n, int64_t k, float temperature, const int64_t* expert_slots,
-           int64_t* slot_ids, float* weights, int64_t W, int64_t* experts, const Stats& stats) {
+           int64_t* slot_ids, float* weights, int64_t W, int64_t* experts, const Stats& stats,
+           const uint8_t* learned, const int64_t* static_ids, const float* static_w) {
   for (int64_t t = 0; t < T; ++t) {
     float* row = logits + t * n;
     for (int64_t e = 0; e < n; ++e) row[e] = dot(x + t * d, gate_w + e * d, d, gate_b[e]);
@@ -103,12 +104,13 @@ void route(const float* x, int64_t d, const float* gate_w, const float* gate_b, 
     for (int64_t j = 0; j < k; ++j) w[j] = k == 1 ? 1.0f : w[j] / total;
     int64_t* ids = slot_ids + t * W;
     float* tw = weights + t * W;
-    for (int64_t j = 0; j < W; ++j) {
-      ids[j] = j < k ? expert_slots[idx[j]] : 0;
-      tw[j] = j < k ? w[j] : 0.0f;
+    const bool routed = learned == nullptr || learned[t] != 0;
+    for (int64_t j = 0; j < W; ++j) {  // a static token keeps its own route's row
+      ids[j] = routed ? (j < k ? expert_slots[idx[j]] : 0) : static_ids[t * W + j];
+      tw[j] = routed ? (j < k ? w[j] : 0.0f) : static_w[t * W + j];
     }
     for (int64_t j = 0; j < k; ++j) experts[t * k + j] = idx[j];
-    if (stats.row != nullptr) add_stats(stats, row, n, temperature, idx, w, k);
+    if (stats.row != nullptr && routed) add_stats(stats, row, n, temperature, idx, w, k);
   }
 }
 
@@ -117,14 +119,17 @@ void route(const float* x, int64_t d, const float* gate_w, const float* gate_b, 
 // x: [T, d] fp32; gate_w: [n, d] fp32; gate_b: [n] fp32; expert_slots: [n] int64; outputs
 // logits [T, n] fp32, slot_ids [T, W] int64, weights [T, W] fp32 and experts [T, k] int64, all
 // contiguous; stats (0: none): one layer's [3 + n_ent + n_w + 2n] float64 row, added into, with
-// the histograms' fp32 upper bounds ent_edges [n_ent] and w_edges [n_w]. Addresses come as
+// the histograms' fp32 upper bounds ent_edges [n_ent] and w_edges [n_w]; learned (0: every
+// token): [T] uint8, where 0 the token's slot_ids/weights rows are copied from static_ids [T, W]
+// int64 / static_w [T, W] fp32 and it is left out of stats. Addresses come as
 // integers: the caller (cpu_topk_route.TopKRouter) checks shapes, dtypes and
 // 1 <= k <= min(n, W, 64); returns 2 where k lies outside that, else 0.
 static int64_t route_fp32(uintptr_t x, int64_t d, uintptr_t gate_w, uintptr_t gate_b,
                           uintptr_t logits, int64_t T, int64_t n, int64_t k, double temperature,
                           uintptr_t expert_slots, uintptr_t slot_ids, uintptr_t weights,
                           int64_t W, uintptr_t experts, uintptr_t stats, uintptr_t ent_edges,
-                          int64_t n_ent, uintptr_t w_edges, int64_t n_w) {
+                          int64_t n_ent, uintptr_t w_edges, int64_t n_w, uintptr_t learned,
+                          uintptr_t static_ids, uintptr_t static_w) {
   if (k < 1 || k > n || k > W || k > MAX_K) return 2;
   const Stats s{reinterpret_cast<double*>(stats), reinterpret_cast<const float*>(ent_edges),
                 n_ent, reinterpret_cast<const float*>(w_edges), n_w};
@@ -132,7 +137,8 @@ static int64_t route_fp32(uintptr_t x, int64_t d, uintptr_t gate_w, uintptr_t ga
         reinterpret_cast<const float*>(gate_b), reinterpret_cast<float*>(logits), T, n, k,
         static_cast<float>(temperature), reinterpret_cast<const int64_t*>(expert_slots),
         reinterpret_cast<int64_t*>(slot_ids), reinterpret_cast<float*>(weights), W,
-        reinterpret_cast<int64_t*>(experts), s);
+        reinterpret_cast<int64_t*>(experts), s, reinterpret_cast<const uint8_t*>(learned),
+        reinterpret_cast<const int64_t*>(static_ids), reinterpret_cast<const float*>(static_w));
   return 0;
 }
 

@@ -150,9 +150,9 @@ class LoRAContext:
             self.layer_tables.append((self.slot_ids, self.weights))
 
     def _fast_table(self, layer: int, normed: torch.Tensor) -> None:
-        """`learned_gate`'s path: one composition, one top-k, one temperature. Where every
-        token is learned and the kernel runs, each layer's route lands in one step-wide
-        `RouteTables` (no allocation per layer)."""
+        """`learned_gate`'s path: one composition, one top-k, one temperature. Where the kernel
+        runs, each layer's route lands in one step-wide `RouteTables` (no allocation per
+        layer), static tokens keeping their own rows."""
         plan, static = self.learned_plan, self._static
         assert plan is not None and static is not None
         x = normed if normed.dtype == torch.float32 else normed.float()
@@ -164,8 +164,9 @@ class LoRAContext:
             if cache is None:
                 cache = plan.cache = plan_cache(g.plans, plan, g.weight, g.bias, g.expert_slots)
             router = self._router = router_of(plan, cache, static[0].shape[1])
-            if plan.all_learned and router.writes_in_place(x):
-                self._routes = router.tables(x.shape[0])
+            if router.writes_in_place(x):
+                rows = None if plan.all_learned else (self.comp_idx >= 0, *static)  # type: ignore[operator]
+                self._routes = router.tables(x.shape[0], rows)
         routes = self._routes
         if routes is not None:
             router.route_into(layer, x, routes)
@@ -203,8 +204,8 @@ class LoRAContext:
 
     def routed_stats(self) -> torch.Tensor | None:
         """The step's route statistics `[L, columns]` as the route kernel folded them
-        (`kernels.cpu_topk_route.route_stats_reference`'s columns, the plan's composition, every
-        token), where it routed every recorded layer; None otherwise."""
+        (`kernels.cpu_topk_route.route_stats_reference`'s columns, the plan's composition, its
+        tokens), where it routed every recorded layer; None otherwise."""
         routes = self._routes
         if routes is None or not self.layer_tables or self._routed_layers != len(self.layer_tables):
             return None

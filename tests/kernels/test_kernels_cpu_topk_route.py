@@ -112,30 +112,41 @@ def _router(seed: int, L: int, n: int, k: int, temp: float, width: int) -> TopKR
 
 
 @settings(max_examples=40, deadline=None)
-@given(**ROUTE, L=st.integers(1, 4), T=st.integers(1, 24))
+@given(**ROUTE, L=st.integers(1, 4), T=st.integers(1, 24), mixed=st.booleans())
 def test_tables_and_statistics_match_the_twins(
-    seed: int, L: int, T: int, n: int, k: int, temp: float, pad: int
+    seed: int, L: int, T: int, n: int, k: int, temp: float, pad: int, mixed: bool
 ) -> None:
-    """Routing every layer into one step's tables gives each layer's own route, and the
-    statistics the kernel folds on the way equal `route_stats_reference` on those routes."""
-    k = min(k, n)
-    router = _router(seed, L, n, k, temp, k + pad)
-    xs = torch.randn(L, T, D, generator=torch.Generator().manual_seed(seed + 1))
-    tables = router.tables(T)
+    """Routing every layer into one step's tables gives each layer's own route (static tokens
+    keeping their rows), and the statistics the kernel folds on the way equal
+    `route_stats_reference` on those routes over the learned tokens."""
+    k, width = min(k, n), min(k, n) + pad
+    router = _router(seed, L, n, k, temp, width)
+    gen = torch.Generator().manual_seed(seed + 1)
+    xs = torch.randn(L, T, D, generator=gen)
+    learned = torch.ones(T, dtype=torch.bool)
+    static = None
+    if mixed:
+        learned = torch.rand(T, generator=gen) < 0.5
+        static = (learned, torch.randint(0, 9, (T, width), generator=gen), torch.rand(T, width))
+    tables = router.tables(T, static)
     for layer in range(L):
         router.route_into(layer, xs[layer], tables)
         alone = router(layer, xs[layer])
-        for name in ("logits", "experts", "slot_ids", "slot_weights"):
+        for name in ("logits", "experts"):
             assert torch.equal(getattr(tables, name)[layer], getattr(alone, name)), name
-    experts, weights = tables.experts, tables.slot_weights[..., :k]
-    selected = (F.one_hot(experts, n) * (weights > 0)[..., None]).sum(2)
-    want = route_stats_reference(
-        tables.logits / temp, tables.slot_weights[..., 0], selected, torch.ones(T, dtype=torch.bool),
-        *EDGES,
-    )  # fmt: skip
+        for name, col in (("slot_ids", 1), ("slot_weights", 2)):
+            want = getattr(alone, name)
+            if static is not None:
+                want = torch.where(learned[:, None], want, static[col])
+            assert torch.equal(getattr(tables, name)[layer], want), name
+    routed = (F.one_hot(tables.experts, n) * (tables.slot_weights[..., :k] > 0)[..., None]).sum(2)
+    top1 = tables.slot_weights[..., 0]  # the mask leaves the static rows out
+    want = route_stats_reference(tables.logits / temp, top1, routed, learned, *EDGES)
     assert tables.stats is not None and tables.stats.shape == want.shape
     torch.testing.assert_close(tables.stats, want, atol=1e-4, rtol=1e-5)
-    assert torch.equal(tables.stats[:, 0], torch.full((L,), float(T), dtype=torch.float64))
+    assert torch.equal(
+        tables.stats[:, 0], torch.full((L,), float(learned.sum()), dtype=torch.float64)
+    )
 
 
 def test_route_into_refuses_what_would_write_out_of_bounds() -> None:
@@ -151,3 +162,7 @@ def test_route_into_refuses_what_would_write_out_of_bounds() -> None:
             router.route_into(0, x, bad_tables)
     with pytest.raises(ValueError, match="route_into"):
         router.route_into(0, x.t().contiguous().t(), tables)  # not contiguous
+    learned, ids = torch.ones(5, dtype=torch.bool), torch.zeros(5, 2, dtype=torch.long)
+    for static in ((learned[:4], ids, ids.float()), (learned, ids[:, :1], ids[:, :1].float())):
+        with pytest.raises(ValueError, match="static rows"):
+            router.tables(5, static)
