@@ -157,15 +157,16 @@ class GroupedDelta:
         return y
 
 
-# the last table `_table_args` prepared: (slot_ids, weights, its arguments)
-_LAST_TABLE: list[tuple[torch.Tensor, torch.Tensor, tuple]] = []
+# the last table `_table_args` prepared: (slot_ids, weights, its arguments), or None; one
+# element, replaced whole, so a reader on another thread sees either table or none
+_LAST_TABLE: list[tuple[torch.Tensor, torch.Tensor, tuple] | None] = [None]
 
 
 def _table_args(slot_ids: torch.Tensor, weights: torch.Tensor) -> tuple:
     """A routing table's kernel arguments (ids address, weights address, W, T, and the
     converted tensors, kept alive with them), prepared once for the projections that share it
     (kept only where no conversion was needed, so the kernel reads the table itself)."""
-    last = _LAST_TABLE[0] if _LAST_TABLE else None
+    last = _LAST_TABLE[0]
     if last is not None and last[0] is slot_ids and last[1] is weights:
         return last[2]
     T = slot_ids.shape[0] if slot_ids.dim() == 2 else -1
@@ -177,7 +178,7 @@ def _table_args(slot_ids: torch.Tensor, weights: torch.Tensor) -> tuple:
     ids = slot_ids.to(torch.long).contiguous()
     w = weights.to("cpu", torch.float32).contiguous()
     args = (ids.data_ptr(), w.data_ptr(), ids.shape[1], T, ids, w)
-    _LAST_TABLE[:] = [(slot_ids, weights, args)] if ids is slot_ids and w is weights else []
+    _LAST_TABLE[0] = (slot_ids, weights, args) if ids is slot_ids and w is weights else None
     return args
 
 
