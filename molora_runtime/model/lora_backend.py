@@ -8,10 +8,11 @@ start (`choose_backend`):
 - CUDA: the Triton kernels (BGMV for decode, SGMV for prefill; one launch per group of up to
   three outputs), over the kernel layout.
 - CPU: the stacked two-GEMM delta (`kernels.stacked`), its GEMMs either plain or on packed copies
-  of the slot range (`pack_weight`); which of the two is decided by timing both on this engine's
-  own buffers at start, never by the CPU's model name. Steps whose table a learned gate wrote
-  (top-k over a composition) run the grouped kernel instead (`kernels.cpu_topk_delta`, one call
-  per projection reading only each token's own slots) wherever it runs here.
+  of the slot range (`pack_weight`), or the grouped kernel (`kernels.cpu_topk_delta`, one call
+  per projection reading only each token's own slots) for every table; which of the three is
+  decided by timing them on this engine's own buffers at start, never by the CPU's model name.
+  Steps whose table a learned gate wrote (top-k over a composition) run the grouped kernel
+  wherever it runs here.
 - anything else, and every call that must backpropagate (router training): the reference twin
   `routed_lora_segmented`, which reads only the rows that use each slot.
 
@@ -86,13 +87,15 @@ class TritonBackend(ReferenceBackend):
 class StackedBackend:
     """Stacked layout (CPU): one shrink and one expand per projection or fused group, over the
     slot range this step touches; `packed` runs both on packed copies of that range. With
-    `grouped`, a learned gate's table runs the grouped top-k kernel over the same buffers."""
+    `grouped`, a learned gate's table runs the grouped top-k kernel over the same buffers, and
+    with `grouped_static` every other table too."""
 
     stacked = True
 
-    def __init__(self, packed: bool, grouped: bool = False) -> None:
+    def __init__(self, packed: bool, grouped: bool = False, grouped_static: bool = False) -> None:
         self.packed, self.grouped = packed, grouped
-        self.name = "stacked-packed" if packed else "stacked"
+        self.grouped_static = grouped and grouped_static
+        self.name = "grouped" if self.grouped_static else "stacked-packed" if packed else "stacked"
         self._pairs: dict[int, PackedPairs] = {}  # per buffers object
         # per (buffers object, layer): the buffers (kept, so their id is not reused) and the call
         self._deltas: dict[tuple[int, int], tuple[SlotBuffers, GroupedDelta]] = {}
@@ -102,7 +105,8 @@ class StackedBackend:
     ) -> torch.Tensor:
         if ctx.stacked_slots is None:  # no token of this step uses an adapter
             return y
-        if self.grouped and ctx.learned_routes and not _needs_grad(x, ctx.weights):
+        learned = self.grouped_static or ctx.learned_routes
+        if self.grouped and learned and not _needs_grad(x, ctx.weights):
             return self._grouped_delta(buffers, layer)(y, x, ctx.slot_ids, ctx.weights)
         first, count = ctx.stacked_slots
         gate = ctx.slot_gate(buffers.rank, buffers.A.dtype)
@@ -184,9 +188,14 @@ def choose_backend(device: torch.device, probe: SlotBuffers | None = None) -> Lo
         return ReferenceBackend()
     grouped = cpu_topk_delta.available()
     plain, packed = StackedBackend(False, grouped), StackedBackend(True, grouped)
-    if probe is None or pack_weight(probe.A[0, 0]) is None:
+    if probe is None:
         return plain
-    times = _time_candidates([plain, packed], probe)
+    candidates = [plain] if pack_weight(probe.A[0, 0]) is None else [plain, packed]
+    if grouped:
+        candidates.append(StackedBackend(False, grouped, grouped_static=True))
+    if len(candidates) == 1:
+        return plain
+    times = _time_candidates(candidates, probe)
     best = min(times, key=times.__getitem__)
     log.info(
         "LoRA backend: %s (start-up timing, ms per call: %s); learned top-k steps: %s",
@@ -199,18 +208,20 @@ def choose_backend(device: torch.device, probe: SlotBuffers | None = None) -> Lo
 def _time_candidates(
     candidates: list[StackedBackend], probe: SlotBuffers, tokens: tuple[int, ...] = (8, 32)
 ) -> dict[StackedBackend, float]:
-    """Median seconds of a mixed-batch delta over every slot of layer 0, summed over `tokens`,
-    candidates interleaved round by round so a busy neighbour slows both alike."""
+    """Median seconds of layer 0's delta, summed over batches of `tokens` tokens spread over
+    every slot and one of the largest batch on one slot, candidates interleaved round by round
+    so a busy neighbour slows all alike."""
     slots = probe.A.shape[1] - 1 + probe.slot_base  # slot ids 1..slots (row 0 may be the zero slot)
     d_in = probe.A.shape[-1]
     dtype = probe.A.dtype
     width = probe.width
     gen = torch.Generator().manual_seed(0)
     cases = []
-    for T in tokens:
-        ids = (torch.arange(T) % slots + 1).view(T, 1)
+    tables = [(T, torch.arange(T) % slots + 1, (1, slots)) for T in tokens]
+    tables.append((max(tokens), torch.ones(max(tokens), dtype=torch.long), (1, 1)))
+    for T, ids, stacked in tables:
         x = torch.randn(T, d_in, generator=gen).to(dtype)
-        ctx = LoRAContext(ids, torch.ones(T, 1), backend=None, stacked_slots=(1, slots))
+        ctx = LoRAContext(ids.view(T, 1), torch.ones(T, 1), backend=None, stacked_slots=stacked)
         cases.append((x, ctx))
     samples: dict[StackedBackend, list[float]] = {b: [] for b in candidates}
     with torch.inference_mode():

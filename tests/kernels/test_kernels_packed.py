@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_cases import TOLERANCES
 
+from kernels import cpu_topk_delta
 from molora_runtime.model.lora_backend import StackedBackend, choose_backend
 from molora_runtime.model.lora_context import LoRAContext
 from molora_runtime.model.packed_linear import pack_weight
@@ -113,8 +114,10 @@ def test_group_members_writes_reach_the_groups_packed_copies() -> None:
         assert not got[:, :16].any() and got[:, 16:].abs().min() > 0
 
 
-def test_cpu_backend_is_one_of_the_two_stacked_candidates() -> None:
+def test_cpu_backend_is_one_of_the_stacked_candidates() -> None:
     group = GroupBuffers.stacked_group(5, 1, 8, 64, [64, 32, 32], [True] * 3, BF16, CPU)
     chosen = choose_backend(CPU, group)
-    assert isinstance(chosen, StackedBackend) and chosen.name in ("stacked", "stacked-packed")
+    names = ("stacked", "stacked-packed", *(("grouped",) if cpu_topk_delta.available() else ()))
+    assert isinstance(chosen, StackedBackend) and chosen.name in names
+    assert chosen.grouped_static == (chosen.name == "grouped")
     assert choose_backend(torch.device("meta")).name == "reference"

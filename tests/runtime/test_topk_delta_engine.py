@@ -32,42 +32,64 @@ pytestmark = pytest.mark.skipif(not cpu_topk_delta.available(), reason="no kerne
 POOLS = [{"rank": 4, "slots": 1}, {"rank": 8, "slots": 1}, {"rank": 16, "slots": 1}]
 
 
-def _serve(factory: Callable[..., Any], grouped: bool, **kwargs: Any) -> dict:
+LEARNED = [
+    LearnedRoute(composition="moe"), LearnedRoute(composition="moe", top_k=1),
+    LearnedRoute(composition="moe"), "a", LearnedRoute(composition="moe"),
+]  # fmt: skip
+STATIC = ["a", "b", "a:0.5+b:0.5", "b", "a"]
+
+
+def _serve(
+    factory: Callable[..., Any], grouped: bool, static: bool, calls: list, routes: list,
+    **kwargs: Any,
+) -> tuple[dict, int]:  # fmt: skip
+    """Generations on the kernel for learned tables (`grouped`) and static ones (`static`), and
+    how many kernel calls serving them made."""
     engine = factory(dtype="float32", **kwargs)
     backend = engine.hot_set.backend
     inner = getattr(backend, "inner", backend)  # rank pools wrap the engine's backend
     assert isinstance(inner, StackedBackend)
     assert inner.grouped, "a CPU engine where the kernel runs chooses it at start"
-    inner.grouped = grouped
+    inner.grouped, inner.grouped_static = grouped, static
+    start = len(calls)  # the start-up timing of the backends calls the kernel too
     prompts = random_prompts(5, 256, [6, 11, 3, 8, 5], seed=11)
-    routes = [
-        LearnedRoute(composition="moe"), LearnedRoute(composition="moe", top_k=1),
-        LearnedRoute(composition="moe"), "a", LearnedRoute(composition="moe"),
-    ]  # fmt: skip
     sampling = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
     reqs = [
         request(f"r{i}", p, route, sampling=sampling)
         for i, (p, route) in enumerate(zip(prompts, routes, strict=True))
     ]
-    return run_to_completion(engine, reqs)
+    return run_to_completion(engine, reqs), len(calls) - start
 
 
 @pytest.mark.parametrize("hot_set", [{"num_slots": 3}, {"rank_pools": POOLS}])
 def test_learned_routes_serve_the_same_tokens_on_the_kernel(
     tiny_engine_factory: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, hot_set: dict
 ) -> None:
+    """Learned tables on the kernel, every table on it (the backend the start-up timing may
+    choose) and the stacked delta alone serve the same tokens, on steps with learned routes
+    and on steps of adapters and a mix alone."""
     calls = count_calls(monkeypatch, GroupedDelta, "__call__")
-    served = _serve(tiny_engine_factory, True, hot_set=hot_set)
-    assert calls, "the grouped kernel never ran"
-    before = len(calls)
-    stacked = _serve(tiny_engine_factory, False, hot_set=hot_set)
-    assert len(calls) == before, "the stacked backend called the kernel"
-    assert_same_generations(served, stacked, tolerance=1e-4)
+    for routes in (LEARNED, STATIC):
+        served, learned_calls = _serve(
+            tiny_engine_factory, True, False, calls, routes, hot_set=hot_set
+        )
+        everything, all_calls = _serve(
+            tiny_engine_factory, True, True, calls, routes, hot_set=hot_set
+        )
+        stacked, none = _serve(tiny_engine_factory, False, False, calls, routes, hot_set=hot_set)
+        assert none == 0, "the stacked backend called the kernel"
+        assert all_calls > 0, "the grouped kernel never ran"
+        assert (learned_calls > 0) == (routes is LEARNED), "static steps took the kernel"
+        assert_same_generations(served, stacked, tolerance=1e-4)
+        assert_same_generations(everything, stacked, tolerance=1e-4)
 
 
 def _logits(factory: Callable[..., Any], dtype: str, grouped: bool, route: Any) -> torch.Tensor:
     engine = factory(dtype=dtype, hot_set={"num_slots": 3})
-    engine.hot_set.backend.grouped = grouped
+    backend = engine.hot_set.backend
+    # learned tables on the kernel, or all on the packed stacked delta (whatever the start-up
+    # timing chose: the comparison is between these two)
+    backend.grouped, backend.grouped_static, backend.packed = grouped, False, True
     prompt = random_prompts(1, 256, [24], seed=3)[0]
     return engine_prefill_logits(engine, route, prompt).float()
 
