@@ -148,10 +148,13 @@ def relaxed_scale(
 ) -> float:
     """The smallest share of `shift` (per-layer bias drop, [L]) from `RELAX_SCALES` under which
     every old domain keeps the old composition's greedy answer predictions on at least `keep` of
-    its held-out prompts in `batches`; 1.0 (the whole shift) when none does."""
+    its held-out prompts in `batches`, found by bisection (answers that hold at one share are
+    taken to hold at larger ones); 1.0 (the whole shift) when none does."""
     probes = [probe(lm, grown, b, top_k, temperature) for b in batches]
     layers = adapted_layers(lm)
-    for scale in RELAX_SCALES:
+    refs = [p.reference for p in probes]
+
+    def holds(scale: float) -> bool:
         drop = scale * shift
         bias = torch.cat([grown.old_bias, grown.new_bias.detach() - drop[:, None]], 1)
         gates = Gates(grown.weight.detach(), bias)  # type: ignore[arg-type]
@@ -162,8 +165,14 @@ def relaxed_scale(
             if bool(rows.any()):
                 pred[rows] = _answers(lm, gates, _rows(p.batch, rows), top_k, temperature)
             got.append(pred)
-        refs = [p.reference for p in probes]
         shares = unchanged_shares(batches, refs, got, grown.new_index)
-        if shares and min(shares.values()) >= keep:
-            return scale
-    return 1.0
+        return bool(shares) and min(shares.values()) >= keep
+
+    low, high = 0, len(RELAX_SCALES)  # bisection: a larger share of the drop moves fewer answers
+    while low < high:
+        mid = (low + high) // 2
+        if holds(RELAX_SCALES[mid]):
+            high = mid
+        else:
+            low = mid + 1
+    return RELAX_SCALES[low] if low < len(RELAX_SCALES) else 1.0
