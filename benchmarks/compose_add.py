@@ -247,7 +247,8 @@ def main() -> None:
             "cpu_minutes": cpu,
             "torch_threads": args.threads,
             "seconds": round(time.monotonic() - t_start, 1),
-            "note": "tiny budgets on a shared 2-core box: timings and accuracies are noisy",
+            "note": "accuracies are greedy and deterministic; CPU-minutes are process CPU time on a"
+            " box other jobs may share (its CPU under machine_info)",
         },
     )
 

@@ -30,6 +30,7 @@ from molora_runtime.model.decoder import CausalLM
 from molora_runtime.model.loader import load_model
 from molora_runtime.model.model_paths import resolve_model_path
 from molora_runtime.training.adapter import pick_device, seed_everything
+from molora_runtime.training.answer_check import check_examples
 from molora_runtime.training.data import DOMAINS
 from molora_runtime.training.experts import attach_experts
 from molora_runtime.training.grow import (
@@ -84,6 +85,12 @@ class GrowSettings(BaseModel):
         description="share of each old domain's held-out prompts whose greedy answers must stay "
         "the old composition's; the calibration's bias drop is given back as far as that holds "
         "(None: keep the whole drop)",
+    )
+    calibrate_check_prompts: int = Field(
+        64,
+        ge=0,
+        description="held-out one-task prompts per old domain that the answer check reads "
+        "(0: the calibration's own prompts); a share of 98% needs ~50 per domain to resolve",
     )
     seed: int = 0
 
@@ -218,15 +225,18 @@ def train_new_rows(
             settings.new_fraction,
             settings.single_fraction,
         )
+        domains = [*old_domains, new_domain]
+        check = check_examples(old_domains, settings.calibrate_check_prompts, settings.seed)
         grown.routing = calibrate_new_bias(
             lm,
             grown,
-            routed_batches(tokenizer, held_out, [*old_domains, new_domain], 8, device),
+            routed_batches(tokenizer, held_out, domains, 8, device),
             top_k,
             settings.calibrate_quantile,
             settings.calibrate_margin,
             temperature,
             settings.calibrate_keep,
+            routed_batches(tokenizer, check, domains, 8, device) if check else None,
         )
         print(f"compose add calibration: {grown.routing}", flush=True)
     return grown, time.process_time() - cpu0

@@ -23,6 +23,7 @@ import torch
 from molora_runtime.lora.context import GateTable
 from molora_runtime.model.attention_meta import DenseAttention
 from molora_runtime.model.decoder import CausalLM
+from molora_runtime.training.answer_check import adapted_layers, relaxed_scale
 from molora_runtime.training.batching import IGNORE
 from molora_runtime.training.data import (
     Example,
@@ -178,11 +179,6 @@ def stay_out_loss(
     return total / max(len(gate_logits), 1)
 
 
-def adapted_layers(lm: CausalLM) -> list[int]:
-    """Layers where some expert has weights (routing elsewhere changes nothing)."""
-    return sorted({lin.layer for lin in lm.lora_linears() if lin.lora is not None})
-
-
 def refit_new_rows(
     lm: CausalLM,
     grown: GrownGates,
@@ -244,12 +240,14 @@ def calibrate_new_bias(
     margin: float,
     temperature: float = 1.0,
     keep_answers: float | None = None,
+    check_batches: list[TokenBatch] | None = None,
 ) -> dict[str, float]:
     """Lower each layer's new bias so that on held-out prompts, routed as the old composition
     serves them, the new logit stays `margin` below the old k-th one on `quantile` of each old
     domain's tokens (and of the replay prompts' template tokens); with `keep_answers`, only the
     smallest share of that shift (`relaxed_scale`) under which that share of each old domain's
-    held-out prompts keep the old composition's greedy answer predictions.
+    held-out prompts (`check_batches`, else `batches`) keep the old composition's greedy answer
+    predictions.
 
     Returns, over the layers the experts adapt, the shares of old-domain tokens (all, and the
     worst domain) and of new-domain tokens whose top-k the new expert enters, before and after,
@@ -278,7 +276,8 @@ def calibrate_new_bias(
             shift = torch.maximum(shift, torch.quantile(g, quantile, dim=1) + margin)
     scale = 1.0
     if keep_answers is not None:
-        scale = relaxed_scale(lm, grown, batches, top_k, shift, keep_answers, temperature)
+        check = check_batches or batches
+        scale = relaxed_scale(lm, grown, check, top_k, shift, keep_answers, temperature)
     shift = shift * scale
     grown.new_bias.sub_(shift[:, None])
     adapted = adapted_layers(lm)
@@ -299,70 +298,6 @@ def calibrate_new_bias(
         "mean_bias_shift": round(float(shift[adapted].mean()), 4) if adapted else 0.0,
         "shift_scale": scale,
     }
-
-
-# Shares of the quantile bound's bias shift tried, loosest first (1.0, the bound, always holds).
-RELAX_SCALES = (0.0, 0.25, 0.5, 0.75)
-
-
-@torch.no_grad()
-def answer_predictions(
-    lm: CausalLM, gates: TrainableGates, batch: TokenBatch, top_k: int, temperature: float = 1.0
-) -> torch.Tensor:
-    """Greedy next-token predictions [B, T] on `batch` (teacher-forced) routed by `gates`, at
-    the answer positions (-1 elsewhere: the LM head runs only where an answer is predicted)."""
-    B, T = batch.input_ids.shape
-    ctx = learned_context(gates, B * T, top_k=top_k, temperature=temperature)
-    positions = torch.arange(T, device=batch.input_ids.device).repeat(B)
-    meta = DenseAttention(batch=B, seq_len=T, positions=positions)
-    hidden = lm.hidden_states(batch.input_ids.reshape(-1), meta, None, ctx)
-    answer = (batch.labels != IGNORE).reshape(-1)
-    out = torch.full((B * T,), -1, dtype=torch.long, device=hidden.device)
-    out[answer] = lm.logits(hidden[answer]).argmax(-1)
-    return out.reshape(B, T)
-
-
-def unchanged_shares(
-    batches: list[TokenBatch], old: list[torch.Tensor], new: list[torch.Tensor], new_index: int
-) -> dict[int, float]:
-    """Per old domain, the share of its held-out prompts without the new domain whose answer
-    predictions are all the same under `new` as under `old` ([B, T] per batch)."""
-    same: dict[int, list[bool]] = {}
-    for batch, ref, got in zip(batches, old, new, strict=True):
-        assert batch.route_labels is not None
-        for row in range(batch.input_ids.shape[0]):
-            labels = batch.route_labels[row]
-            answer = batch.labels[row] != IGNORE
-            if bool((labels == new_index).any()) or not bool(answer.any()):
-                continue
-            equal = bool(torch.equal(got[row][answer], ref[row][answer]))
-            for domain in labels[answer & (labels != IGNORE)].unique().tolist():
-                same.setdefault(int(domain), []).append(equal)
-    return {d: sum(v) / len(v) for d, v in same.items()}
-
-
-def relaxed_scale(
-    lm: CausalLM,
-    grown: GrownGates,
-    batches: list[TokenBatch],
-    top_k: int,
-    shift: torch.Tensor,
-    keep: float,
-    temperature: float = 1.0,
-) -> float:
-    """The smallest share of `shift` (per-layer bias drop, [L]) from `RELAX_SCALES` under which
-    every old domain keeps the old composition's greedy answer predictions on at least `keep` of
-    its held-out prompts; 1.0 (the whole shift) when none does."""
-    old = Gates(grown.old_weight, grown.old_bias)  # type: ignore[arg-type]
-    reference = [answer_predictions(lm, old, b, top_k, temperature) for b in batches]
-    for scale in RELAX_SCALES:
-        bias = torch.cat([grown.old_bias, grown.new_bias.detach() - scale * shift[:, None]], 1)
-        gates = Gates(grown.weight.detach(), bias)  # type: ignore[arg-type]
-        got = [answer_predictions(lm, gates, b, top_k, temperature) for b in batches]
-        shares = unchanged_shares(batches, reference, got, grown.new_index)
-        if shares and min(shares.values()) >= keep:
-            return scale
-    return 1.0
 
 
 def _pairs_with_new(old: list[str], new: str, count: int, seed: int, split: str) -> list[Example]:

@@ -21,6 +21,14 @@ from molora_runtime.lora.composition import load_composition
 from molora_runtime.model.loader import load_model
 from molora_runtime.model.tiny import make_tiny_model
 from molora_runtime.routes import LearnedRoute
+from molora_runtime.training.answer_check import (
+    Probe,
+    answer_predictions,
+    check_examples,
+    entered_rows,
+    probe,
+    unchanged_shares,
+)
 from molora_runtime.training.batching import IGNORE
 from molora_runtime.training.compose_add import (
     ComposeAddConfig,
@@ -31,13 +39,11 @@ from molora_runtime.training.compose_add import (
 from molora_runtime.training.experts import Gates, attach_experts
 from molora_runtime.training.grow import (
     GrownGates,
-    answer_predictions,
     calibrate_new_bias,
     grow_examples,
     refit_new_rows,
     stay_out_loss,
     stay_out_mask,
-    unchanged_shares,
 )
 from molora_runtime.training.router import TokenBatch, load_experts, routed_batches
 from tests.runtime.rt_util import make_composition, make_peft_adapter
@@ -189,6 +195,57 @@ def test_unchanged_shares_count_old_prompts_whose_answer_predictions_all_hold() 
     new[3, 4] = 5  # the new domain's (2): not counted
     shares = unchanged_shares([batch], [old], [new], new_index=2)
     assert shares == {0: 1.0, 1: 0.5}
+
+
+def test_entered_rows_flag_prompts_where_the_lowered_row_reaches_some_valid_top_k() -> None:
+    """A prompt reruns only if some valid token of an adapted layer has the new logit at or
+    above the old k-th one once the bias drop is taken off."""
+    ids = torch.zeros(3, 2, dtype=torch.long)
+    valid = torch.tensor([[True, True], [True, False], [True, True]])
+    batch = TokenBatch(ids, torch.full((3, 2), IGNORE), valid, None)
+    gap = torch.tensor(
+        [
+            [5.0, 5.0, 5.0, 5.0, 5.0, 5.0],  # layer 0: not adapted, never counts
+            [-1.0, 0.5, -1.0, 2.0, -3.0, -3.0],  # row 0 token 1: 0.5; row 1 token 1: padding
+        ]
+    )
+    p = Probe(batch, torch.zeros(3, 2, dtype=torch.long), gap)
+    assert entered_rows(p, torch.tensor([0.0, 0.0]), [1]).tolist() == [True, False, False]
+    assert entered_rows(p, torch.tensor([0.0, 0.5]), [1]).tolist() == [True, False, False]
+    assert entered_rows(p, torch.tensor([0.0, 0.6]), [1]).tolist() == [False, False, False]
+    assert entered_rows(p, torch.tensor([0.0, 0.0]), [0, 1]).tolist() == [True, True, True]
+
+
+def test_check_prompts_are_one_task_prompts_of_each_old_domain_apart_from_training() -> None:
+    examples = check_examples(OLD, 5, seed=0)
+    assert [e.domains for e in examples] == [["arithmetic"]] * 5 + [["sorting"]] * 5
+    train = {e.tasks[0].question for e in grow_examples(OLD, "multiplication", 40, seed=0)}
+    assert not train & {e.tasks[0].question for e in examples}
+    assert check_examples(OLD, 0, seed=0) == []
+
+
+def test_a_probe_records_the_old_answers_and_rows_it_leaves_out_route_as_before(
+    world: dict,
+) -> None:
+    """Prompts where the new row, its bias moved by some drop, enters no top-k answer under the
+    grown gates exactly as the probe recorded under the old ones."""
+    lm, weight, bias, grown, batches = _grown_world(world, prompts=8, seed=11)
+    layers = sorted({lin.layer for lin in lm.lora_linears() if lin.lora is not None})
+    old = Gates(weight, bias)  # type: ignore[arg-type]
+    seen = set()
+    for batch in batches:
+        p = probe(lm, grown, batch, top_k=1)
+        assert torch.equal(p.reference, answer_predictions(lm, old, batch, 1))
+        B, T = batch.input_ids.shape
+        gaps = p.gap[layers].reshape(len(layers), B, T).masked_fill(~batch.valid, -torch.inf)
+        drop = torch.full((weight.shape[0],), float(gaps.amax((0, 2)).median()))
+        rows = entered_rows(p, drop, layers)
+        seen |= set(rows.tolist())
+        new_bias = grown.new_bias.detach() - drop[:, None]
+        gates = Gates(grown.weight.detach(), torch.cat([bias, new_bias], 1))  # type: ignore[arg-type]
+        got = answer_predictions(lm, gates, batch, 1)
+        assert torch.equal(got[~rows], p.reference[~rows])
+    assert seen == {True, False}, "the check needs both kinds of prompt"
 
 
 def test_relaxed_calibration_keeps_old_answers_and_never_lowers_more_than_the_bound(
