@@ -218,7 +218,12 @@ class MultiNodeCluster:
         os.environ.update(self.seaweed.env())  # every node's workers inherit the S3 identity
         import ray
         from ray import serve
+        from ray._private.utils import get_ray_address_file
         from ray.cluster_utils import Cluster
+
+        # `Cluster` records its address in Ray's default temp dir whatever `temp_dir` says, and
+        # fails where that dir does not exist yet (a fresh machine, before any Ray ran there)
+        Path(get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
 
         head_args: dict[str, Any] = {
             "num_cpus": 1,
