@@ -91,6 +91,9 @@ async def test_ranks_decide_between_replicas_that_both_have_room(app_url):
     )
     s0, s1, s2 = homed(SMALL, x, ids)[:3]
     b0, b1 = homed(BIG, y, ids)[:2]
+    for replica in (x, y):
+        await pools_of(replica)  # both replicas up and answering
+    await asyncio.sleep(1.2)  # and their pool reports at the router before the first request
     async with httpx.AsyncClient(base_url=app_url, timeout=120) as http:
         # Both rank-8 slots of x fill: these are x's adapters by rendezvous alone.
         assert [await served_by(http, s0), await served_by(http, s1)] == [x, x]
