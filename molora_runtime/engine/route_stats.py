@@ -82,7 +82,7 @@ class GateStats:
             if plan is not None and plan.comp_slot != c:
                 continue  # the host knows this step has no token of it
             n = len(self.hot_set.composition_info(comp).experts)  # host copy of num_experts[c]
-            step = routed if routed is not None and plan is not None else None
+            step = routed  # the kernel's, of the plan's composition (the only one here)
             if step is None:
                 mask = ctx.comp_idx == c  # [T]
                 experts = ctx.gates.expert_slots[c, :n]
