@@ -7,8 +7,10 @@ refuse truncated files and pickles disguised as `.safetensors` before anything i
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -73,7 +75,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         begin, end = t.data_offsets
         if t.dtype not in DTYPE_BYTES:
             raise InvalidInputError(f"{path.name}: tensor {name!r} has unknown dtype {t.dtype}")
-        nbytes = int(np.prod(t.shape, dtype=np.int64)) * DTYPE_BYTES[t.dtype]
+        nbytes = math.prod(t.shape) * DTYPE_BYTES[t.dtype]
         if not 0 <= begin <= end <= data_len or end - begin != nbytes:
             raise InvalidInputError(
                 f"{path.name}: tensor {name!r} lies outside the file or has the wrong byte size "
@@ -100,12 +102,16 @@ def _check_disjoint(path: Path, tensors: dict[str, TensorInfo]) -> None:
 
 
 def max_abs_values(path: Path) -> dict[str, float]:
-    """Largest |value| of each float tensor of `path` (NaN or Inf give a non-finite entry)."""
+    """Largest |value| of each float tensor of `path` (NaN or Inf give a non-finite entry); the
+    file is opened once, each tensor read at its offset."""
     header = read_header(path)
     out: dict[str, float] = {}
-    for name, info in header.items():
-        if info.dtype in FLOAT_DTYPES:
-            arr = _read_float(path, name, info)
+    with path.open("rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        for name, info in header.items():
+            if info.dtype not in FLOAT_DTYPES:
+                continue
+            arr = _float_view(fh, 8 + n, info)
             if arr.size == 0:
                 out[name] = 0.0
             elif not np.isfinite(arr).all():
@@ -130,10 +136,14 @@ def _read_float(path: Path, name: str, info: TensorInfo) -> np.ndarray:
         raise InvalidInputError(f"{path.name}: tensor {name!r} must be float, got {info.dtype}")
     with path.open("rb") as fh:
         (n,) = struct.unpack("<Q", fh.read(8))
-        fh.seek(8 + n + info.data_offsets[0])
-        buf = fh.read(info.data_offsets[1] - info.data_offsets[0])
+        return _float_view(fh, 8 + n, info).reshape(info.shape)
+
+
+def _float_view(fh: BinaryIO, data_start: int, info: TensorInfo) -> np.ndarray:
+    """One float tensor's values as a flat float32 array, read at its offset."""
+    fh.seek(data_start + info.data_offsets[0])
+    buf = fh.read(info.data_offsets[1] - info.data_offsets[0])
     if info.dtype == "BF16":
-        arr = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-    else:
-        arr = np.frombuffer(buf, dtype={"F64": "<f8", "F32": "<f4", "F16": "<f2"}[info.dtype])
-    return arr.astype(np.float32).reshape(info.shape)
+        return (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    arr = np.frombuffer(buf, dtype={"F64": "<f8", "F32": "<f4", "F16": "<f2"}[info.dtype])
+    return arr.astype(np.float32, copy=False)

@@ -35,8 +35,8 @@ from deployments.catalog.lora_admin import (
     load_lora,
     unload_lora,
 )
-from deployments.catalog.model_names import Catalog
-from deployments.config import ServerConfig, StoreConfig
+from deployments.catalog.model_names import Catalog, Resolver
+from deployments.config import ServeConfig, ServerConfig, StoreConfig
 from molora_runtime.model.model_paths import resolve_model_path
 
 logger = logging.getLogger("ray.serve")
@@ -82,6 +82,8 @@ class Access:
         self.admission = Admission(
             server.admission, self.keys, server.quotas, server.max_request_bytes
         )
+        # One entry per tenant (the key file bounds them) and the public view.
+        self._resolvers: dict[str | None, tuple[Catalog, Resolver]] = {}
 
     def announce(self) -> None:
         """Say loudly at start when the endpoint is open to anyone who can reach it."""
@@ -116,6 +118,16 @@ class Access:
     @staticmethod
     def visible(principal: Principal, catalog: Catalog) -> Catalog:
         return visible_catalog(catalog, principal.tenant)
+
+    def resolver(self, principal: Principal, catalog: Catalog, config: ServeConfig) -> Resolver:
+        """The caller's resolver over `catalog`, built once per catalog load and tenant: a
+        request costs the same whatever the store holds (the view is a pass over every name)."""
+        hit = self._resolvers.get(principal.tenant)
+        if hit is not None and hit[0] is catalog:
+            return hit[1]
+        resolver = Resolver(config, visible_catalog(catalog, principal.tenant))
+        self._resolvers[principal.tenant] = (catalog, resolver)
+        return resolver
 
     # -- how much -------------------------------------------------------------------------------
 

@@ -34,7 +34,6 @@ from deployments.catalog.model_names import (
     CatalogCache,
     ModelNotFound,
     Resolved,
-    Resolver,
 )
 from deployments.config import ServeConfig
 from deployments.replica.wire import ErrorItem
@@ -111,7 +110,7 @@ class RequestHandler:
         explicit = body.molora.route
         for attempt in range(2):
             catalog = await self.catalog.get(force=attempt > 0)
-            resolver = Resolver(self.cfg, self.access.visible(principal, catalog))
+            resolver = self.access.resolver(principal, catalog, self.cfg)
             try:
                 return resolver.resolve(body.model, explicit)
             except BadModelName as exc:

@@ -33,7 +33,7 @@ from deployments.api.upstream import Upstream
 from deployments.catalog.admin import YankBody, scope_stats
 from deployments.catalog.lora_admin import LoadLoraBody, UnloadLoraBody
 from deployments.catalog.model_names import CatalogCache, Resolver
-from deployments.catalog.store import load_catalog
+from deployments.catalog.store import CatalogLoader
 from deployments.catalog.watch import CatalogWatch
 from deployments.config import REPO_ROOT, ServeConfig
 from deployments.ops import metrics
@@ -62,9 +62,8 @@ class Router:
     ) -> None:
         self.cfg = ServeConfig.model_validate(config)
         self.model = model
-        self.catalog = CatalogCache(
-            lambda: asyncio.to_thread(load_catalog, self.cfg.store), self.cfg.store.refresh_s
-        )
+        loader = CatalogLoader(self.cfg.store)
+        self.catalog = CatalogCache(lambda: asyncio.to_thread(loader), self.cfg.store.refresh_s)
         self.epoch = CatalogWatch(self.catalog, epoch, uuid.uuid4().hex)
         self.upstream = Upstream(model, uuid.uuid4().hex, None)
         if self.cfg.server.stream_channels:
@@ -137,7 +136,7 @@ class Router:
 
     async def _resolver(self, request: Request) -> Resolver:
         principal = await self.access.authenticate(request)
-        return Resolver(self.cfg, self.access.visible(principal, await self.catalog.get()))
+        return self.access.resolver(principal, await self.catalog.get(), self.cfg)
 
     async def _private_names(self) -> frozenset[str]:
         return private_names(await self.catalog.get())

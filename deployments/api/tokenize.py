@@ -19,7 +19,7 @@ from deployments.api.http_errors import ApiError, read_payload
 from deployments.api.message_models import ChatMessage
 from deployments.api.payload import Payload
 from deployments.api.request_models import MAX_MESSAGES
-from deployments.catalog.model_names import BadModelName, CatalogCache, ModelNotFound, Resolver
+from deployments.catalog.model_names import BadModelName, CatalogCache, ModelNotFound
 from deployments.config import ServeConfig
 from molora_runtime.engine.types import MAX_INT32, ChatTemplateValue, check_chat_template_kwargs
 
@@ -97,7 +97,7 @@ class Tokenization:
             await request.body(), cls, server.max_request_bytes, server.max_json_depth
         )
         if body.model is not None:  # all models share the base tokenizer, but must be visible
-            resolver = Resolver(self.cfg, self.access.visible(principal, await self.catalog.get()))
+            resolver = self.access.resolver(principal, await self.catalog.get(), self.cfg)
             try:
                 resolver.resolve(body.model)
             except BadModelName as exc:

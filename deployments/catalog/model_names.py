@@ -15,7 +15,7 @@ stale slot. A yanked version is not in the catalog, so it is not found, even whe
 from __future__ import annotations
 
 import asyncio
-import time
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +32,8 @@ from molora_runtime.routes import (
     check_ref,
     parse_mix,
 )
+
+logger = logging.getLogger("ray.serve")
 
 
 class ModelNotFound(LookupError):
@@ -280,33 +282,51 @@ def _first_error(exc: Exception) -> str:
 
 
 class CatalogCache:
-    """Keeps the catalog for `ttl_s`; a failed refresh keeps serving the last good catalog."""
+    """The router's catalog, reloaded in the background every `ttl_s`: a request reads the last
+    good catalog and never waits on the store, whatever the store holds (only the first load,
+    a forced reload and `refresh` wait). A failed reload keeps serving the last good catalog."""
 
     def __init__(self, load: Callable[[], Awaitable[Catalog]], ttl_s: float) -> None:
         self._load = load
         self._ttl = ttl_s
         self._catalog: Catalog | None = None
-        self._at = 0.0
         self._lock = asyncio.Lock()
+        self._reloader: asyncio.Task[None] | None = None
 
     async def get(self, force: bool = False) -> Catalog:
-        if not force and self._catalog is not None and time.monotonic() - self._at < self._ttl:
+        if self._reloader is None:
+            self._reloader = asyncio.get_running_loop().create_task(self._reload_forever())
+        if not force and self._catalog is not None:
             return self._catalog
         async with self._lock:
-            if not force and self._catalog is not None and time.monotonic() - self._at < self._ttl:
+            if not force and self._catalog is not None:
                 return self._catalog
             try:
                 self._catalog = await self._load()
             except Exception:
                 if self._catalog is None:
                     raise
-            self._at = time.monotonic()
             return self._catalog
+
+    async def _reload_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._ttl)
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning(
+                    "catalog reload failed; serving the last good catalog", exc_info=True
+                )
 
     async def refresh(self) -> Catalog:
         """Reload now and raise if the store cannot be read (a change must not be acknowledged
         on a stale catalog)."""
         async with self._lock:
             self._catalog = await self._load()
-            self._at = time.monotonic()
             return self._catalog
+
+    def close(self) -> None:
+        if self._reloader is not None:
+            self._reloader.cancel()

@@ -1,4 +1,8 @@
-"""The one place `deployments` talks to the adapter store: listing and adapter sources."""
+"""The one place `deployments` talks to the adapter store: listing and adapter sources.
+
+A router keeps one `CatalogLoader` for its life, so each reload only lists the store: manifests
+already read (and a PEFT folder's derived manifest, while its files are unchanged) are reused,
+and a reload of a store of thousands of adapters costs listings, not downloads and hashes."""
 
 from __future__ import annotations
 
@@ -19,33 +23,48 @@ def _live_versions(registry: Registry, kind: Kind, name: str) -> tuple[str, ...]
     return tuple(v.version for v in registry.versions(kind, name) if not v.yanked)
 
 
+class CatalogLoader:
+    """Loads the catalog over one registry kept open across reloads."""
+
+    def __init__(self, cfg: StoreConfig) -> None:
+        self.cfg = cfg
+        self._registry: Registry | None = None
+
+    def __call__(self) -> Catalog:
+        """Adapters and compositions of the store (latest, non-yanked versions) for
+        `/v1/models`; their ranks also go to this process's request router
+        (deployments/placement/rank_hints.py)."""
+        if self._registry is None:
+            self._registry = _registry(self.cfg)
+        registry = self._registry
+        adapters: dict[str, AdapterEntry] = {}
+        for manifest in registry.catalog("adapter"):
+            adapters[manifest.name] = AdapterEntry(
+                name=manifest.name,
+                versions=_live_versions(registry, "adapter", manifest.name),
+                latest=manifest.version,
+                base_model=manifest.base_model,
+                tenant=manifest.tenant,
+                rank=manifest.rank,
+            )
+        compositions: dict[str, CompositionEntry] = {}
+        for manifest in registry.catalog("composition"):
+            compositions[manifest.name] = CompositionEntry(
+                name=manifest.name,
+                adapters=tuple(manifest.adapters),
+                versions=_live_versions(registry, "composition", manifest.name),
+                latest=manifest.version,
+                base_model=manifest.base_model,
+                top_k=manifest.top_k,
+                tenant=manifest.tenant,
+            )
+        rank_hints.publish({e.name: e.rank for e in adapters.values() if e.rank is not None})
+        return Catalog(adapters=adapters, compositions=compositions)
+
+
 def load_catalog(cfg: StoreConfig) -> Catalog:
-    """Adapters and compositions of the store (latest, non-yanked versions) for `/v1/models`;
-    their ranks also go to this process's request router (deployments/placement/rank_hints.py)."""
-    registry = _registry(cfg)
-    adapters: dict[str, AdapterEntry] = {}
-    for manifest in registry.catalog("adapter"):
-        adapters[manifest.name] = AdapterEntry(
-            name=manifest.name,
-            versions=_live_versions(registry, "adapter", manifest.name),
-            latest=manifest.version,
-            base_model=manifest.base_model,
-            tenant=manifest.tenant,
-            rank=manifest.rank,
-        )
-    compositions: dict[str, CompositionEntry] = {}
-    for manifest in registry.catalog("composition"):
-        compositions[manifest.name] = CompositionEntry(
-            name=manifest.name,
-            adapters=tuple(manifest.adapters),
-            versions=_live_versions(registry, "composition", manifest.name),
-            latest=manifest.version,
-            base_model=manifest.base_model,
-            top_k=manifest.top_k,
-            tenant=manifest.tenant,
-        )
-    rank_hints.publish({e.name: e.rank for e in adapters.values() if e.rank is not None})
-    return Catalog(adapters=adapters, compositions=compositions)
+    """One catalog load over a registry opened for it."""
+    return CatalogLoader(cfg)()
 
 
 def open_source(cfg: StoreConfig) -> AdapterSource:
