@@ -1,0 +1,134 @@
+"""A store's size costs a request nothing: the router keeps one registry across catalog reloads
+(a PEFT folder is derived once while its files are unchanged), reloads in the background (a
+request never waits on the store once a catalog is loaded), and builds a caller's resolver once
+per catalog load and tenant."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from adapter_store.backends import peft_folder
+from deployments.access.auth import ANONYMOUS
+from deployments.access.gate import Access
+from deployments.catalog.model_names import AdapterEntry, Catalog, CatalogCache
+from deployments.catalog.store import CatalogLoader
+from deployments.config import ServeConfig, StoreConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def peft_dir(adapters_dir: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "peft"
+    for i in range(6):
+        shutil.copytree(adapters_dir / ("alpha" if i % 2 else "beta"), folder / f"n{i}")
+    return folder
+
+
+def test_a_reload_derives_only_changed_folders(
+    peft_dir: Path, adapters_dir: Path, monkeypatch
+) -> None:
+    derived: list[str] = []
+    real = peft_folder.PeftFolderBackend._derive
+
+    def counting(self, name, stats):  # type: ignore[no-untyped-def]
+        derived.append(name)
+        return real(self, name, stats)
+
+    monkeypatch.setattr(peft_folder.PeftFolderBackend, "_derive", counting)
+    load = CatalogLoader(StoreConfig(url=f"peft:{peft_dir}"))
+    first = load()
+    assert sorted(first.adapters) == [f"n{i}" for i in range(6)] and len(derived) == 6
+    second = load()
+    assert second.adapters == first.adapters and len(derived) == 6  # nothing hashed again
+    # An edited folder is a new version, derived again alone; a new folder appears.
+    for f in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copy(adapters_dir / "beta" / f, peft_dir / "n1" / f)
+    shutil.copytree(adapters_dir / "alpha", peft_dir / "n6")
+    load._registry.backend._listed.clear()  # type: ignore[union-attr]  # past the stats TTL
+    third = load()
+    assert sorted(derived[6:]) == ["n1", "n6"]
+    assert third.adapters["n1"].latest != first.adapters["n1"].latest
+    assert third.adapters["n0"] == first.adapters["n0"]
+
+
+async def test_requests_never_wait_on_a_reload() -> None:
+    gate = asyncio.Event()
+    loads = 0
+
+    async def load() -> Catalog:
+        nonlocal loads
+        loads += 1
+        if loads > 1:
+            await gate.wait()  # a slow store: the second load hangs until released
+        return Catalog(adapters={f"a{loads}": AdapterEntry(name=f"a{loads}")})
+
+    cache = CatalogCache(load, ttl_s=0.05)
+    try:
+        first = await cache.get()
+        assert list(first.adapters) == ["a1"]
+        await asyncio.sleep(0.2)  # the background reload has started and hangs
+        assert loads == 2
+        got = await asyncio.wait_for(cache.get(), timeout=0.1)
+        assert got is first  # served at once from the last good catalog
+        gate.set()
+        for _ in range(50):
+            await asyncio.sleep(0.02)
+            if "a2" in (await cache.get()).adapters:
+                break
+        assert list((await cache.get()).adapters) == ["a2"]
+    finally:
+        cache.close()
+
+
+async def test_a_failed_reload_keeps_the_last_good_catalog() -> None:
+    calls = 0
+
+    async def load() -> Catalog:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            raise OSError("store down")
+        return Catalog(adapters={"a": AdapterEntry(name="a")})
+
+    cache = CatalogCache(load, ttl_s=0.02)
+    try:
+        first = await cache.get()
+        await asyncio.sleep(0.15)
+        assert calls > 2 and await cache.get() is first
+        with pytest.raises(OSError):
+            await cache.refresh()  # a change is never acknowledged on a stale catalog
+    finally:
+        cache.close()
+
+
+def test_one_resolver_per_catalog_load_and_tenant(monkeypatch) -> None:
+    from deployments.access import gate
+
+    views = 0
+    real = gate.visible_catalog
+
+    def counting(catalog: Catalog, tenant: str | None) -> Catalog:
+        nonlocal views
+        views += 1
+        return real(catalog, tenant)
+
+    monkeypatch.setattr(gate, "visible_catalog", counting)
+    cfg = ServeConfig.from_args({"served_model_name": "base"})
+    access = Access(cfg.server, 4, ROOT)
+    catalog = Catalog(
+        adapters={
+            f"n{i}": AdapterEntry(name=f"n{i}", versions=("v",), latest="v") for i in range(10_000)
+        }
+    )
+    first = access.resolver(ANONYMOUS, catalog, cfg)
+    for _ in range(100):
+        assert access.resolver(ANONYMOUS, catalog, cfg) is first
+        assert first.resolve("n42").route.adapter == "n42@v"
+    assert views == 1
+    reloaded = Catalog(adapters=dict(catalog.adapters))
+    assert access.resolver(ANONYMOUS, reloaded, cfg) is not first and views == 2
