@@ -21,7 +21,7 @@ import yaml
 
 from benchmarks.vllm_env import vllm_cpu_env
 from deployments.api.proxy_guard import PROXY_ENV_VARS
-from deployments.replica.serve_env import ENABLE, direct_ingress_env
+from deployments.replica.serve_env import ENABLE, direct_ingress_env, ray_address_env
 
 ROOT = Path(__file__).resolve().parents[1]
 MOLORA_PORT = 18500  # the benchmark configs serve here; start_molora waits on it
@@ -123,6 +123,7 @@ def start_molora(
         **ingress_env(direct),
         **(extra_env or {}),
     }
+    env.update(ray_address_env(env)[0])  # its own cluster, never one a killed run left behind
     serve = Path(sys.executable).parent / "serve"
     out = log.open("w")
     proc = subprocess.Popen([str(serve), "run", str(config)], env=env, stdout=out,

@@ -3,7 +3,8 @@
 The flags build the same validated `ServeConfig` that `serve_config.yaml` holds, inside the
 shipped Serve document (deployments, HTTP options), so a command line and a YAML file can never
 describe two different servers. `--print-config` writes that YAML for `serve run` or KubeRay;
-otherwise `serve run` is started on it. `--lora-modules name=path` publishes local PEFT folders
+otherwise `serve run` is started on it, on a new local Ray cluster (127.0.0.1) unless --address
+or RAY_ADDRESS names a running one. `--lora-modules name=path` publishes local PEFT folders
 to the store first (validated by the store's rulebook against MODEL), as vLLM loads them at start.
 """
 
@@ -14,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,12 @@ from adapter_store.validate import load_base_config, sha256_file
 from adapter_store.versions import open_registry
 from deployments.api.proxy_guard import PROXY_ENV_VARS
 from deployments.config import REPO_ROOT, ConfigError, ServeConfig
-from deployments.replica.serve_env import ENABLE, ROUTER_PORT, direct_ingress_env
+from deployments.replica.serve_env import (
+    ENABLE,
+    ROUTER_PORT,
+    direct_ingress_env,
+    ray_address_env,
+)
 from molora_runtime.model.chat_templates import (
     SHIPPED_TEMPLATES,
     ChatTemplateError,
@@ -126,6 +133,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         help="serve through Ray Serve's HTTP proxy on --port instead of the router's own server "
         "(one more process hop per token; see docs/token_path.md)",
+    )
+    p.add_argument(
+        "--address",
+        help="a running Ray cluster to serve on (default: RAY_ADDRESS, else a new local "
+        "cluster on 127.0.0.1, never the address file an earlier cluster left behind)",
     )
     p.add_argument("--num-replicas", type=int, help="model replicas")
     p.add_argument("--num-cpus", type=float, help="CPUs per model replica (its torch threads)")
@@ -239,6 +251,15 @@ def cluster_env(args: argparse.Namespace) -> dict[str, str]:
     return {**PROXY_ENV_VARS, **direct_ingress_env(port, enabled=args.direct_ingress)}
 
 
+def serve_run_env(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> tuple[dict[str, str], str]:
+    """The environment of the `serve run` started, and the line saying which cluster it uses."""
+    address, line = ray_address_env(environ, args.address)
+    env = dict(environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_worker_niceness="0")
+    return {**env, **cluster_env(args), **address}, line
+
+
 def chat_template_arg(value: str) -> str:
     """The `--chat-template` value as the replicas will read it (a file by its absolute path)."""
     path = Path(value).expanduser()
@@ -311,8 +332,8 @@ def run(args: argparse.Namespace) -> int:
     with os.fdopen(handle, "w") as f:
         f.write(text)
     serve = Path(sys.executable).with_name("serve")
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_worker_niceness="0")
-    env.update(cluster_env(args))
+    env, line = serve_run_env(args)
+    print(f"molora serve: {line}", file=sys.stderr, flush=True)
     os.execve(serve, [str(serve), "run", path], env)
     return 0  # not reached
 

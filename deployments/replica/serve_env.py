@@ -20,6 +20,11 @@ shipped configs set them as the application's `runtime_env.env_vars` (a test kee
 config in step). `direct_ingress_env` is read by Serve's controller as well (port pool, draining)
 and a config cannot reach the controller: `make serve`, `molora serve` and the KubeRay pods put
 it in the environment of the cluster they start.
+
+Which cluster: `make serve` and `molora serve` start a new local one on 127.0.0.1 unless given an
+address (RAY_ADDRESS, or `--address`), and say which they did (`ray_address_env`). A bare
+`serve run` would instead connect to the address Ray's temp dir records for the last cluster
+started there (`ray_address_file`), which a killed run leaves behind: it retried a dead GCS forever.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from deployments.api.proxy_guard import PROXY_ENV_VARS
 
@@ -49,6 +55,9 @@ MAX_PORT = "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"
 # Linux holds a closed connection's port in TIME_WAIT for 60 s.
 PORT_WAIT_S = 90.0
 logger = logging.getLogger("ray.serve")
+LOOPBACK = "127.0.0.1"
+RAY_ADDRESS = "RAY_ADDRESS"
+NEW_LOCAL = "local"  # Ray's address for "start a new local instance" (ray.init, RAY_ADDRESS)
 
 SERVE_ENV_VARS: dict[str, str] = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
@@ -146,12 +155,56 @@ async def wait_for_router_port(
     return True
 
 
+def ray_address_file(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where Ray records the address of the last cluster started on this machine (`ray start`,
+    `ray.cluster_utils`), as Ray 2.60 finds it: a `ray.init()` without an address connects there."""
+    if "RAY_TMPDIR" in environ:
+        base = environ["RAY_TMPDIR"]
+    elif sys.platform.startswith("linux") and "TMPDIR" in environ:
+        base = environ["TMPDIR"]
+    else:
+        base = "/tmp"  # Ray's own default, not tempfile's
+    return Path(base) / "ray" / "ray_current_cluster"
+
+
+def command_address(command: Sequence[str]) -> str | None:
+    """The `--address`/`-a` a `serve run ...` command line gives itself, if any."""
+    for i, arg in enumerate(command):
+        if arg.startswith("--address="):
+            return arg.partition("=")[2]
+        if arg in ("--address", "-a") and i + 1 < len(command):
+            return command[i + 1]
+    return None
+
+
+def ray_address_env(
+    environ: Mapping[str, str] = os.environ, address: str | None = None
+) -> tuple[dict[str, str], str]:
+    """What `serve run` needs in its environment to reach the cluster meant, and a line saying
+    which: an explicit `address`, else RAY_ADDRESS, as given; else a new local cluster on
+    loopback (RAY_ADDRESS=local), never the address an earlier cluster left in Ray's temp dir."""
+    if address:
+        return {RAY_ADDRESS: address}, f"connecting to --address={address}"
+    given = environ.get(RAY_ADDRESS, "")
+    if given and given != NEW_LOCAL:
+        return {}, f"connecting to RAY_ADDRESS={given}"
+    line = f"starting a new local Ray cluster on {LOOPBACK}"
+    recorded = ray_address_file(environ)
+    if recorded.is_file():
+        line += f" (not the earlier one {recorded} names; set RAY_ADDRESS to join a running one)"
+    return {RAY_ADDRESS: NEW_LOCAL, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}, line
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m deployments.replica.serve_env [--port P] serve run CONFIG`: runs the command
-    with the cluster's direct-ingress settings in its environment (without one: prints them)."""
+    """`python -m deployments.replica.serve_env [--port P] [--address A] serve run CONFIG`: runs
+    the command with the cluster's direct-ingress settings in its environment (without one: prints
+    them), and RAY_ADDRESS as `ray_address_env` decides, said on stderr."""
     parser = argparse.ArgumentParser(prog="python -m deployments.replica.serve_env")
     parser.add_argument("--port", type=int, default=ROUTER_PORT, help="the router's HTTP port")
     parser.add_argument("--draining-s", type=float, default=LOCAL_DRAINING_S)
+    parser.add_argument(
+        "--address", help="a running Ray cluster (default: RAY_ADDRESS, else a new local one)"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     # The proxy's stream guard (deployments/api/proxy_guard.py) also wraps the router's server.
@@ -159,7 +212,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.command:
         sys.stdout.write("".join(f"{k}={v}\n" for k, v in env.items()))
         return
-    os.execvpe(args.command[0], args.command, {**os.environ, **env})
+    own = command_address(args.command)
+    address, line = ray_address_env(os.environ, own or args.address)
+    if own:  # `serve run` takes the command's own flag; nothing to add
+        address = {}
+    print(f"serve_env: {line}", file=sys.stderr, flush=True)
+    os.execvpe(args.command[0], args.command, {**os.environ, **env, **address})
 
 
 if __name__ == "__main__":

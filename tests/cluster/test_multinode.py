@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.local_ray import LOOPBACK, loopback_faults
 from tests.support.multinode import MultiNodeCluster, stream_events
 
 MESSAGES = [{"role": "user", "content": "Hello"}]
@@ -68,6 +69,20 @@ def wait_replicas(multinode: MultiNodeCluster, want: dict[str, int], timeout_s: 
             return got
         time.sleep(1)
     raise AssertionError(f"replicas per node {multinode.running_by_node()}, wanted {want}")
+
+
+def test_every_node_and_the_driver_are_on_loopback(multinode):
+    """The cluster's address, the one this driver dialled and every node's are 127.0.0.1, not
+    this machine's interface address (the GCS listens on loopback only: a driver sent to the
+    interface retried there forever)."""
+    import ray
+
+    assert multinode.gcs_address.rpartition(":")[0] == LOOPBACK
+    assert ray.get_runtime_context().gcs_address == multinode.gcs_address
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    assert {n["NodeID"] for n in alive} >= set(multinode.node_ids().values())
+    assert {n["NodeManagerAddress"] for n in alive} == {LOOPBACK}
+    assert loopback_faults(multinode.gcs_address) == []
 
 
 async def test_replicas_on_two_nodes_serve_requests_across_them(multinode, deployed):

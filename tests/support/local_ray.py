@@ -13,6 +13,9 @@ fixed 8000 would collide between parallel sessions); Serve's proxy serves the sa
 deploy more than one router, and a port a stopped router's connections still hold (TIME_WAIT) is
 skipped by Serve for the next one.
 
+Loopback: every node, driver and client is on 127.0.0.1 (`LOOPBACK`), whatever this machine's
+interfaces; `pin_loopback` keeps Ray from rewriting that address, `loopback_faults` checks it.
+
 Auth: Ray token authentication stays on (Ray 2.60's default for a new local cluster). Without it
 every Serve replica's gRPC server, which listens on all interfaces and unpickles requests, would
 take unauthenticated calls. A `disabled` RAY_AUTH_MODE in the environment is overridden here.
@@ -36,8 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from deployments.api.proxy_guard import PROXY_ENV_VARS
-from deployments.replica.serve_env import ENABLE, SERVE_ENV_VARS, direct_ingress_env
+from deployments.replica.serve_env import ENABLE, LOOPBACK, SERVE_ENV_VARS, direct_ingress_env
 from tests.support import ports
+
+# Ray's switch for where a loopback address leads (named for Windows and macOS, read on Linux too).
+LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 # The shipped Serve settings with direct ingress off: such a cluster serves through Serve's proxy
 # alone (the multi-node harness; `start_local_cluster(direct_ingress=False)`).
@@ -103,6 +109,44 @@ def router_url(router_port: int, timeout_s: float = 60.0) -> str:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no router answers on ports {router_port}-{port}")
         time.sleep(0.5)
+
+
+def pin_loopback() -> None:
+    """Make Ray dial and bind 127.0.0.1 as given, in this process and the ones it starts.
+
+    Ray rewrites a loopback host handed to `ray.init` (`address` or `_node_ip_address`) to this
+    machine's interface address unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, and reads that
+    variable once, when Ray is first imported. A process that imported Ray before setting it
+    (`benchmarks.cluster` imports Serve first) dialled a loopback-only GCS at the interface
+    address, retrying forever. So the variable is set for the processes started later, Ray's
+    constant (read at each call) is set here too, and Ray's own resolver is asked to agree.
+    """
+    os.environ[LOOPBACK_SWITCH] = "0"
+    from ray._private import ray_constants, services
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    resolved = services.resolve_ip_for_localhost(LOOPBACK)
+    if resolved != LOOPBACK:
+        raise RuntimeError(
+            f"Ray resolves {LOOPBACK} to {resolved}: the cluster would leave loopback"
+        )
+
+
+def loopback_faults(gcs_address: str) -> list[str]:
+    """What of the connected cluster is off loopback: its address, the address this driver
+    dialled, each live node's; empty when all are on `LOOPBACK`."""
+    import ray
+
+    faults = []
+    if gcs_address.rpartition(":")[0] != LOOPBACK:
+        faults.append(f"cluster address {gcs_address}")
+    dialled = ray.get_runtime_context().gcs_address
+    if dialled != gcs_address:
+        faults.append(f"the driver dialled {dialled}, not {gcs_address}")
+    for node in ray.nodes():
+        if node["Alive"] and node["NodeManagerAddress"] != LOOPBACK:
+            faults.append(f"node {node['NodeID'][:8]} on {node['NodeManagerAddress']}")
+    return faults
 
 
 def require_token_auth() -> None:
@@ -211,13 +255,15 @@ def _start_once(
             context = ray.init(
                 num_cpus=num_cpus,
                 include_dashboard=False,
-                _node_ip_address="127.0.0.1",
+                _node_ip_address=LOOPBACK,
                 _temp_dir=str(temp_dir),
                 _system_config=system_config or None,
                 log_to_driver=False,
                 configure_logging=False,
             )
         cluster.session_dir = Path(context.address_info["session_dir"])
+        if faults := loopback_faults(context.address_info["gcs_address"]):
+            raise RuntimeError(f"the cluster is not on {LOOPBACK}: {'; '.join(faults)}")
         # Ray's metrics exporter bound a port of its own choosing; read it back.
         cluster.metrics_port = int(context.address_info.get("metrics_export_port") or -1)
         if cluster.metrics_port <= 0:
@@ -247,7 +293,7 @@ def start_local_cluster(
 ) -> LocalCluster:
     """Start Ray (head on 127.0.0.1) and Serve's HTTP proxy, with `direct_ingress` the routers'
     own servers on the ports above it; retried once on fresh ports."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    pin_loopback()
     require_token_auth()
     if pick_port is None:
         span = ROUTER_POOL if direct_ingress else 0

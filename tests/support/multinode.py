@@ -6,6 +6,8 @@ Serve controller, the HTTP proxy and the routers (custom resource `head`); each 
 `model_slot` resources for the model replicas plus a resource naming it (`node_a`, `node_b`), and
 its own `MOLORA_HOME`, so every node has its own adapter disk cache in front of the shared
 SeaweedFS S3 store. Ray token auth stays on (the random token of this process's environment).
+Every node, the driver and every client use 127.0.0.1 (`local_ray.pin_loopback`), checked at
+start (`local_ray.loopback_faults`).
 A worker node can be killed abruptly (raylet and its workers, SIGKILL) and re-added.
 
 Apps are deployed as `serve deploy` does: a `ServeDeploySchema` handed to the Serve controller,
@@ -32,7 +34,7 @@ import httpx
 import yaml
 
 from tests.support import ports
-from tests.support.local_ray import HARNESS_ENV_VARS
+from tests.support.local_ray import HARNESS_ENV_VARS, LOOPBACK, loopback_faults, pin_loopback
 from tests.support.seaweedfs import SeaweedFS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +51,6 @@ FAST_FAILURE = {
 
 def ensure_token_auth() -> None:
     """Ray token auth on, with a per-process random token (set before Ray reads its config)."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ["RAY_AUTH_MODE"] = "token"
     if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
@@ -213,6 +214,7 @@ class MultiNodeCluster:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> MultiNodeCluster:
+        pin_loopback()  # before any address is handed to Ray
         ensure_token_auth()
         self.seaweed = SeaweedFS(self.work / "seaweedfs").start()
         os.environ.update(self.seaweed.env())  # every node's workers inherit the S3 identity
@@ -229,7 +231,7 @@ class MultiNodeCluster:
             "num_cpus": 1,
             "resources": {"head": 1},
             "include_dashboard": False,
-            "node_ip_address": "127.0.0.1",
+            "node_ip_address": LOOPBACK,
             "temp_dir": self.ray_dir,
             "_system_config": FAST_FAILURE,
             "env_vars": self._node_env("head"),
@@ -244,7 +246,14 @@ class MultiNodeCluster:
         for name in WORKERS:
             self.add_worker(name)
         self.gcs_address = self.cluster.address
-        ray.init(address=self.gcs_address, log_to_driver=False, configure_logging=False)
+        ray.init(
+            address=self.gcs_address,
+            _node_ip_address=LOOPBACK,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+        if faults := loopback_faults(self.gcs_address):
+            raise RuntimeError(f"the cluster is not on {LOOPBACK}: {'; '.join(faults)}")
         self.http_port = ports.free_port()
         serve.start(
             proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": self.http_port}
@@ -262,7 +271,7 @@ class MultiNodeCluster:
         node = self.cluster.add_node(
             num_cpus=self.worker_cpus,
             resources={name: 1, "model_slot": self.slots_per_node},
-            node_ip_address="127.0.0.1",
+            node_ip_address=LOOPBACK,
             env_vars=self._node_env(name),
         )
         self.nodes[name] = node
