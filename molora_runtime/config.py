@@ -145,6 +145,13 @@ class EngineConfig(StrictModel):
     max_queue_len: int = Field(
         256, ge=1, description="waiting requests before new ones are refused"
     )
+    adapter_wait_s: float = Field(
+        2.0,
+        ge=0.0,
+        le=600.0,
+        description="how long a request whose adapters need a slot may be passed by requests "
+        "of resident adapters; then admission waits for slots to drain for it (no starvation)",
+    )
     enable_cuda_graph: bool = Field(True, description="capture the decode step (CUDA only)")
     cuda_graph_max_batch: int = Field(64, ge=1, le=1024)
     kv_block_size: int = Field(

@@ -37,6 +37,11 @@ class AdapterBinder:
             hot.bind_experts(cslot)
         return True
 
+    def resident(self, seq: Sequence) -> bool:
+        """Whether `seq` could start without a load or a new slot: a plain route whose adapters
+        all sit in slots now (a composition is judged by `bind`)."""
+        return seq.composition is None and self.hot_set.resident(seq.route.adapters())
+
     def files_ready(self, seq: Sequence) -> bool:
         """Whether `seq`'s adapters are resident or parsed in host memory (so their files are
         local); missing ones start loading in the background."""

@@ -1,7 +1,10 @@
 """Admission, the step's token budget, and preemption; knows sequences and blocks, not tensors.
 
 A waiting request starts when a sequence slot is free, its adapters are resident (the hot-set's
-background loads never stall the batch) and the block manager has blocks for its whole prefill
+background loads never stall the batch) and the block manager has blocks for its whole prefill.
+Requests whose adapters are resident fill the batch past those still waiting for a slot or a
+load, until the oldest of those has waited `adapter_wait_s`: then admission goes in order and
+slots drain for it, so no adapter starves
 (cached prefix blocks count as there). A running decode that needs a block when none is free
 preempts the most recently started sequence: its blocks are freed and it waits at the head of the
 queue to prefill its prompt and outputs again (recompute), so no running request is ever failed
@@ -23,6 +26,8 @@ from molora_runtime.engine.sequence import SeqStatus, Sequence
 from molora_runtime.engine.step_batch import StepBatch
 
 OnError = Callable[[Sequence, BaseException], None]
+LOADS_PER_PASS = 8  # held requests whose adapters start loading in one admission pass
+SCAN_PER_PASS = 64  # waiting requests one admission pass looks at
 
 
 class Scheduler:
@@ -35,6 +40,7 @@ class Scheduler:
         copy_blocks: Callable[[list[int], list[int]], None],
     ) -> None:
         self.max_num_seqs = config.max_num_seqs
+        self.adapter_wait_s = config.adapter_wait_s
         self.token_budget = config.max_num_batched_tokens
         self.blocks = blocks
         self.binder = binder
@@ -65,6 +71,11 @@ class Scheduler:
             if len(self.running) >= self.max_num_seqs and not self._take_back(seq, 0):
                 break
             try:
+                if len(held) >= LOADS_PER_PASS and not self.binder.resident(seq):
+                    self.waiting.popleft()  # past this pass's loads: only resident ones start
+                    if self._hold(held, seq):
+                        break
+                    continue
                 if not seq.identity:
                     # The identity hashes the adapters' files: only once the background
                     # workers have them local, so a store download never runs in the step.
@@ -123,12 +134,14 @@ class Scheduler:
         self.fair_preemptions += 1
         return True
 
-    @staticmethod
-    def _hold(held: list[Sequence], seq: Sequence) -> bool:
+    def _hold(self, held: list[Sequence], seq: Sequence) -> bool:
         """Set `seq` aside this step (its adapters are loading or their slots are taken);
-        True once enough are set aside that admission should stop looking further."""
+        True when admission should stop looking further: enough were looked at, or one set
+        aside has waited `adapter_wait_s` and the slots must drain for it."""
         held.append(seq)
-        return len(held) >= 8
+        if len(held) >= SCAN_PER_PASS:
+            return True
+        return time.monotonic() - min(s.arrival for s in held) > self.adapter_wait_s
 
     def _lookup_tokens(self, seq: Sequence) -> list[int]:
         """Tokens the prefix cache may serve: none for prompt logprobs (each position must be

@@ -135,6 +135,10 @@ class HotSet:
     def composition_info(self, name: str) -> CompositionInfo:
         return self.gate_slots.info(name)
 
+    def resident(self, names: Iterable[str]) -> bool:
+        """Whether every adapter in `names` sits in a slot now."""
+        return all(name in self._lru for name in names)
+
     def can_hold(self, names: Iterable[str]) -> bool:
         """Whether `names` could all be resident at once without evicting anything in use."""
         names = set(names)
