@@ -95,6 +95,14 @@ def rows() -> list[Row]:
                     percentiles(m.LOAD_STAGE_LATENCY, "stage"),
                     width=12,
                 ),
+                Panel(
+                    "Adapters in slots and host memory",
+                    "Replicas holding each adapter (public name; a tenant's read private) in a "
+                    "slot or parsed in host memory, by rank and pin.",
+                    "short",
+                    split_by("adapter, tier, rank, pinned", sel(m.ADAPTER_RESIDENCY)),
+                    width=24,
+                ),
             ],
         ),
         (

@@ -64,6 +64,21 @@ def rows() -> list[Row]:
                     ],
                 ),
                 Panel(
+                    "LoRA requests info (endpoint picker)",
+                    "vllm:lora_requests_info per replica: the adapters its running and waiting "
+                    "requests asked for, of max_lora slots (legend); the value is the age of the "
+                    "newest update, which the Gateway API Inference Extension's picker reads.",
+                    "s",
+                    [
+                        Query(
+                            "time() - max by (replica, running_lora_adapters, "
+                            f"waiting_lora_adapters, max_lora) ({sel(m.VLLM_LORA_INFO)})",
+                            "{{replica}} running [{{running_lora_adapters}}] waiting "
+                            "[{{waiting_lora_adapters}}] of {{max_lora}}",
+                        )
+                    ],
+                ),
+                Panel(
                     "Prompt and generation tokens / s by LoRA",
                     "vllm:prompt_tokens and vllm:generation_tokens rates per LoRA name.",
                     "short",

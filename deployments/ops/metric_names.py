@@ -34,6 +34,9 @@ TIER_LOADS = "molora_tier_loads_total"  # counter {tier}
 TIER_EVICTIONS = "molora_tier_evictions_total"  # counter {tier}
 TIER_BYTES = "molora_tier_bytes"  # gauge {tier}
 TIER_ADAPTERS = "molora_tier_adapters"  # gauge {state=slot|host|loading|disk}
+# adapters in a slot or parsed in host memory, by (public) name: bounded by slots + a host cap
+# (deployments/replica/lora_info.py); value = how many adapters the row stands for
+ADAPTER_RESIDENCY = "molora_adapter_residency"  # gauge {adapter, tier=slot|host, rank, pinned}
 LOAD_STAGE_LATENCY = "molora_adapter_load_stage_seconds"  # histogram {stage=fetch|parse|copy}
 PLACEMENTS = "molora_placement_total"  # counter {outcome=affinity|host|spill|new|base}
 # garbage-collector pauses of the router and model replicas (deployments/replica/heap.py)
@@ -54,6 +57,9 @@ VLLM_TTFT = "vllm_time_to_first_token_seconds"  # histogram
 VLLM_ITL = "vllm_inter_token_latency_seconds"  # histogram
 VLLM_PROMPT_TOKENS = "vllm_prompt_tokens_total"  # counter
 VLLM_GENERATION_TOKENS = "vllm_generation_tokens_total"  # counter
+# what the Gateway API Inference Extension's endpoint picker reads for LoRA affinity; value = the
+# Unix time of the update (the picker takes the newest series), one current series per replica
+VLLM_LORA_INFO = "vllm_lora_requests_info"  # gauge {max_lora, running_lora_adapters, waiting_...}
 
 
 def _defined(prefix: str) -> tuple[str, ...]:

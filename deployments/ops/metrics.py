@@ -34,6 +34,8 @@ VLLM_ITL_BUCKETS = (
 
 ROUTER_TAGS = ("model_name", "lora_name")  # vLLM's model_name; lora_name a catalog name or kind
 REPLICA_TAGS = ("model_name",)
+# vLLM's label names for `lora_requests_info` (vllm/v1/metrics/loggers.py), in its order
+LORA_INFO_TAGS = ("max_lora", "waiting_lora_adapters", "running_lora_adapters")
 
 
 class Spec(NamedTuple):
@@ -130,6 +132,12 @@ SPECS: dict[str, Spec] = {
         ("stage",),
         LOAD_BUCKETS,
     ),
+    names.ADAPTER_RESIDENCY: Spec(
+        _G,
+        "adapters in a hot-set slot or parsed in host memory, by public name (a tenant's "
+        "adapters read `private`), rank and pin",
+        ("adapter", "tier", "rank", "pinned"),
+    ),
     names.VLLM_RUNNING: Spec(_G, "Number of requests in model execution batches.", REPLICA_TAGS),
     names.VLLM_WAITING: Spec(_G, "Number of requests waiting to be processed.", REPLICA_TAGS),
     names.VLLM_KV_USAGE: Spec(_G, "KV-cache usage. 1 means 100 percent usage.", REPLICA_TAGS),
@@ -148,6 +156,7 @@ SPECS: dict[str, Spec] = {
         REPLICA_TAGS,
         VLLM_REQUEST_BUCKETS,
     ),
+    names.VLLM_LORA_INFO: Spec(_G, "Running stats on lora requests.", LORA_INFO_TAGS),
     # every process
     names.GC_PAUSE: Spec(
         _H,
@@ -226,6 +235,14 @@ def load_stage_latency() -> serve_metrics.Histogram:
 
 def vllm_queue_time() -> serve_metrics.Histogram:
     return metric(names.VLLM_QUEUE_TIME)
+
+
+def vllm_lora_info() -> serve_metrics.Gauge:
+    return metric(names.VLLM_LORA_INFO)
+
+
+def adapter_residency() -> serve_metrics.Gauge:
+    return metric(names.ADAPTER_RESIDENCY)
 
 
 def gc_pause() -> serve_metrics.Histogram:

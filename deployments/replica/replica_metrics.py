@@ -1,24 +1,29 @@
-"""A model replica's Prometheus metrics: engine load, hot-set and tier counters, gate usage, and
+"""A model replica's Prometheus metrics: engine load, hot-set and tier counters, gate usage,
 vLLM's scheduler and cache series (running, waiting, KV usage, prefix cache, preemptions, queue
-time) labelled with the served model name.
+time) labelled with the served model name, vLLM's `lora_requests_info` (what the Gateway API
+Inference Extension's endpoint picker reads) and the per-adapter residency of the slot and host
+tiers (`deployments/replica/lora_info.py` bounds their labels).
 
 The engine only keeps plain counters and timings (`EngineStats`, `pop_*`); this module is the one
 place that turns them into Prometheus series.
 
 Counters are exported as deltas of the engine's running totals once per `METRICS_PERIOD_S`;
-labels are tier, state, stage, composition and adapter names only.
+labels are tier, state, stage, composition and adapter names only, and the `lora_requests_info`
+lists.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from deployments.ops import metric_names as names
 from deployments.ops import metrics
 from deployments.ops.gate_metrics import export_gate_telemetry
 from deployments.placement.affinity import base_name
+from deployments.replica.lora_info import lora_info_tags, residency_rows
 from molora_runtime.lora.composition import read_composition_config
 from molora_runtime.lora.tiers import residency_counts
 
@@ -69,6 +74,7 @@ class ReplicaMetrics:
         for seconds in self._engine.pop_load_latencies():
             metrics.hotset_load_latency().observe(seconds)
         self._export_vllm(stats)
+        self._export_adapters(stats)
         self._export_tiers()
         self._export_gates(self._engine.pop_gate_stats())
         export_gate_telemetry(self._engine.pop_gate_telemetry(), self._adapter_names, base_name)
@@ -92,6 +98,21 @@ class ReplicaMetrics:
                 metrics.vllm_replica_counter(name).inc(delta, tags=self._model)
         for seconds in self._engine.pop_queue_times():
             metrics.vllm_queue_time().observe(seconds, tags=self._model)
+
+    def _export_adapters(self, stats: Any) -> None:
+        """vLLM's `lora_requests_info`, set to now under this period's labels, and a row per
+        adapter (public name) in a slot or in host memory.
+
+        Ray's gauges cannot drop a label set: one that is not set again leaves the node's
+        exporter after two report intervals, and the API port keeps only each replica's newest
+        `lora_requests_info` series (`exposition.merge`), so old adapter lists never pile up.
+        """
+        adapters = self._engine.request_adapters()
+        tags = lora_info_tags(adapters.running, adapters.waiting, stats.num_slots)
+        metrics.vllm_lora_info().set(time.time(), tags=tags)
+        rows = residency_rows(stats.hot_set, stats.host_resident, stats.pinned, stats.adapter_ranks)
+        for row, count in rows.items():
+            metrics.adapter_residency().set(count, tags=row._asdict())
 
     def _export_tiers(self) -> None:
         """Per-tier counters and bytes, residency counts and stage latencies: labels are

@@ -29,6 +29,7 @@ from molora_runtime.engine.types import (
     EngineStats,
     GenerationOutput,
     GenerationRequest,
+    RequestAdapters,
     StepOutputs,
 )
 from molora_runtime.errors import EngineStoppedError, InvalidRequestError
@@ -92,6 +93,9 @@ class AsyncEngine:
 
     def pop_load_latencies(self) -> list[float]:
         return self.engine.pop_load_latencies()
+
+    def request_adapters(self) -> RequestAdapters:
+        return self.engine.request_adapters()
 
     def pop_queue_times(self) -> list[float]:
         return self.engine.pop_queue_times()

@@ -39,6 +39,7 @@ from molora_runtime.engine.types import (
     EngineStats,
     GenerationOutput,
     GenerationRequest,
+    RequestAdapters,
     StepOutputs,
 )
 from molora_runtime.errors import EngineOverloadedError, SequenceStepError
@@ -48,6 +49,7 @@ from molora_runtime.model.attention_meta import KVCache
 from molora_runtime.model.chat_templates import use_chat_template
 from molora_runtime.model.loader import load_model
 from molora_runtime.model.model_paths import resolve_model_path
+from molora_runtime.routes import LearnedRoute
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +229,20 @@ class LLMEngine:
             adapter_ranks=self.hot_set.known_ranks(self.hot_set.loaded() + host.resident()),
         )
 
+    def request_adapters(self) -> RequestAdapters:
+        """Adapters and compositions named by the running and the waiting requests (queued ones
+        not yet drained included), with request counts.
+
+        Called from the event loop while the step thread runs: the lists are copied first
+        (`list()` of a list or deque runs in C, so no step mutation interleaves), then counted
+        off the step's path; `_incoming` is copied under the lock its writers hold.
+        """
+        running = list(self.running)
+        waiting = list(self.waiting)
+        with self._lock:
+            waiting += self._incoming
+        return RequestAdapters(running=route_names(running), waiting=route_names(waiting))
+
     def pop_load_latencies(self) -> list[float]:
         """Adapter load times (seconds) recorded since the last call (for the metrics exporter).
 
@@ -310,3 +326,15 @@ class LLMEngine:
             seq.error = message
             outputs.append(self.outputs.final(seq, "error"))
         return StepOutputs(outputs)
+
+
+def route_names(seqs: list[Sequence]) -> dict[str, int]:
+    """How many of `seqs` name each adapter or composition ref (a learned route names its
+    composition, which is what its client asked for, not the experts its gate picks)."""
+    counts: dict[str, int] = {}
+    for seq in seqs:
+        route = seq.route
+        names = [route.composition] if isinstance(route, LearnedRoute) else route.adapters()
+        for name in dict.fromkeys(names):
+            counts[name] = counts.get(name, 0) + 1
+    return counts

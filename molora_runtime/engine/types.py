@@ -337,3 +337,13 @@ class EngineStats:
     # rank pools: (rank, slots, free, evictable) each, none when padded; ranks of adapters held
     rank_pools: list[tuple[int, int, int, int]] = field(default_factory=list)
     adapter_ranks: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RequestAdapters:
+    """The adapters (and compositions) named by the requests running and waiting now, with how
+    many requests name each: what vLLM's `lora_requests_info` gauge lists, read once per metrics
+    period rather than kept up to date by the step (so the step pays nothing for it)."""
+
+    running: dict[str, int] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)

@@ -19,6 +19,10 @@ from kubernetes.client import ApiClient
 REPO = Path(__file__).resolve().parents[2]
 KUBERAY_DIR = REPO.parent / "shared" / "kuberay"
 RAYSERVICE_CRD = KUBERAY_DIR / "ray.io_rayservices.yaml"
+# the Gateway API Inference Extension's InferencePool CRD (v1.0.0, trimmed; kept in the repo)
+INFERENCEPOOL_CRD = (
+    Path(__file__).parent / "crds" / "inference.networking.k8s.io_inferencepools.yaml"
+)
 
 
 def load_all(path: Path) -> list[dict[str, Any]]:
@@ -57,6 +61,17 @@ def _rayservice_schema() -> dict[str, Any]:
 def rayservice_schema() -> dict[str, Any]:
     """JSON Schema of `RayService` `ray.io/v1` from the KubeRay CRD (metadata left to the API)."""
     return copy.deepcopy(_rayservice_schema())
+
+
+def crd_schema(path: Path, version: str = "v1") -> dict[str, Any]:
+    """JSON Schema of a CRD's `version` (strict, as `openapi_to_jsonschema` makes it), status left
+    out and apiVersion, kind, metadata and spec required, as the API server asks of an object."""
+    crd = yaml.safe_load(path.read_text())
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    schema = openapi_to_jsonschema(copy.deepcopy(served["schema"]["openAPIV3Schema"]))
+    schema["properties"].pop("status", None)
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    return schema
 
 
 def model_roundtrip(obj: dict[str, Any], model: str) -> Any:

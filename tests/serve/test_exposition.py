@@ -54,3 +54,31 @@ def test_merge_of_nothing_is_empty_and_garbage_is_skipped() -> None:
     assert merge([]) == ""
     junk = '# TYPE ray_molora_x counter\nray_molora_x{a="1"} notanumber\nnot a line at all\n'
     assert merge([junk]) == ""
+
+
+# Two exporters: replica r1's node still holds its previous label set (Ray keeps a label set
+# for a while after the replica moved on), and r2 on another node.
+LORA_A = """# HELP ray_vllm_lora_requests_info Running stats on lora requests.
+# TYPE ray_vllm_lora_requests_info gauge
+ray_vllm_lora_requests_info{WorkerId="w1",deployment="ModelReplica",max_lora="4",replica="r1",running_lora_adapters="math,old-secret",waiting_lora_adapters=""} 1700000000.0
+ray_vllm_lora_requests_info{WorkerId="w1",deployment="ModelReplica",max_lora="4",replica="r1",running_lora_adapters="math,code,+2",waiting_lora_adapters="old-secret,private"} 1700000005.0
+"""
+LORA_B = """# HELP ray_vllm_lora_requests_info Running stats on lora requests.
+# TYPE ray_vllm_lora_requests_info gauge
+ray_vllm_lora_requests_info{WorkerId="w2",deployment="ModelReplica",max_lora="8",replica="r2",running_lora_adapters="",waiting_lora_adapters=""} 1700000003.0
+ray_vllm_lora_requests_info{WorkerId="w9",deployment="ModelReplica",max_lora="8",replica="r2",running_lora_adapters="",waiting_lora_adapters=""} 1700000004.0
+"""
+
+
+def test_lora_info_keeps_each_replicas_newest_series_and_hides_private_names() -> None:
+    text = merge([LORA_A, LORA_B], frozenset({"old-secret"}))
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    assert "# TYPE vllm:lora_requests_info gauge" in text
+    assert "old-secret" not in text
+    assert lines == [
+        'vllm:lora_requests_info{deployment="ModelReplica",max_lora="4",replica="r1",'
+        'running_lora_adapters="math,code,+2",waiting_lora_adapters="private"} 1700000005.0',
+        # two workers' series coincide once WorkerId is dropped: the newest time, not a sum
+        'vllm:lora_requests_info{deployment="ModelReplica",max_lora="8",replica="r2",'
+        'running_lora_adapters="",waiting_lora_adapters=""} 1700000004.0',
+    ]
