@@ -7,7 +7,9 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
+import pytest
 import yaml
+from pydantic import ValidationError
 
 from deployments.api.request_models import CompletionRequest
 
@@ -75,3 +77,12 @@ def test_vllm_bench_serve_lora_body_is_accepted() -> None:
     }
     req = CompletionRequest.model_validate(body)
     assert req.model == "ad00042" and req.logprobs is None and req.ignore_eos
+
+
+@pytest.mark.parametrize("off", [0, -1])
+def test_vllm_top_k_off_is_accepted_as_off(off: int) -> None:
+    """`vllm bench serve --top-k -1` sends vLLM's "off"; it means no top-k here too."""
+    body = {"model": "ad00042", "prompt": "p", "max_tokens": 4, "top_k": off}
+    assert CompletionRequest.model_validate(body).top_k == 0
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate({**body, "top_k": -2})

@@ -154,7 +154,7 @@ class _SamplingFields(Payload):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT32)
     temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(0, ge=0, le=MAX_INT32, description="vLLM extension; 0 = off")
+    top_k: int = Field(0, ge=-1, le=MAX_INT32, description="vLLM extension; 0 or -1 = off")
     min_p: float = Field(
         0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="vLLM extension; 0 = off"
     )
@@ -191,6 +191,12 @@ class _SamplingFields(Payload):
     )
     user: str | None = Field(None, max_length=256)
     molora: MoloraOptions = Field(default_factory=MoloraOptions)
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_off(cls, value: int) -> int:
+        """vLLM's clients (`vllm bench serve`) send -1 for "off"; the engine spells it 0."""
+        return 0 if value == -1 else value
 
     @field_validator("logit_bias")
     @classmethod
