@@ -134,10 +134,13 @@ class PlacementConfig(StrictModel):
         "affinity", description="'affinity' = hot-set aware router; 'default' = Ray's power-of-two"
     )
     load_bound: int = Field(
-        4, ge=0, description="a replica is eligible when its load <= least load + this bound"
+        4,
+        ge=0,
+        description="a replica is eligible when its load <= the other open replicas' average load "
+        "+ this bound",
     )
     load_bound_ratio: float = Field(
-        0.25, ge=0, description="... or + this fraction of the least load, whichever is larger"
+        0.25, ge=0, description="... or + this fraction of that average, whichever is larger"
     )
     stats_period_s: float = Field(0.5, gt=0, description="how often replicas report their hot-set")
     placement_memory_s: float = Field(

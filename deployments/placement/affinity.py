@@ -1,9 +1,10 @@
 """Adapter-affinity placement as pure functions (no Ray), so the policy is unit-testable.
 
 A request goes to the replica whose hot-set already holds the most of its adapters, among the
-replicas whose load is within a bound of the least loaded one; among those equal on slots, to
-the one whose host tier holds the most of the rest parsed (a slot copy away, no fetch): a slot
-hit beats a host hit beats a miss. Ties, and adapter sets that no
+replicas whose load is within a bound of the others' average load (consistent hashing with
+bounded loads: a replica more than the bound above the rest takes no more until they catch up);
+among those equal on slots, to the one whose host tier holds the most of the rest parsed (a slot
+copy away, no fetch): a slot hit beats a host hit beats a miss. Ties, and adapter sets that no
 replica holds yet, are broken by rendezvous (highest-random-weight) hashing of the adapter set
 over replica ids: every adapter set has a stable home, different sets spread over replicas, and
 hot-sets shard instead of every replica loading everything. When the home is overloaded the
@@ -96,9 +97,27 @@ class Placement:
     outcome: Outcome
 
 
-def load_limit(min_load: int, bound: int, ratio: float) -> int:
-    """Highest load still eligible: least load plus max(bound, ratio x least load)."""
-    return min_load + max(bound, int(ratio * min_load))
+def load_limit(reference: float, bound: int, ratio: float) -> float:
+    """Highest load still eligible: a reference load plus max(bound, ratio x reference)."""
+    return reference + max(bound, ratio * reference)
+
+
+def load_limits(replicas: Sequence[ReplicaView], bound: int, ratio: float) -> dict[str, float]:
+    """Each replica's highest eligible load: the bound over the average load of the other open
+    (not full) replicas. Against the average rather than the least loaded one, because one
+    replica that just drained (or just started) would otherwise push every other replica past
+    the bound, and every set held there would spill (a load each, and a copy that evicts some
+    other set) while the replicas holding them had room; with two replicas the other's load is
+    the reference, as it always was."""
+    open_ids = {r.replica_id for r in replicas if not r.full()} or {r.replica_id for r in replicas}
+    total = sum(r.load for r in replicas if r.replica_id in open_ids)
+    limits = {}
+    for r in replicas:
+        own = r.replica_id in open_ids
+        others = len(open_ids) - own
+        mean = (total - (r.load if own else 0)) / others if others else r.load
+        limits[r.replica_id] = load_limit(mean, bound, ratio)
+    return limits
 
 
 def place(
@@ -115,11 +134,10 @@ def place(
     wanted = frozenset(adapters)
     key = adapter_key(wanted)
     hrw = {rid: i for i, rid in enumerate(rendezvous_order(key, [r.replica_id for r in replicas]))}
-    open_replicas = [r for r in replicas if not r.full()] or list(replicas)
-    limit = load_limit(min(r.load for r in open_replicas), load_bound, load_bound_ratio)
+    limits = load_limits(replicas, load_bound, load_bound_ratio)
 
     def eligible(r: ReplicaView) -> bool:
-        return not r.full() and r.load <= limit
+        return not r.full() and r.load <= limits[r.replica_id]
 
     if not wanted:
         # Base-model requests have no affinity: least loaded first, rendezvous breaks ties.
