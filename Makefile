@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 SMOLLM2_VERSION := 0.1.2
 
-.PHONY: install models serve test lint format vllm-env clean image-cpu
+.PHONY: install models serve test test-quick lint format vllm-env clean image-cpu
 
 LOCK := docker/requirements.lock
 
@@ -44,6 +44,12 @@ test: models
 	bash scripts/test_services.sh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
+
+# The inner loop (a few minutes on 2 cores): every test that starts no server and loads no real
+# checkpoint (the `slow` marker, set in tests/conftest.py) and needs no GPU; `make test` runs all.
+test-quick: models
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q -m "not slow and not gpu"
 
 lint: install
 	$(VENV)/bin/ruff check .

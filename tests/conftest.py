@@ -7,7 +7,7 @@ import os
 import secrets
 
 import pytest
-from start_once import setup_starts
+from start_once import STARTS, setup_starts
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # Ray token auth stays on: without it a Serve replica's gRPC server (every interface, unpickles
@@ -23,3 +23,41 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     setup_starts(item)
+
+
+# ----- the `slow` marker, assigned by what a test starts -------------------------------------
+# `make test-quick` runs `-m "not slow and not gpu"`; a test is slow when it starts a server or
+# loads the real checkpoint. Deciding that from fixtures, not from hand-kept lists of files,
+# keeps a new test that takes `client` or `seaweed` out of the quick loop without anyone
+# remembering to mark it. Modules that start a server without a shared fixture (a `serve run`
+# subprocess, a SeaweedFS the test kills) carry `pytestmark = pytest.mark.slow` themselves.
+
+# Fixtures whose setup starts a server or loads SmolLM2-135M's weights, by name. The shared
+# servers of tests/start_once.py (the Ray/Serve cluster, the multi-node one with SeaweedFS and
+# Redis, the Prometheus end-to-end app) are added from its registry.
+SLOW_FIXTURES = frozenset(
+    {
+        "seaweed",  # a SeaweedFS S3 server (tests/store/conftest.py, test_peft_folder_serving.py)
+        "smollm2",  # the real SmolLM2-135M checkpoint, loaded twice (tests/runtime/conftest.py)
+    }
+)
+# Parametrized fixtures whose listed values start a server through `request.getfixturevalue`,
+# which leaves no trace in `item.fixturenames`: the `local` twin of each test stays quick.
+SLOW_PARAMS = {"store_url": "s3"}
+
+
+def _starts_something(item: pytest.Item) -> bool:
+    names = set(getattr(item, "fixturenames", ()))
+    if not names.isdisjoint(SLOW_FIXTURES.union(STARTS)):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(params.get(name) == value for name, value in SLOW_PARAMS.items())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `slow` every test that starts a server or loads the real model (see SLOW_FIXTURES).
+
+    Runs after every module is imported, so each `StartOnce` fixture is in STARTS by now."""
+    for item in items:
+        if _starts_something(item):
+            item.add_marker(pytest.mark.slow)

@@ -17,10 +17,14 @@ from torch.utils import cpp_extension
 
 from kernels import cpu_extension_build as ceb
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX") or "c++") is None or not cpp_extension.is_ninja_available(),
-    reason="no C++ compiler or ninja",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which(os.environ.get("CXX") or "c++") is None
+        or not cpp_extension.is_ninja_available(),
+        reason="no C++ compiler or ninja",
+    ),
+    pytest.mark.slow,  # each test runs the compiler
+]
 
 SOURCE = """
 #include <pybind11/pybind11.h>

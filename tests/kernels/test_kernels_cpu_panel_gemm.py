@@ -137,6 +137,7 @@ def test_no_compiler_falls_back_loudly(
 
 
 @needs_kernel
+@pytest.mark.slow  # runs the compiler
 def test_build_goes_to_the_private_cache_and_is_reused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,6 +27,8 @@ from benchmarks.server_process import session_processes, stop, wait_up
 from deployments.access.auth import KeyFile, new_key, write_key_file
 from tests.support import ports
 
+pytestmark = pytest.mark.slow  # `serve run` in a subprocess: a Ray cluster of its own
+
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "user", "content": "Say something."}]
 LONG = 1000  # tokens of a request the disconnect test cuts short

@@ -107,6 +107,7 @@ def _pull_in_process(url: str, cache_dir: str, out: mp.Queue) -> None:
     out.put(str(path))
 
 
+@pytest.mark.slow  # starts processes
 def test_concurrent_pullers_across_processes(
     registry: Registry, store_url: str, tmp_path: Path
 ) -> None:
@@ -144,13 +145,22 @@ def _dead_backend():  # type: ignore[no-untyped-def]
 
 
 def test_cached_versions_serve_while_store_down(
-    registry: Registry, alpha: Path, beta: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    registry: Registry,
+    alpha: Path,
+    beta: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     online = AdapterStoreSource(registry=registry, cache_dir=tmp_path / "cache", direct_local=False)
     registry.publish_adapter(alpha, "alpha", "1")
     registry.publish_adapter(beta, "alpha", "2")
     registry.publish_adapter(beta, "beta", "1")
     p1, p2 = online.adapter_path("alpha@1"), online.adapter_path("alpha@2")
+    # Credentials for the dead endpoint: without any, boto refuses before it connects (a
+    # StoreAccessError, not "down"), and this test passed only after a SeaweedFS test set them.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "dead")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "dead")
     offline = AdapterStoreSource(registry=Registry(_dead_backend()), cache_dir=tmp_path / "cache")
     assert offline.adapter_path("alpha@1") == p1  # pinned + cached: no network at all
     with caplog.at_level(logging.WARNING, logger="adapter_store"):

@@ -30,6 +30,8 @@ from tests.runtime.rt_util import (
 )
 from tests.support.seaweedfs import SeaweedFS
 
+pytestmark = pytest.mark.slow  # starts a SeaweedFS of its own (`doomed`)
+
 NAMES = ("a", "b", "cold")
 
 

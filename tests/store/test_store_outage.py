@@ -12,6 +12,8 @@ from adapter_store import AdapterStoreSource, LocalCache, Registry, StoreUnavail
 from adapter_store.backends.s3 import S3Backend
 from tests.support.seaweedfs import SeaweedFS
 
+pytestmark = pytest.mark.slow  # starts a SeaweedFS of its own (`doomed`)
+
 
 @pytest.fixture
 def doomed(tmp_path: Path) -> Iterator[SeaweedFS]:
