@@ -116,9 +116,10 @@ class RequestHandler:
             except BadModelName as exc:
                 raise ApiError(400, str(exc), "model") from None
             except ModelNotFound as exc:
-                # A name published seconds ago may not be in the cached catalog yet.
+                # A name published seconds ago may not be in the cached catalog yet; unknown
+                # names force a reload at most 10% of the time, whatever a reload costs.
                 now = time.monotonic()
-                if attempt == 0 and now - self._last_forced > 1.0:
+                if attempt == 0 and now - self._last_forced > max(1.0, 10 * self.catalog.load_s):
                     self._last_forced = now
                     continue
                 param = "molora.route" if explicit is not None else "model"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -292,6 +293,7 @@ class CatalogCache:
         self._catalog: Catalog | None = None
         self._lock = asyncio.Lock()
         self._reloader: asyncio.Task[None] | None = None
+        self.load_s = 0.0  # how long the last load took (a forced reload's price)
 
     async def get(self, force: bool = False) -> Catalog:
         if self._reloader is None:
@@ -302,7 +304,7 @@ class CatalogCache:
             if not force and self._catalog is not None:
                 return self._catalog
             try:
-                self._catalog = await self._load()
+                self._catalog = await self._timed_load()
             except Exception:
                 if self._catalog is None:
                     raise
@@ -324,8 +326,15 @@ class CatalogCache:
         """Reload now and raise if the store cannot be read (a change must not be acknowledged
         on a stale catalog)."""
         async with self._lock:
-            self._catalog = await self._load()
+            self._catalog = await self._timed_load()
             return self._catalog
+
+    async def _timed_load(self) -> Catalog:
+        start = time.monotonic()
+        try:
+            return await self._load()
+        finally:
+            self.load_s = time.monotonic() - start
 
     def close(self) -> None:
         if self._reloader is not None:

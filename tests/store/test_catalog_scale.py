@@ -132,3 +132,21 @@ def test_one_resolver_per_catalog_load_and_tenant(monkeypatch) -> None:
     assert views == 1
     reloaded = Catalog(adapters=dict(catalog.adapters))
     assert access.resolver(ANONYMOUS, reloaded, cfg) is not first and views == 2
+
+
+async def test_the_price_of_a_load_is_known() -> None:
+    """The handler forces a reload for an unknown name at most 10% of the time: it needs the
+    price of the last load."""
+
+    async def slow_load() -> Catalog:
+        await asyncio.sleep(0.05)
+        return Catalog()
+
+    cache = CatalogCache(slow_load, ttl_s=60)
+    try:
+        await cache.get()
+        assert cache.load_s >= 0.05
+        await cache.get(force=True)
+        assert 0.05 <= cache.load_s < 5
+    finally:
+        cache.close()
