@@ -1,7 +1,8 @@
 """Many adapters at the endpoint, side by side: MoLoRA `serve run` vs vLLM's OpenAI server.
 
 The same folder of N PEFT adapters (SmolLM2-135M-Instruct, LoRA on q_proj/v_proj, rank 8, or
-ranks 8/16/64 mixed with `--ranks 8 16 64`) is what both servers serve: vLLM (`make vllm-env`,
+ranks 8/16/64 mixed with `--ranks 8 16 64`: then MoLoRA's slots are rank pools in the bytes of vLLM's
+8 slots padded to rank 64) is what both servers serve: vLLM (`make vllm-env`,
 threads bound to every core) registers every folder with `--lora-modules` (`--max-loras 8
 --max-cpu-loras 64`); MoLoRA runs as `make serve` runs it (the router serves HTTP) with 8 hot-set
 slots and the folder as a `peft:` store. One streaming client sends the same seeded trace to
@@ -122,12 +123,21 @@ def zipf_trace(n: int, requests: int, s: float, seed: int) -> list[str]:
 # ---- servers --------------------------------------------------------------------------------
 
 
-def molora_config(store: Path, dtype: str, max_rank: int, path: Path) -> Path:
+def hot_set(ranks: list[int]) -> dict[str, Any]:
+    """MoLoRA's hot-set: vLLM's `--max-loras` slots for one rank; for mixed ranks, rank pools in
+    the bytes vLLM's slots take padded to the largest rank (the same number of slots per rank)."""
+    if len(set(ranks)) == 1:
+        return {"num_slots": SLOTS, "max_rank": ranks[0]}
+    per_rank = SLOTS * max(ranks) // sum(set(ranks))
+    return {"rank_pools": [{"rank": r, "slots": per_rank} for r in sorted(set(ranks))]}
+
+
+def molora_config(store: Path, dtype: str, ranks: list[int], path: Path) -> Path:
     """serve_config.yaml as `make serve` runs it, on the benchmark's limits and the peft store."""
     cfg = bench_config(max_num_seqs=MAX_NUM_SEQS, max_queue_len=512, dtype=dtype,
                        max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=1024)  # fmt: skip
     args = cfg["applications"][0]["args"]
-    args["engine"]["hot_set"] = {"num_slots": SLOTS, "max_rank": max_rank}
+    args["engine"]["hot_set"] = hot_set(ranks)
     args["store"] = {"url": f"peft:{store}", "cache_dir": str(path.parent / "molora-cache")}
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -197,17 +207,17 @@ def drive(port: int, trace: list[str], conc: int, proc: Any, molora: bool) -> di
 
 
 def run_server(server: str, store: Path, names: list[str], trace: list[str], dtype: str,
-               max_rank: int, conc: int, work: Path, vllm_python: Path) -> dict[str, Any]:  # fmt: skip
+               ranks: list[int], conc: int, work: Path, vllm_python: Path) -> dict[str, Any]:  # fmt: skip
     """One server's cell: start on the store, time the trace, stop."""
     started = time.monotonic()
     log = work / f"{server}_{len(names)}_{dtype}.log"
     if server == "vllm":
         proc = start_vllm(vllm_python, resolve_model_path("smollm2-135m-instruct"), log,
                           VLLM_PORT, dtype=dtype, max_model_len=MAX_MODEL_LEN,
-                          max_num_seqs=MAX_NUM_SEQS, extra=vllm_args(store, names, max_rank))  # fmt: skip
+                          max_num_seqs=MAX_NUM_SEQS, extra=vllm_args(store, names, max(ranks)))  # fmt: skip
         port = VLLM_PORT
     else:
-        config = molora_config(store, dtype, max_rank, work / f"molora_{dtype}.yaml")
+        config = molora_config(store, dtype, ranks, work / f"molora_{dtype}.yaml")
         proc = start_molora(config, log)
         port = MOLORA_PORT
     try:
@@ -300,7 +310,6 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     vllm_python = Path(args.vllm_python)
-    max_rank = max(args.ranks)
     cells = []
     for n in args.n:
         store = make_store(work, model_dir, n, args.ranks)
@@ -322,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
                 for server in order:
                     if server in cell["skipped"]:
                         continue
-                    rows[server] = run_server(server, store, names, trace, dtype, max_rank,
+                    rows[server] = run_server(server, store, names, trace, dtype, args.ranks,
                                               args.concurrency, work, vllm_python)  # fmt: skip
                     print(json.dumps({"n": n, "dtype": dtype, "server": server, **rows[server]}),
                           flush=True)  # fmt: skip
@@ -351,7 +360,8 @@ def main(argv: list[str] | None = None) -> None:
                 "trace": f"Zipf({args.zipf}) over N, seed {args.seed}",
                 "vllm": f"--max-loras {SLOTS} --max-cpu-loras {CPU_LORAS}, every adapter in "
                 "--lora-modules",
-                "molora": f"serve run as make serve runs it, {SLOTS} hot-set slots, peft: store",
+                "molora": f"serve run as make serve runs it, hot set {hot_set(args.ranks)}, "
+                "peft: store",
             },
             "cells": cells,
             "table": table,
