@@ -209,27 +209,29 @@ class CpuMeter:
 
     def __init__(self, proc: subprocess.Popen | None) -> None:
         self.proc = proc
-        self._start: dict[str, float] = {}
+        self._start: dict[int, float] = {}
         self._client = 0.0
         self.client_s = 0.0  # the benchmark process's CPU over the cell (it is the client)
         self.server_s: dict[str, float] = {}  # "label pid" -> CPU seconds, >= 0.1 s only
 
     def __enter__(self) -> CpuMeter:
-        self._start = self._server()
+        self._start = {pid: cpu for pid, (_, cpu) in self._server().items()}
         self._client = time.process_time()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.client_s = round(time.process_time() - self._client, 2)
-        end = self._server()
-        spent = {k: v - self._start.get(k, 0.0) for k, v in end.items()}
+        # By pid: Ray retitles a worker while it runs, so its label may change within a cell.
+        spent = {
+            label: cpu - self._start.get(pid, 0.0) for pid, (label, cpu) in self._server().items()
+        }
         self.server_s = {k: round(v, 2) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
                          if v >= 0.1}  # fmt: skip
 
-    def _server(self) -> dict[str, float]:
+    def _server(self) -> dict[int, tuple[str, float]]:
         if self.proc is None:
             return {}
-        return {p.label: p.cpu_s for p in session_processes(self.proc)}
+        return {p.pid: (p.label, p.cpu_s) for p in session_processes(self.proc)}
 
 
 def molora_binding(log: Path) -> list[str]:
