@@ -1,14 +1,13 @@
 """Admission, the step's token budget, and preemption; knows sequences and blocks, not tensors.
 
 A waiting request starts when a sequence slot is free, its adapters are resident (the hot-set's
-background loads never stall the batch) and the block manager has blocks for its whole prefill.
-Requests whose adapters are resident fill the batch past those still waiting for a slot or a
-load, until the oldest of those has waited `adapter_wait_s`: then admission goes in order and
-slots drain for it, so no adapter starves
-(cached prefix blocks count as there). A running decode that needs a block when none is free
-preempts the most recently started sequence: its blocks are freed and it waits at the head of the
-queue to prefill its prompt and outputs again (recompute), so no running request is ever failed
-for lack of KV. Between tenants, admission follows `FairShare`: weighted order, and a tenant under
+background loads never stall the batch) and the block manager has blocks for its whole prefill
+(cached prefix blocks count as there). Requests whose adapters are resident fill the batch past
+those still waiting for a slot or a load, until the oldest of those has waited `adapter_wait_s`:
+then admission goes in order and slots drain for it, so no adapter starves. A running decode
+that needs a block when none is free preempts the most recently started sequence: its blocks are
+freed and it waits at the head of the queue to prefill its prompt and outputs again (recompute),
+so no running request is ever failed for lack of KV. Between tenants, admission follows `FairShare`: weighted order, and a tenant under
 its share of slots or blocks takes them back from one over its share.
 """
 
