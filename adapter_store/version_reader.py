@@ -82,12 +82,17 @@ class VersionReader:
 
     def latest(self, kind: Kind, name: str) -> AnyManifest:
         """Newest created, non-yanked version."""
+        return self.latest_and_live(kind, name)[0]
+
+    def latest_and_live(self, kind: Kind, name: str) -> tuple[AnyManifest, list[str]]:
+        """The newest created, non-yanked version and every non-yanked version, from one
+        listing (a catalog reload lists each name once)."""
         infos = self.versions(kind, name)
         live = [self.manifest(kind, name, v.version) for v in infos if not v.yanked]
         if not live:
             hint = " (all versions are yanked)" if infos else ""
             raise NotFoundError(f"{kind} {name!r} does not exist in store {self.url}{hint}")
-        return max(live, key=lambda m: (m.created, m.version))
+        return max(live, key=lambda m: (m.created, m.version)), [m.version for m in live]
 
     def resolve(self, kind: Kind, ref: str) -> AnyManifest:
         r = parse_ref(ref)
@@ -99,10 +104,14 @@ class VersionReader:
 
     def catalog(self, kind: Kind) -> list[AnyManifest]:
         """Latest manifest of every name of this kind (names with only yanked versions omitted)."""
+        return [latest for latest, _ in self.catalog_live(kind)]
+
+    def catalog_live(self, kind: Kind) -> list[tuple[AnyManifest, list[str]]]:
+        """`latest_and_live` of every name of this kind with a live version."""
         out = []
         for name in self.names(kind):
             try:
-                out.append(self.latest(kind, name))
+                out.append(self.latest_and_live(kind, name))
             except NotFoundError:
                 continue
         return out

@@ -7,7 +7,6 @@ and a reload of a store of thousands of adapters costs listings, not downloads a
 from __future__ import annotations
 
 from adapter_store import open_store
-from adapter_store.names import Kind
 from adapter_store.versions import Registry, open_registry
 from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry
 from deployments.config import StoreConfig
@@ -17,10 +16,6 @@ from molora_runtime.lora.source import AdapterSource
 
 def _registry(cfg: StoreConfig) -> Registry:
     return open_registry(cfg.resolved_url(), cfg.endpoint_url)
-
-
-def _live_versions(registry: Registry, kind: Kind, name: str) -> tuple[str, ...]:
-    return tuple(v.version for v in registry.versions(kind, name) if not v.yanked)
 
 
 class CatalogLoader:
@@ -38,21 +33,21 @@ class CatalogLoader:
             self._registry = _registry(self.cfg)
         registry = self._registry
         adapters: dict[str, AdapterEntry] = {}
-        for manifest in registry.catalog("adapter"):
+        for manifest, live in registry.catalog_live("adapter"):
             adapters[manifest.name] = AdapterEntry(
                 name=manifest.name,
-                versions=_live_versions(registry, "adapter", manifest.name),
+                versions=tuple(live),
                 latest=manifest.version,
                 base_model=manifest.base_model,
                 tenant=manifest.tenant,
                 rank=manifest.rank,
             )
         compositions: dict[str, CompositionEntry] = {}
-        for manifest in registry.catalog("composition"):
+        for manifest, live in registry.catalog_live("composition"):
             compositions[manifest.name] = CompositionEntry(
                 name=manifest.name,
                 adapters=tuple(manifest.adapters),
-                versions=_live_versions(registry, "composition", manifest.name),
+                versions=tuple(live),
                 latest=manifest.version,
                 base_model=manifest.base_model,
                 top_k=manifest.top_k,
