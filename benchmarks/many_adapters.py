@@ -14,7 +14,7 @@ round; the table pairs each side's best round.
 
     .venv/bin/python -m benchmarks.many_adapters [--n 8 1000] [--dtypes float32] [--rounds 1]
 
-Writes `benchmarks/results/many_adapters.json` and a plot beside it, and prints a table.
+Writes `benchmarks/results/many_adapters.json` and `docs/figures/many_adapters.png`, and prints a table.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from molora_runtime.model.arch import load_arch
 from molora_runtime.model.model_paths import resolve_model_path
 
 RESULTS = RESULTS_DIR / "many_adapters.json"
+FIGURE = Path(__file__).resolve().parents[1] / "docs" / "figures" / "many_adapters.png"
 VLLM_PORT = 18433
 TARGETS = ("q_proj", "v_proj")
 SLOTS = 8
@@ -302,12 +304,17 @@ def main(argv: list[str] | None = None) -> None:
                     "is skipped with that reason")  # fmt: skip
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--vllm-python", default=str(VLLM_PYTHON))
-    ap.add_argument("--work", default="/tmp/molora-many-adapters", help="stores are kept here")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "molora-many-adapters",
+        help="the adapter folders are made once and kept here (default: in the temp dir)",
+    )
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
 
     model_dir = resolve_model_path("smollm2-135m-instruct")
-    work = Path(args.work)
+    work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
     vllm_python = Path(args.vllm_python)
     cells = []
@@ -368,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
         },
     )
     try:
-        plot(cells, out.with_suffix(".png"))
+        plot(cells, FIGURE if out == RESULTS else out.with_suffix(".png"))
     except ImportError:
         print("matplotlib is not installed: no plot")
 
