@@ -181,7 +181,7 @@ class Access:
             raise AccessError(400, f"invalid admin request body: {exc}") from None
         try:
             result = await asyncio.to_thread(
-                set_yanked, store, principal, collection, name, body, action == "yank"
+                set_yanked, store, principal.tenant, collection, name, body, action == "yank"
             )
         except AdminNotFound as exc:
             raise AccessError(404, str(exc), "name") from None

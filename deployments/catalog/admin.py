@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adapter_store.errors import InvalidInputError, NotFoundError
 from adapter_store.versions import open_registry
-from deployments.access.auth import Principal
 from deployments.catalog import namespaces
 from deployments.catalog.model_names import Catalog
 from deployments.config import StoreConfig
@@ -47,7 +46,7 @@ class AdminNotFound(LookupError):
 
 def set_yanked(
     store: StoreConfig,
-    principal: Principal,
+    tenant: str | None,
     collection: str,
     name: str,
     body: YankBody,
@@ -60,7 +59,7 @@ def set_yanked(
     missing = AdminNotFound(f"{kind} {name!r} does not exist")
     registry = open_registry(store.resolved_url(), store.endpoint_url)
     try:
-        target = namespaces.find(registry, kind, name, principal.tenant)
+        target = namespaces.find(registry, kind, name, tenant)
     except (InvalidInputError, NotFoundError):
         raise missing from None
     if target is None:
