@@ -7,15 +7,12 @@ at `serve run` with the key path named instead of surfacing later inside a repli
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from adapter_store.backends.layered import LAYER_SEP
 from adapter_store.config import PEFT_PREFIX, RO_PREFIX, user_store_dir
-from deployments.access.admission import AdmissionConfig
-from deployments.access.auth import AuthConfig
-from deployments.access.quotas import QuotaConfig
 from molora_runtime.config import EngineConfig, StrictModel
 from molora_runtime.routes import RouteSpec, check_ref
 from molora_runtime.sizes import ByteSize
@@ -23,6 +20,75 @@ from molora_runtime.sizes import ByteSize
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STORE = "deployments/default_store"
 AUTO = "auto"
+
+
+# ---- the access settings (deployments/access/ acts on them) ------------------------------------
+
+
+class KeyHolder(Protocol):
+    """Who a quota is looked up for: an authenticated key (deployments/access/auth.Principal)."""
+
+    key_id: str
+    tenant: str | None
+
+
+class AuthConfig(StrictModel):
+    """`server.auth`: off for the local default; on, every API call needs a Bearer key."""
+
+    enabled: bool = Field(False, description="require `Authorization: Bearer <key>`")
+    keys_file: str | None = Field(
+        None, description="JSON/YAML key file (e.g. a mounted Kubernetes Secret); relative paths "
+        "are taken from the repository root",
+    )  # fmt: skip
+    keys_env: str | None = Field(
+        None, description="environment variable holding the key file's content instead"
+    )
+    reload_s: float = Field(10.0, gt=0, description="how often the key file is checked for change")
+
+    @model_validator(mode="after")
+    def _source(self) -> AuthConfig:
+        if self.enabled and not (self.keys_file or self.keys_env):
+            raise ValueError("auth is enabled but neither keys_file nor keys_env is set")
+        if self.keys_file and self.keys_env:
+            raise ValueError("set keys_file or keys_env, not both")
+        return self
+
+
+class Limits(StrictModel):
+    """Limits of one key; unset fields inherit (key → tenant → default); null = unlimited."""
+
+    requests_per_min: float | None = Field(None, gt=0, description="request rate and burst")
+    tokens_per_min: float | None = Field(None, gt=0, description="prompt + completion tokens")
+    max_concurrent: int | None = Field(None, ge=1, description="requests (streams) in flight")
+
+
+class QuotaConfig(StrictModel):
+    """`server.quotas`: defaults for every key, overridden per tenant, then per key id."""
+
+    default: Limits = Field(default_factory=Limits)
+    tenants: dict[str, Limits] = Field(default_factory=dict)
+    keys: dict[str, Limits] = Field(default_factory=dict, description="by key_id")
+
+    def limits_for(self, principal: KeyHolder) -> Limits:
+        merged = self.default.model_dump()
+        for layer in (self.tenants.get(principal.tenant or ""), self.keys.get(principal.key_id)):
+            if layer is not None:
+                merged.update({k: getattr(layer, k) for k in layer.model_fields_set})
+        return Limits(**merged)
+
+
+class AdmissionConfig(StrictModel):
+    """`server.admission`: what a connection may hold before and while its body arrives."""
+
+    body_timeout_s: float = Field(
+        10.0, gt=0, description="the whole request body must arrive within this (else 408)"
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="a request's line and headers must arrive within this (else 408)"
+    )
+    max_connections_per_key: int = Field(
+        64, ge=1, description="open API requests of one key, any path, bodies still arriving too"
+    )
 
 
 class ConfigError(ValueError):

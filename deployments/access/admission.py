@@ -17,12 +17,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from pydantic import Field
-
 from deployments.access.auth import KeyRing, Principal, bearer_key
-from deployments.access.quotas import QuotaConfig
 from deployments.api.response_models import error_payload
-from molora_runtime.config import StrictModel
+from deployments.config import AdmissionConfig, QuotaConfig
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -32,20 +29,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PRINCIPAL_SCOPE_KEY = "molora.principal"
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
-
-
-class AdmissionConfig(StrictModel):
-    """`server.admission`: what a connection may hold before and while its body arrives."""
-
-    body_timeout_s: float = Field(
-        10.0, gt=0, description="the whole request body must arrive within this (else 408)"
-    )
-    header_timeout_s: float = Field(
-        10.0, gt=0, description="a request's line and headers must arrive within this (else 408)"
-    )
-    max_connections_per_key: int = Field(
-        64, ge=1, description="open API requests of one key, any path, bodies still arriving too"
-    )
 
 
 class Admission:

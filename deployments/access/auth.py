@@ -29,37 +29,15 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from adapter_store.names import check_tenant
-from molora_runtime.config import StrictModel
+from deployments.config import AuthConfig
 
 KEY_PREFIX = "mlr"
 KEY_RE = re.compile(r"mlr_([0-9a-f]{12})_([A-Za-z0-9_-]{32,128})")
 KDF = "scrypt-n16384-r8-p1"
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "maxmem": 64 * 2**20, "dklen": 32}
-
-
-class AuthConfig(StrictModel):
-    """`server.auth`: off for the local default; on, every API call needs a Bearer key."""
-
-    enabled: bool = Field(False, description="require `Authorization: Bearer <key>`")
-    keys_file: str | None = Field(
-        None, description="JSON/YAML key file (e.g. a mounted Kubernetes Secret); relative paths "
-        "are taken from the repository root",
-    )  # fmt: skip
-    keys_env: str | None = Field(
-        None, description="environment variable holding the key file's content instead"
-    )
-    reload_s: float = Field(10.0, gt=0, description="how often the key file is checked for change")
-
-    @model_validator(mode="after")
-    def _source(self) -> AuthConfig:
-        if self.enabled and not (self.keys_file or self.keys_env):
-            raise ValueError("auth is enabled but neither keys_file nor keys_env is set")
-        if self.keys_file and self.keys_env:
-            raise ValueError("set keys_file or keys_env, not both")
-        return self
 
 
 class KeyEntry(BaseModel):

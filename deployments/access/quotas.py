@@ -18,33 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from pydantic import Field
-
 from deployments.access.auth import Principal
-from molora_runtime.config import StrictModel
-
-
-class Limits(StrictModel):
-    """Limits of one key; unset fields inherit (key → tenant → default); null = unlimited."""
-
-    requests_per_min: float | None = Field(None, gt=0, description="request rate and burst")
-    tokens_per_min: float | None = Field(None, gt=0, description="prompt + completion tokens")
-    max_concurrent: int | None = Field(None, ge=1, description="requests (streams) in flight")
-
-
-class QuotaConfig(StrictModel):
-    """`server.quotas`: defaults for every key, overridden per tenant, then per key id."""
-
-    default: Limits = Field(default_factory=Limits)
-    tenants: dict[str, Limits] = Field(default_factory=dict)
-    keys: dict[str, Limits] = Field(default_factory=dict, description="by key_id")
-
-    def limits_for(self, principal: Principal) -> Limits:
-        merged = self.default.model_dump()
-        for layer in (self.tenants.get(principal.tenant or ""), self.keys.get(principal.key_id)):
-            if layer is not None:
-                merged.update({k: getattr(layer, k) for k in layer.model_fields_set})
-        return Limits(**merged)
+from deployments.config import Limits, QuotaConfig
 
 
 class QuotaExceeded(Exception):
