@@ -19,7 +19,7 @@ catalog or the traffic.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, NamedTuple
 
 from adapter_store.names import NAMESPACE_SEP
@@ -34,19 +34,25 @@ UNKNOWN_RANK = "unknown"  # a host-tier adapter whose weights this replica never
 Tier = Literal["slot", "host"]
 
 
-def public_name(ref: str) -> str:
+def namespaced(ref: str) -> bool:
+    """Whether `ref` is a tenant's namespaced store name (`tenant~name`)."""
+    return NAMESPACE_SEP in base_name(ref)
+
+
+def public_name(ref: str, private: Callable[[str], bool] = namespaced) -> str:
     """The label for adapter or composition `ref`: its plain name without `@version`, or
-    `private` for a tenant's namespaced store name."""
-    name = base_name(ref)
-    return PRIVATE_LABEL if NAMESPACE_SEP in name else name
+    `private` for a tenant's adapter (`private` tells which: by default its namespaced name)."""
+    return PRIVATE_LABEL if private(ref) else base_name(ref)
 
 
-def adapter_list(counts: Mapping[str, int], cap: int = MAX_LISTED) -> str:
+def adapter_list(
+    counts: Mapping[str, int], cap: int = MAX_LISTED, private: Callable[[str], bool] = namespaced
+) -> str:
     """`counts` (ref -> requests) as vLLM's comma-separated list: public names, no spaces (the
     picker splits on ',' only), the most requested first, at most `cap`, then `+N`."""
     merged: dict[str, int] = {}
     for ref, n in counts.items():
-        name = public_name(ref)
+        name = public_name(ref, private)
         merged[name] = merged.get(name, 0) + n
     order = sorted(merged, key=lambda name: (-merged[name], name))
     shown, rest = order[:cap], len(order) - cap
@@ -54,13 +60,16 @@ def adapter_list(counts: Mapping[str, int], cap: int = MAX_LISTED) -> str:
 
 
 def lora_info_tags(
-    running: Mapping[str, int], waiting: Mapping[str, int], num_slots: int
+    running: Mapping[str, int],
+    waiting: Mapping[str, int],
+    num_slots: int,
+    private: Callable[[str], bool] = namespaced,
 ) -> dict[str, str]:
     """The labels of one `lora_requests_info` update (vLLM's names)."""
     return {
         "max_lora": str(num_slots),
-        "running_lora_adapters": adapter_list(running),
-        "waiting_lora_adapters": adapter_list(waiting),
+        "running_lora_adapters": adapter_list(running, private=private),
+        "waiting_lora_adapters": adapter_list(waiting, private=private),
     }
 
 
@@ -79,6 +88,7 @@ def residency_rows(
     pinned: Iterable[str],
     ranks: Mapping[str, int],
     host_cap: int = MAX_HOST_ROWS,
+    private: Callable[[str], bool] = namespaced,
 ) -> dict[ResidencyRow, int]:
     """Rows of the adapters in a slot (`slots`, every one: the slot count bounds them) and of
     those parsed in host memory but in no slot (`host`, the first `host_cap` named, the rest
@@ -90,7 +100,7 @@ def residency_rows(
     def add(ref: str, tier: Tier, name: str | None = None) -> None:
         rank = ranks.get(ref)
         row = ResidencyRow(
-            adapter=name or public_name(ref),
+            adapter=name or public_name(ref, private),
             tier=tier,
             rank=UNKNOWN_RANK if rank is None else str(rank),
             pinned="true" if ref in pins else "false",

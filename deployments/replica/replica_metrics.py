@@ -19,17 +19,21 @@ import logging
 import time
 from typing import Any
 
+from adapter_store.errors import NotFoundError
 from deployments.ops import metric_names as names
 from deployments.ops import metrics
 from deployments.ops.gate_metrics import export_gate_telemetry
 from deployments.placement.affinity import base_name
-from deployments.replica.lora_info import lora_info_tags, residency_rows
+from deployments.replica.lora_info import lora_info_tags, namespaced, residency_rows
 from molora_runtime.lora.composition import read_composition_config
 from molora_runtime.lora.tiers import residency_counts
 
 logger = logging.getLogger("ray.serve")
 
 METRICS_PERIOD_S = 1.0
+
+
+MAX_OWNER_MEMO = 100_000  # names whose owner is remembered (then looked up each time)
 
 
 class ReplicaMetrics:
@@ -41,6 +45,7 @@ class ReplicaMetrics:
         self._model = {"model_name": model_name}
         self._last_counters: dict[str, int] = {}
         self._experts: dict[str, list[str]] = {}
+        self._owned: dict[str, bool] = {}  # adapter or composition name -> a tenant owns it
 
     # -- metrics ----------------------------------------------------------------------------
 
@@ -108,11 +113,39 @@ class ReplicaMetrics:
         `lora_requests_info` series (`exposition.merge`), so old adapter lists never pile up.
         """
         adapters = self._engine.request_adapters()
-        tags = lora_info_tags(adapters.running, adapters.waiting, stats.num_slots)
+        private = self._private
+        tags = lora_info_tags(adapters.running, adapters.waiting, stats.num_slots, private)
         metrics.vllm_lora_info().set(time.time(), tags=tags)
-        rows = residency_rows(stats.hot_set, stats.host_resident, stats.pinned, stats.adapter_ranks)
+        rows = residency_rows(
+            stats.hot_set, stats.host_resident, stats.pinned, stats.adapter_ranks, private=private
+        )
         for row, count in rows.items():
             metrics.adapter_residency().set(count, tags=row._asdict())
+
+    def _private(self, ref: str) -> bool:
+        """Whether `ref` belongs to a tenant, by its store manifest (a name keeps its owner for
+        good, so the answer is kept); namespaced names without a look-up, and any name the
+        store cannot answer for is treated as private."""
+        name = base_name(ref)
+        known = self._owned.get(name)
+        if known is None:
+            known = namespaced(ref) or self._owned_in_store(ref)
+            if len(self._owned) < MAX_OWNER_MEMO:
+                self._owned[name] = known
+        return known
+
+    def _owned_in_store(self, ref: str) -> bool:
+        manifest = getattr(self._source, "manifest", None)
+        if manifest is None:
+            return False  # a source without tenants (a plain directory of adapters)
+        for kind in ("adapter", "composition"):
+            try:
+                return manifest(kind, ref).tenant is not None
+            except NotFoundError:
+                continue
+            except Exception:
+                return True
+        return True
 
     def _export_tiers(self) -> None:
         """Per-tier counters and bytes, residency counts and stage latencies: labels are

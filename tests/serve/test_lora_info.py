@@ -132,3 +132,19 @@ def test_replica_exports_lora_info_and_residency(monkeypatch: pytest.MonkeyPatch
     }
     keys = metrics.SPECS[metric_names.ADAPTER_RESIDENCY].tags
     assert all(tuple(t) == keys for _, t in residency.sets)
+
+
+def test_a_tenants_plain_named_adapter_is_private_by_its_owner() -> None:
+    """A tenant's adapter published under a plain name (no `tenant~`) is hidden too: the
+    replica asks its store who owns the name."""
+    from deployments.replica.lora_info import lora_info_tags, residency_rows
+
+    owned = {"evil-private"}
+
+    def private(ref: str) -> bool:
+        return ref.partition("@")[0] in owned
+
+    tags = lora_info_tags({"evil-private@v1": 2, "pub@v1": 1}, {}, 8, private)
+    assert tags["running_lora_adapters"] == "private,pub"
+    rows = residency_rows(["evil-private@v1"], [], [], {}, private=private)
+    assert [row.adapter for row in rows] == ["private"]
