@@ -109,6 +109,41 @@ class HotSetConfig(StrictModel):
         return list(dict.fromkeys(value))
 
 
+class SpeculativeConfig(StrictModel):
+    """Draft-free speculative decoding (vLLM's `--speculative-config` JSON): each decode proposes
+    up to `num_speculative_tokens` tokens found in the sequence's own history, and one forward
+    verifies them under the request's route, so outputs stay those of plain decoding."""
+
+    method: Literal["ngram", "suffix"] = Field(
+        "ngram",
+        description="ngram: the latest earlier match of the last n tokens in prompt + output "
+        "(vLLM's prompt lookup); suffix: the longest such match, so longer contexts win",
+    )
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="draft tokens per step")
+    prompt_lookup_min: int = Field(2, ge=1, le=16, description="shortest n-gram matched")
+    prompt_lookup_max: int = Field(4, ge=1, le=16, description="longest n-gram matched")
+    max_batch: int = Field(
+        4,
+        ge=0,
+        le=1024,
+        description="speculate only while at most this many sequences decode (above it a "
+        "CPU step is compute-bound and verifying drafts would cost throughput); 0: never",
+    )
+    model: str | None = Field(
+        None, description="accepted for vLLM compatibility; only draft-free methods exist"
+    )
+
+    @model_validator(mode="after")
+    def _lookup_order(self) -> SpeculativeConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
+        if self.model is not None:
+            raise ValueError(
+                "a draft model is not supported; use method 'ngram' or 'suffix' (draft-free)"
+            )
+        return self
+
+
 class GrammarConfig(StrictModel):
     """How response_format grammars are compiled (off the event loop and the step thread)."""
 
@@ -183,6 +218,9 @@ class EngineConfig(StrictModel):
         "weight / sum of active weights of max_num_seqs and of the KV blocks",
     )
     grammar: GrammarConfig = Field(default_factory=GrammarConfig)
+    speculative: SpeculativeConfig | None = Field(
+        None, description="speculative decoding (vLLM's --speculative-config); None: off"
+    )
     seed: int = 0
 
     @model_validator(mode="after")

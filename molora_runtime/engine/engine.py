@@ -31,6 +31,7 @@ from molora_runtime.engine.request_check import RequestChecker
 from molora_runtime.engine.route_key import RouteIdentities, cache_identity, chain_block_hash
 from molora_runtime.engine.scheduler import Scheduler
 from molora_runtime.engine.sequence import Sequence
+from molora_runtime.engine.speculation import Drafter
 from molora_runtime.engine.step_batch import StepBatch
 from molora_runtime.engine.step_model import StepModel
 from molora_runtime.engine.structured import GrammarCompiler
@@ -91,12 +92,15 @@ class LLMEngine:
             blocks, bs, chain_block_hash, prefix_caching=config.enable_prefix_caching
         )
         self.identities = RouteIdentities(str(self.model_path), source)
+        self.drafter = Drafter(config.speculative) if config.speculative is not None else None
         self.scheduler = Scheduler(
             config,
             self.block_manager,
             AdapterBinder(self.hot_set),
             identify=self._cache_identity,
             copy_blocks=self.kv.copy_blocks,
+            drafter=self.drafter,
+            max_len=self.max_seq_len,
         )
         self.grammars = GrammarCompiler(
             self.tokenizer, arch.vocab_size, sorted(self.eos_ids), config.grammar
@@ -119,6 +123,7 @@ class LLMEngine:
             self.hot_set,
             self.kv.zero_blocks,
             config.max_num_seqs,
+            self.drafter,
         )
         use_graphs = config.enable_cuda_graph and self.device.type == "cuda"
         self.runner = ModelRunner(
@@ -227,6 +232,7 @@ class LLMEngine:
             ),
             rank_pools=self.hot_set.pool_report(),
             adapter_ranks=self.hot_set.known_ranks(self.hot_set.loaded() + host.resident()),
+            speculation=self.drafter.counters.snapshot() if self.drafter is not None else None,
         )
 
     def request_adapters(self) -> RequestAdapters:

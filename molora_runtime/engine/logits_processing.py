@@ -21,8 +21,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from molora_runtime.engine.sampler import SAMPLING_EPS, sample_one, sample_tokens
+from molora_runtime.engine.sampler import (
+    SAMPLING_EPS,
+    accept_or_resample,
+    sample_one,
+    sample_tokens,
+)
 from molora_runtime.engine.types import SamplingParams, TokenLogprob
+from molora_runtime.errors import NonFiniteLogitsError
 
 
 @dataclass
@@ -127,6 +133,29 @@ def sample_rows(
             lp = row_logprobs(processed, inp.params)
             logprobs[i] = token_logprob(lp, tok, inp.params.logprobs)
     return tokens, logprobs
+
+
+def verify_row(
+    logits: torch.Tensor, inp: RowInput, draft: int | None
+) -> tuple[int, TokenLogprob | None]:
+    """The token one verified row [V] yields, and its logprob if asked: greedy rows take their
+    processed argmax (the draft is kept when it is that token); sampled rows keep `draft` by
+    the rejection rule, and the row after a fully accepted draft samples as usual."""
+    if not bool(torch.isfinite(logits.amax())):
+        raise NonFiniteLogitsError("the model produced NaN/Inf logits for this request")
+    processed = process_row(logits, inp) if inp.processing else logits.float()
+    if not bool(torch.isfinite(processed).any()):
+        raise ValueError("every token is masked for this request (grammar or min_tokens)")
+    p = inp.params
+    if p.temperature < SAMPLING_EPS:
+        token = int(processed.argmax())
+    elif draft is None or not bool(torch.isfinite(processed[draft])):
+        token = sample_one(processed, p, inp.generator)
+    else:
+        token = accept_or_resample(processed, p, inp.generator, draft)
+    if p.logprobs is None:
+        return token, None
+    return token, token_logprob(row_logprobs(processed, p), token, p.logprobs)
 
 
 def prompt_logprobs(

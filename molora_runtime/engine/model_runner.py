@@ -29,7 +29,8 @@ class ModelRunner:
             self.graph_runner.capture_all()
 
     def run(self, batch: StepBatch) -> tuple[torch.Tensor, LoRAContext | None]:
-        """Logits of the batch's sampled rows (then its prompt-logprob rows) and the context."""
+        """Logits of the batch's sampled rows (then its verified rows, then its prompt-logprob
+        rows) and the context."""
         dev = self.device
         ids = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)
         ctx = None
@@ -43,19 +44,14 @@ class ModelRunner:
             )
             ctx = build_lora_context(segments, self.hot_set, self.width, dev, record_layers=record)
         graphs = self.graph_runner
-        if (
-            graphs is not None
-            and batch.num_decode == len(batch.segments)
-            and graphs.can_run(batch.num_decode, ctx)
-        ):
+        if graphs is not None and batch.decode_only and graphs.can_run(batch.num_decode, ctx):
             return graphs.run(batch, ids, ctx), ctx
         meta = step_attention(
             batch.slots, batch.positions, batch.decode_tables, batch.prefills, self.kv, dev
         )
-        # Prompt positions of requests asking for prompt logprobs ride after the sampled rows.
-        logits_index = torch.tensor(
-            batch.logits_index + batch.prompt_logits_index, dtype=torch.long, device=dev
-        )
+        # Verified draft rows, then prompt positions asking for logprobs, ride after the sampled rows.
+        rows = batch.logits_index + batch.verify_index + batch.prompt_logits_index
+        logits_index = torch.tensor(rows, dtype=torch.long, device=dev)
         with torch.inference_mode():
             logits = self.model(ids, meta, self.kv, ctx, logits_index)
         return logits, ctx

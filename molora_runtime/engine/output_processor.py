@@ -17,12 +17,19 @@ import torch
 from molora_runtime.engine.detokenizer import IncrementalDetokenizer
 from molora_runtime.engine.gate_summary import GateSummaries
 from molora_runtime.engine.isolation import culprit_error, sample_isolated
-from molora_runtime.engine.logits_processing import RowInput, sample_rows, take_rows, token_logprob
+from molora_runtime.engine.logits_processing import (
+    RowInput,
+    sample_rows,
+    take_rows,
+    token_logprob,
+    verify_row,
+)
 from molora_runtime.engine.route_stats import GateStats, attribution, attributions, slot_names
 from molora_runtime.engine.scheduler import Scheduler
 from molora_runtime.engine.sequence import SeqStatus, Sequence
+from molora_runtime.engine.speculation import Drafter
 from molora_runtime.engine.step_batch import StepBatch
-from molora_runtime.engine.types import FinishReason, GateSummary, GenerationOutput
+from molora_runtime.engine.types import FinishReason, GateSummary, GenerationOutput, TokenLogprob
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.multimodal.prompt import HIDDEN_IDS
@@ -42,6 +49,7 @@ class OutputProcessor:
         hot_set: HotSet,
         wipe: Callable[[list[int]], None],
         max_num_seqs: int = 1,
+        drafter: Drafter | None = None,
     ) -> None:
         """`max_len`: tokens a sequence may reach (context limit and KV budget); `wipe` zeroes
         KV blocks of a failed sequence; `max_num_seqs` sizes the gate summaries' rows."""
@@ -51,6 +59,7 @@ class OutputProcessor:
         self.scheduler = scheduler
         self.hot_set = hot_set
         self.wipe = wipe
+        self.drafter = drafter
         self.gate_stats = GateStats(hot_set)
         self.summaries = GateSummaries(hot_set, max_num_seqs)
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -59,17 +68,25 @@ class OutputProcessor:
     def process(
         self, batch: StepBatch, logits: torch.Tensor, ctx: LoRAContext | None, outputs: Outputs
     ) -> None:
+        verified = {id(seq) for seq, _, _ in batch.verify}
         for seq, _, n in batch.segments:
-            self.scheduler.commit(seq, n)
+            if id(seq) not in verified:  # a verification commits what it accepts
+                self.scheduler.commit(seq, n)
+        sampled_rows = len(batch.logits_index)
+        verify_end = sampled_rows + len(batch.verify_index)
         if batch.prompt_logits_index:
-            sampled_rows = len(batch.logits_index)
-            self._record_prompt_logprobs(batch, logits[sampled_rows:])
-            logits = logits[:sampled_rows]
+            self._record_prompt_logprobs(batch, logits[verify_end:])
+        verify_logits = logits[sampled_rows:verify_end]
+        logits = logits[:sampled_rows]
         if ctx is not None and ctx.has_learned and ctx.layer_tables:
             try:
                 self.gate_stats.record(ctx)
             except Exception:  # observability only; never fails the step
                 log.debug("gate stats failed", exc_info=True)
+        offset = 0
+        for seq, start, n in batch.verify:
+            self._verify(seq, start, verify_logits[offset : offset + n], ctx, outputs)
+            offset += n
         seqs, src = self.scheduler.fork_prefills(batch.logits_seqs)
         if not seqs:
             return
@@ -97,13 +114,7 @@ class OutputProcessor:
         for i, token in picks:
             seq = seqs[i]
             try:
-                seq.output_ids.append(token)
-                if seq.grammar is not None:
-                    seq.grammar.accept(token)
-                if logprobs.get(i) is not None:
-                    seq.logprobs.append(logprobs[i])
-                if seq.first_token_at is None:
-                    seq.first_token_at = now
+                self._take(seq, token, logprobs.get(i), now)
                 if seq.request.return_attribution:
                     found_i = attrs.get(i)
                     if found_i is None:
@@ -118,6 +129,59 @@ class OutputProcessor:
                         outputs.append(out)
             except Exception as exc:
                 self.fail(seq, exc, outputs)
+
+    def _take(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float) -> None:
+        """`token` is `seq`'s next output: its grammar advances, its logprob is kept."""
+        seq.output_ids.append(token)
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+
+    def _verify(
+        self,
+        seq: Sequence,
+        start: int,
+        rows: torch.Tensor,
+        ctx: LoRAContext | None,
+        outputs: Outputs,
+    ) -> None:
+        """Keep the longest prefix of `seq`'s draft the target agrees with, plus the target's
+        own next token. Row j holds the logits after the last token and j draft tokens; each
+        row is sampled (or, with temperature, accepted by the rejection rule) with the history
+        as it stands after the rows before it, so masks, penalties, stops and logprobs see
+        exactly what they see without speculation."""
+        draft = seq.draft
+        try:
+            now = time.monotonic()
+            names = slot_names(self.hot_set) if seq.request.return_attribution else {}
+            accepted, emitted, reason = 0, 0, None
+            for j in range(len(draft) + 1):
+                proposal = draft[j] if j < len(draft) else None
+                token, logprob = verify_row(rows[j], self._row_input(seq), proposal)
+                self._take(seq, token, logprob, now)
+                if seq.request.return_attribution:
+                    seq.attribution.append(attribution(ctx, start + j, token, names))
+                emitted += 1
+                accepted += token == proposal
+                reason = self._check_stop(seq, token)
+                if reason is not None or token != proposal:
+                    break
+            self.scheduler.commit(seq, emitted)  # the last token and the accepted draft
+            self.scheduler.release_draft(seq)
+            assert self.drafter is not None and seq.spec is not None
+            self.drafter.accepted(seq.spec, seq.route, len(draft), accepted)
+            self.summaries.record(ctx, [seq] * emitted, list(range(start, start + emitted)))
+            if reason is not None:
+                self.finish(seq, reason, outputs)
+            else:
+                out = self._increment(seq, finished=False)
+                if out is not None:
+                    outputs.append(out)
+        except Exception as exc:
+            self.fail(seq, exc, outputs)
 
     def _record_prompt_logprobs(self, batch: StepBatch, logits: torch.Tensor) -> None:
         """Logprob of each prompt token given the ones before it (raw logits, k top ones)."""
@@ -250,6 +314,8 @@ class OutputProcessor:
         else:
             outputs.append(self.final(seq, reason))
         self._detok.pop(seq.request_id, None)
+        if self.drafter is not None and seq.spec is not None and reason != "error":
+            self.drafter.remember(seq.spec, seq.output_ids)
         self.scheduler.finish(seq)
 
     def fail(self, seq: Sequence, exc: BaseException, outputs: Outputs) -> None:

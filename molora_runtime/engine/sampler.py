@@ -100,14 +100,41 @@ def sample_tokens(
 
 def sample_one(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
     """Temperature, min-p, top-k, top-p, then one draw from `gen` (a -inf-masked row too)."""
+    return sample_scaled(scaled_row(row, p), p, gen)
+
+
+def scaled_row(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """One row [V] divided by the temperature, then min-p filtered."""
     row = row.float() / p.temperature
     if p.min_p:
         row = min_p_filter(row.unsqueeze(0), torch.tensor([p.min_p], device=row.device))[0]
-    return sample_scaled(row, p, gen)
+    return row
 
 
 def sample_scaled(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
     """Top-k, top-p and one draw from a temperature-scaled (and min-p filtered) row."""
+    # Generators live on the CPU so a seed gives the same tokens on any device.
+    return int(torch.multinomial(truncated_probs(row, p).cpu(), 1, generator=gen))
+
+
+def accept_or_resample(
+    row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None, draft: int
+) -> int:
+    """Speculative sampling's rule for a draft proposed with certainty (a lookup, not a
+    model): keep `draft` with the probability the target gives it, else draw from the target
+    with `draft` removed. The token returned follows the target's distribution exactly."""
+    probs = truncated_probs(scaled_row(row, p), p).cpu()
+    if float(torch.rand((), generator=gen)) < float(probs[draft]):
+        return draft
+    probs[draft] = 0.0
+    total = probs.sum()
+    if float(total) <= 0.0:  # the target gives `draft` everything: it was kept above
+        return draft
+    return int(torch.multinomial(probs / total, 1, generator=gen))
+
+
+def truncated_probs(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution one draw samples from: a temperature-scaled row after top-k and top-p."""
     if p.top_k and p.top_k < row.shape[-1]:
         kth = torch.topk(row, p.top_k).values[-1]
         row = row.masked_fill(row < kth, float("-inf"))
@@ -121,6 +148,4 @@ def sample_scaled(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | N
     total = probs.sum()
     if not bool(torch.isfinite(total)) or float(total) <= 0.0:
         raise ValueError("sampling probabilities are not finite (NaN/Inf logits)")
-    probs = probs / total
-    # Generators live on the CPU so a seed gives the same tokens on any device.
-    return int(torch.multinomial(probs.cpu(), 1, generator=gen))
+    return probs / total

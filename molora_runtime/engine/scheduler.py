@@ -22,6 +22,7 @@ from molora_runtime.engine.adapter_binding import AdapterBinder
 from molora_runtime.engine.block_manager import BlockManager
 from molora_runtime.engine.fair_share import FairShare
 from molora_runtime.engine.sequence import SeqStatus, Sequence
+from molora_runtime.engine.speculation import Drafter
 from molora_runtime.engine.step_batch import StepBatch
 
 OnError = Callable[[Sequence, BaseException], None]
@@ -37,8 +38,14 @@ class Scheduler:
         binder: AdapterBinder,
         identify: Callable[[Sequence], bytes],
         copy_blocks: Callable[[list[int], list[int]], None],
+        drafter: Drafter | None = None,
+        max_len: int | None = None,
     ) -> None:
+        """`drafter`: proposes drafts to verify (speculative decoding; None: off); `max_len`:
+        the positions a sequence may reach (drafts stop short of it)."""
         self.max_num_seqs = config.max_num_seqs
+        self.drafter = drafter
+        self.max_len = max_len if max_len is not None else config.max_model_len
         self.adapter_wait_s = config.adapter_wait_s
         self.token_budget = config.max_num_batched_tokens
         self.blocks = blocks
@@ -167,13 +174,24 @@ class Scheduler:
     # ----- the step's batch -----------------------------------------------------------------
     def schedule(self) -> StepBatch:
         """Every running decode (one token each, growing its block table, preempting when the
-        pool is dry), then prefill chunks within the token budget."""
+        pool is dry; with a draft, its last token and the draft), then prefill chunks within
+        the token budget."""
         batch = StepBatch(self.blocks.block_size)
-        for seq in [s for s in self.running if not s.in_prefill]:
+        decoding = [s for s in self.running if not s.in_prefill]
+        drafter = self.drafter
+        speculate = drafter is not None and drafter.active(len(decoding))
+        verifying: list[Sequence] = []
+        for seq in decoding:
             # (an earlier decode's block may have preempted it: then it is waiting again)
             if seq.status is SeqStatus.RUNNING and self._reserve_decode(seq):
-                batch.add(seq, seq.num_computed, 1, produces_logits=True)
-        budget = self.token_budget - batch.num_decode
+                if speculate and self._draft(seq):
+                    verifying.append(seq)
+                else:
+                    batch.add(seq, seq.num_computed, 1, produces_logits=True)
+        for seq in verifying:
+            if seq.status is SeqStatus.RUNNING:
+                batch.add(seq, seq.num_computed, 1 + len(seq.draft), produces_logits=True)
+        budget = self.token_budget - len(batch.token_ids)
         for seq in self.running:
             if budget <= 0:
                 break
@@ -197,8 +215,41 @@ class Scheduler:
         self.blocks.append_block(seq.block_table)
         return True
 
+    def _draft(self, seq: Sequence) -> bool:
+        """Propose `seq`'s draft, cut to its remaining `max_tokens`, the positions it may reach
+        and the blocks free now (a draft never preempts anyone); True if one is left."""
+        assert self.drafter is not None
+        if seq.spec is None:
+            seq.spec = self.drafter.new_state(seq.request.tenant, seq.route)
+        room = min(
+            seq.request.sampling.max_tokens - len(seq.output_ids) - 1,
+            self.max_len - 1 - seq.num_computed,
+        )
+        if room <= 0:
+            return False
+        draft = self.drafter.propose(seq.spec, seq.tokens(0, seq.total_len))[:room]
+        bs = self.blocks.block_size
+        while draft and seq.num_computed + len(draft) >= len(seq.block_table) * bs:
+            if self.blocks.num_free <= self.reserve:
+                draft = draft[: len(seq.block_table) * bs - 1 - seq.num_computed]
+                break
+            self.blocks.append_block(seq.block_table)
+        seq.draft = draft
+        return bool(draft)
+
+    def release_draft(self, seq: Sequence) -> None:
+        """After verification: blocks past the next token's position (held only for rejected
+        draft tokens, never indexed) go back to the pool."""
+        seq.draft = []
+        keep = self.blocks.blocks_for(seq.num_computed + 1)
+        if len(seq.block_table) > keep:
+            tail = seq.block_table[keep:]
+            del seq.block_table[keep:]
+            self.blocks.free(tail)
+
     def preempt(self, seq: Sequence) -> None:
         """Free `seq`'s KV and queue it first to recompute prompt + outputs."""
+        seq.draft = []
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
         self.binder.release(seq)

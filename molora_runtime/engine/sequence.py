@@ -9,6 +9,7 @@ from enum import Enum
 import torch
 
 from molora_runtime.delegate import Delegate
+from molora_runtime.engine.speculation import SpecState
 from molora_runtime.engine.structured import GrammarState
 from molora_runtime.engine.types import (
     FinishReason,
@@ -57,6 +58,8 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     started_at: float | None = None  # first admission to running (queue time ends)
+    spec: SpecState | None = None  # speculative decoding: this sequence's drafter state
+    draft: list[int] = field(default_factory=list)  # tokens this step verifies after the last
 
     request_id = Delegate[str]("request.request_id")
     route = Delegate[RouteSpec]("request.route")

@@ -1,4 +1,5 @@
-"""Host-side description of one step's flat token batch (decodes first, then prefill chunks)."""
+"""Host-side description of one step's flat token batch (decodes first, then verifications of
+drafts, then prefill chunks)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,13 @@ class StepBatch:
         self.logits_seqs: list[Sequence] = []
         self.prompt_logits_index: list[int] = []  # prompt_logprobs: batch index of position p
         self.prompt_logits_owner: list[tuple[Sequence, int]] = []  # (seq, p)
-        self.num_decode = 0
+        self.verify: list[tuple[Sequence, int, int]] = []  # (seq, start, n): last token + draft
+        self.verify_index: list[int] = []  # every verified row, after the sampled rows
+        self.num_decode = 0  # decode rows (a verification counts one per token)
+
+    @property
+    def decode_only(self) -> bool:
+        return not self.prefills
 
     @staticmethod
     def halves(batch: StepBatch) -> list[StepBatch]:
@@ -39,8 +46,25 @@ class StepBatch:
         return parts
 
     def add(self, seq: Sequence, pos: int, n: int, produces_logits: bool) -> None:
+        """`n` tokens of `seq` from position `pos`: a prefill chunk, a decode, or (a decode with
+        a draft) the last token and its draft, each token a decode row whose logits are kept."""
         start = len(self.token_ids)
         bs, table = self.block_size, seq.block_table
+        verifying = bool(seq.draft) and not seq.in_prefill
+        if verifying:  # each row a decode of its own: the same attention as plain decoding
+            assert not self.prefills, "decodes come first"
+            assert n == 1 + len(seq.draft), "a verification covers the whole draft"
+            self.token_ids.append(seq.token_at(pos))
+            self.token_ids.extend(seq.draft)
+            for p in range(pos, pos + n):
+                self.positions.append(p)
+                self.slots.append((table[p // bs], p % bs))
+                self.decode_tables.append(table)
+            self.num_decode += n
+            self.segments.append((seq, start, n))
+            self.verify.append((seq, start, n))
+            self.verify_index.extend(range(start, start + n))
+            return
         if n == 1:  # a decode: no ranges to build
             self.token_ids.append(seq.token_at(pos))
             self.positions.append(pos)

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from molora_runtime.engine.speculation import SpecCounters
 from molora_runtime.engine.structured import ResponseFormat
 from molora_runtime.routes import BaseRoute, RouteSpec
 
@@ -337,6 +338,7 @@ class EngineStats:
     # rank pools: (rank, slots, free, evictable) each, none when padded; ranks of adapters held
     rank_pools: list[tuple[int, int, int, int]] = field(default_factory=list)
     adapter_ranks: dict[str, int] = field(default_factory=dict)
+    speculation: SpecCounters | None = None  # draft acceptance, when speculative decoding is on
 
 
 @dataclass
