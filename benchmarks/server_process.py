@@ -20,8 +20,12 @@ import httpx
 import yaml
 
 from benchmarks.vllm_env import vllm_cpu_env
-from deployments.api.proxy_guard import PROXY_ENV_VARS
-from deployments.replica.serve_env import ENABLE, direct_ingress_env, ray_address_env
+from deployments.replica.serve_env import (
+    ENABLE,
+    PROXY_ENV_VARS,
+    direct_ingress_env,
+    ray_address_env,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MOLORA_PORT = 18500  # the benchmark configs serve here; start_molora waits on it

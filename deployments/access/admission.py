@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from deployments.access.auth import KeyRing, Principal, bearer_key
-from deployments.api.response_models import error_payload
 from deployments.config import AdmissionConfig, QuotaConfig
+from deployments.protocol.openai_error import error_payload
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -26,7 +26,6 @@ from deployments.access.auth import ANONYMOUS, KeyFileError, KeyRing, Principal,
 from deployments.access.overload import WaitEstimator
 from deployments.access.quotas import QuotaBook, QuotaExceeded, retry_after_header
 from deployments.access.tenancy import visible_catalog
-from deployments.api.response_models import error_payload
 from deployments.catalog.admin import AdminNotFound, YankBody, set_yanked
 from deployments.catalog.lora_admin import (
     LoadLoraBody,
@@ -37,6 +36,7 @@ from deployments.catalog.lora_admin import (
 )
 from deployments.catalog.model_names import Catalog, Resolver
 from deployments.config import ServeConfig, ServerConfig, StoreConfig
+from deployments.protocol.openai_error import error_payload
 from molora_runtime.model.model_paths import resolve_model_path
 
 logger = logging.getLogger("ray.serve")

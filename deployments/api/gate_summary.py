@@ -13,7 +13,7 @@ from adapter_store.names import plain_name
 from deployments.api.http_errors import ApiError
 from deployments.api.response_models import ExpertShareOut, GateSummaryOut
 from deployments.catalog.model_names import Resolved
-from deployments.replica.wire import GateSummaryItem
+from deployments.protocol.wire import GateSummaryItem
 from molora_runtime.routes import LearnedRoute
 
 

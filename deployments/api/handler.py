@@ -25,7 +25,6 @@ from deployments.api.engine_request import Body, check_echo_size, engine_request
 from deployments.api.http_errors import ApiError, error_response, read_payload
 from deployments.api.images import ImagePartError, request_images
 from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
-from deployments.api.response_models import error_payload
 from deployments.api.shaping import Item, Shaper, choices_asked, sse
 from deployments.api.tracking import Tracker, route_label
 from deployments.api.upstream import Upstream
@@ -36,7 +35,8 @@ from deployments.catalog.model_names import (
     Resolved,
 )
 from deployments.config import ServeConfig
-from deployments.replica.wire import ErrorItem
+from deployments.protocol.openai_error import error_payload
+from deployments.protocol.wire import ErrorItem
 
 logger = logging.getLogger("ray.serve")
 

@@ -20,7 +20,7 @@ from deployments.access.gate import AccessError
 from deployments.access.gate import error_response as access_error_response
 from deployments.api.json_guard import BodyError, parse_body
 from deployments.api.request_models import OPENAI_UNSUPPORTED
-from deployments.api.response_models import error_payload
+from deployments.protocol.openai_error import error_payload
 
 
 class ApiError(Exception):

@@ -21,7 +21,6 @@ from deployments.access import header_deadline
 from deployments.access.admission import AdmissionMiddleware
 from deployments.access.gate import Access, AccessError
 from deployments.access.tenancy import private_names
-from deployments.api.errors import status_of
 from deployments.api.handler import RequestHandler
 from deployments.api.http_errors import ApiError, install_handlers
 from deployments.api.model_cards import model_card, model_list
@@ -36,11 +35,12 @@ from deployments.catalog.model_names import CatalogCache, Resolver
 from deployments.catalog.store import CatalogLoader
 from deployments.catalog.watch import CatalogWatch
 from deployments.config import REPO_ROOT, ServeConfig
-from deployments.ops import metrics
-from deployments.ops.metrics_scrape import MetricsScraper
+from deployments.protocol.errors import status_of
 from deployments.replica.heap import GcPauseMeter
 from deployments.replica.serve_env import wait_for_router_port
 from deployments.replica.stream_channel import ChannelClient
+from deployments.telemetry import metrics
+from deployments.telemetry.metrics_scrape import MetricsScraper
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -1,11 +1,11 @@
-"""Logprobs between the engine and the OpenAI API: token texts on the replica, shapes at the ingress.
+"""Logprobs at the ingress: the replica's wire items in the OpenAI chat and completions shapes.
 
-The engine reports (token id, logprob, top alternatives) as floats; the replica, which holds the
-tokenizer, adds each token's text (the token decoded alone: OpenAI's `token`; `bytes` are its
-UTF-8, so a token that is part of a multi-byte character shows U+FFFD). The ingress, which holds no
-tokenizer, turns them into the chat shape (`choices[].logprobs.content[]`) or the completions
-shape (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`). A masked token's -inf is written
-as -9999.0, as vLLM does, since JSON has no infinity.
+The replica sends each token's logprob with its text (deployments/protocol/logprob_items.py;
+`bytes` are the text's UTF-8, so a token that is part of a multi-byte character shows U+FFFD).
+The ingress, which holds no tokenizer, turns them into the chat shape
+(`choices[].logprobs.content[]`) or the completions shape (`tokens`, `token_logprobs`,
+`top_logprobs`, `text_offset`). A masked token's -inf is written as -9999.0, as vLLM does, since
+JSON has no infinity.
 """
 
 from __future__ import annotations
@@ -13,50 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from molora_runtime.engine.types import TokenLogprob
-
 NEG_INF_LOGPROB = -9999.0
-
-
-def _text(tokenizer: Any, token_id: int) -> str:
-    if tokenizer is None:
-        return f"<{token_id}>"
-    return str(tokenizer.decode([token_id], skip_special_tokens=False))
-
-
-def _top(tokenizer: Any, top: list[tuple[int, float]]) -> list[dict[str, Any]]:
-    return [{"token_id": t, "token": _text(tokenizer, t), "logprob": v} for t, v in top]
-
-
-def logprob_items(lps: list[TokenLogprob], tokenizer: Any) -> list[dict[str, Any]]:
-    """The engine's logprobs with token texts (replica side), as wire `LogprobItem` dicts."""
-    return [
-        {
-            "token_id": lp.token_id,
-            "token": _text(tokenizer, lp.token_id),
-            "logprob": lp.logprob,
-            "top": _top(tokenizer, lp.top),
-        }
-        for lp in lps
-    ]
-
-
-def prompt_items(
-    ids: list[int], lps: list[TokenLogprob | None], tokenizer: Any
-) -> list[dict[str, Any]]:
-    """Every prompt token with its text; the first (and any without logits) has logprob None."""
-    out = []
-    for i, token_id in enumerate(ids):
-        lp = lps[i] if i < len(lps) else None
-        out.append(
-            {
-                "token_id": token_id,
-                "token": _text(tokenizer, token_id),
-                "logprob": None if lp is None else lp.logprob,
-                "top": [] if lp is None else _top(tokenizer, lp.top),
-            }
-        )
-    return out
 
 
 def finite(value: float) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from deployments.api.response_models import ErrorResponse
+from deployments.protocol.openai_error import ErrorResponse
 
 
 def inline_schema(model: type[BaseModel]) -> dict[str, Any]:

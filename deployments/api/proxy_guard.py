@@ -1,13 +1,13 @@
 """Runs inside Ray Serve's HTTP proxy: a response the router never finished still ends cleanly.
 
-When the router replica dies (SIGKILL, OOM, node loss) Ray's proxy stops relaying its messages
-and returns: a stream already under way would be cut without its terminating chunk, and a
-response not yet started would become a plain-text 500. This ASGI middleware, which the proxy
-loads from `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH` (see PROXY_ENV_VARS), watches what the
-proxy sends; if the response never completed it ends an event stream with the same error
-event and `[DONE]` a failed model replica produces, and answers a response not yet begun with
-an OpenAI-shaped JSON error. It imports nothing of the project but the header deadline (uvicorn
-only): the proxy needs no more than Starlette.
+When the router replica dies (SIGKILL, OOM, node loss) Ray's proxy stops relaying its messages and
+returns: a stream already under way would be cut without its terminating chunk, and a response not
+yet started would become a plain-text 500. This ASGI middleware, which the proxy loads from
+`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH` (see `PROXY_ENV_VARS` in
+deployments/replica/serve_env.py), watches what the proxy sends; if the response never completed it
+ends an event stream with the same error event and `[DONE]` a failed model replica produces, and
+answers a response not yet begun with an OpenAI-shaped JSON error. It imports nothing of the project
+but the header deadline (uvicorn only): the proxy needs no more than Starlette.
 
 With `MOLORA_PROXY_MAX_OPEN_PER_KEY` set (> 0; for servers with auth on, at most the router's
 `server.admission.max_connections_per_key`) it also refuses, in the proxy itself, a request
@@ -36,9 +36,6 @@ from deployments.access import header_deadline
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
 
-PROXY_ENV_VARS: dict[str, str] = {
-    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.api.proxy_guard:proxy_middlewares"
-}
 CAP_ENV = "MOLORA_PROXY_MAX_OPEN_PER_KEY"
 ROUTER_LOST = 502
 LOST_MESSAGE = (
@@ -47,7 +44,7 @@ LOST_MESSAGE = (
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
-    """The OpenAI error shape (as `deployments.api.response_models.error_payload`)."""
+    """The OpenAI error shape (as `deployments.protocol.openai_error.error_payload`)."""
     kinds = {429: "rate_limit_error", 503: "service_unavailable"}
     kind = kinds.get(status, "server_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}

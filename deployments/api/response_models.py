@@ -1,4 +1,4 @@
-"""OpenAI-compatible response payloads, the error shape and response ids."""
+"""OpenAI-compatible response payloads and response ids (the error shape: protocol/openai_error)."""
 
 from __future__ import annotations
 
@@ -194,39 +194,6 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class ErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | int | None = None
-
-
-class ErrorResponse(BaseModel):
-    """The OpenAI error shape: `{"error": {"message", "type", "param", "code"}}`."""
-
-    error: ErrorBody
-
-
-ERROR_TYPES: dict[int, str] = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "internal_error",
-    503: "service_unavailable",
-}
-
-
-def error_payload(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    body = ErrorBody(
-        message=message, type=ERROR_TYPES.get(status, "error"), param=param, code=status
-    )
-    return ErrorResponse(error=body).model_dump()
 
 
 def new_id(prefix: str) -> str:

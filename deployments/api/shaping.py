@@ -2,7 +2,7 @@
 
 Text, logprobs (with echo), generated images, usage, n > 1 (choices by their `index`, best_of
 ranking) and adapter attribution are shaped here, for both chat and text completions. Deltas are
-read as wire dicts (`deployments.replica.wire`'s `delta` shape) and streamed chunks are built as
+read as wire dicts (`deployments.protocol.wire`'s `delta` shape) and streamed chunks are built as
 plain dicts (`chunks`), the protocol's models only for whole responses.
 """
 
@@ -26,10 +26,10 @@ from deployments.api.response_models import (
 )
 from deployments.api.tool_calls import ToolCallShaping
 from deployments.catalog.model_names import Resolved
-from deployments.replica.wire import DeltaItem, InfoItem, ReplicaItem, UsageItem, encode
+from deployments.protocol.wire import DeltaItem, InfoItem, ReplicaItem, UsageItem, encode
 
 Item = ReplicaItem
-Wire = dict[str, Any]  # a wire `delta` (deployments.replica.wire)
+Wire = dict[str, Any]  # a wire `delta` (deployments.protocol.wire)
 
 
 def sse(payload: Any) -> str:

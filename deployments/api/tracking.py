@@ -13,10 +13,10 @@ import time
 from typing import Any
 
 from deployments.catalog.model_names import Resolved
-from deployments.ops import metric_names as names
-from deployments.ops import metrics
-from deployments.ops.histogram_batch import RECORDER, Labels
-from deployments.replica.wire import DeltaItem, ReplicaItem, UsageItem
+from deployments.protocol.wire import DeltaItem, ReplicaItem, UsageItem
+from deployments.telemetry import metric_names as names
+from deployments.telemetry import metrics
+from deployments.telemetry.histogram_batch import RECORDER, Labels
 from molora_runtime.routes import LearnedRoute, SingleRoute
 
 

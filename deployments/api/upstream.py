@@ -24,8 +24,8 @@ from deployments.api.shaping import Item, head_info
 from deployments.api.tracking import Tracker
 from deployments.catalog.model_names import Resolved
 from deployments.placement.request_router import PLACEMENT_KWARG, TARGET_KWARG
+from deployments.protocol.wire import ErrorItem, InfoItem, UsageItem, decode
 from deployments.replica.stream_channel import CHANNEL_LOST, ChannelClient
-from deployments.replica.wire import ErrorItem, InfoItem, UsageItem, decode
 from molora_runtime.engine.types import GenerationRequest
 
 logger = logging.getLogger("ray.serve")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from adapter_store import open_store
 from adapter_store.versions import Registry, open_registry
+from deployments.catalog import rank_hints
 from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry
 from deployments.config import StoreConfig
-from deployments.placement import rank_hints
 from molora_runtime.lora.source import AdapterSource
 
 
@@ -28,7 +28,7 @@ class CatalogLoader:
     def __call__(self) -> Catalog:
         """Adapters and compositions of the store (latest, non-yanked versions) for
         `/v1/models`; their ranks also go to this process's request router
-        (deployments/placement/rank_hints.py)."""
+        (deployments/catalog/rank_hints.py)."""
         if self._registry is None:
             self._registry = _registry(self.cfg)
         registry = self._registry

@@ -1,9 +1,9 @@
 """The MoLoRA Grafana dashboard, built in code so every query names a metric we really export.
 
-Queries are written from the constants in `deployments.ops.metric_names` (plus Ray Serve's own replica
-and autoscaling gauges), never typed by hand, so a renamed metric breaks the build and the tests
-instead of silently emptying a panel. `molora dashboards build` writes the JSON that is committed
-under `k8s/grafana/`; `molora dashboards push` uploads it.
+Queries are written from the constants in `deployments.telemetry.metric_names` (plus Ray Serve's own
+replica and autoscaling gauges), never typed by hand, so a renamed metric breaks the build and the
+tests instead of silently emptying a panel. `molora dashboards build` writes the JSON that is
+committed under `k8s/grafana/`; `molora dashboards push` uploads it.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from deployments.ops import (
     dashboard_rows_serving,
     dashboard_rows_vllm,
 )
-from deployments.ops import metric_names as m
 from deployments.ops.dashboard_panels import DATASOURCE, Row, build
+from deployments.telemetry import metric_names as m
 
 DASHBOARD_UID = "molora-serve"
 DASHBOARD_TITLE = "MoLoRA Serve"

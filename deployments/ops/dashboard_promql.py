@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deployments.ops import metric_names as m
+from deployments.telemetry import metric_names as m
 
 # Ray Serve's own controller gauges (Ray 2.60, `ray/serve/_private/deployment_state.py`,
 # `autoscaling_state.py`), tagged {application, deployment}; Ray adds the `ray_` prefix.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from deployments.ops import metric_names as m
 from deployments.ops.dashboard_panels import Panel, Row
 from deployments.ops.dashboard_promql import (
     Query,
@@ -13,6 +12,7 @@ from deployments.ops.dashboard_promql import (
     sel,
     split_by,
 )
+from deployments.telemetry import metric_names as m
 
 
 def _loads_and_evictions(by: str, loads: str, evictions: str) -> list[Query]:

@@ -7,10 +7,10 @@ metrics they read (`gate_metrics`); the entropy and top-1 weight histograms are 
 
 from __future__ import annotations
 
-from deployments.ops import metric_names as m
 from deployments.ops.dashboard_panels import Panel, Row
 from deployments.ops.dashboard_promql import Query, percentiles, rate
 from deployments.ops.gate_alerts import expert_share
+from deployments.telemetry import metric_names as m
 
 TITLE = "Gate drift"
 _SHIFT = "1h"  # the drift panel's baseline: the same rate this long ago

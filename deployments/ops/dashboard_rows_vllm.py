@@ -6,9 +6,9 @@ Prometheus scrapes Ray's exporter (the PodMonitor), where the series carry Ray's
 
 from __future__ import annotations
 
-from deployments.ops import metric_names as m
 from deployments.ops.dashboard_panels import Panel, Row
 from deployments.ops.dashboard_promql import Query, grouped, percentiles, rate, sel, split_by
+from deployments.telemetry import metric_names as m
 
 
 def rows() -> list[Row]:

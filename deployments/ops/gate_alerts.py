@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from deployments.ops import metric_names as m
+from deployments.telemetry import metric_names as m
 
 RULE_NAME = "molora-gates"
 WINDOW = "15m"

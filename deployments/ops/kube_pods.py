@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from deployments.api.proxy_guard import CAP_ENV, PROXY_ENV_VARS
+from deployments.api.proxy_guard import CAP_ENV
 from deployments.ops.kube_groups import GpuGroup, PodResources
 from deployments.ops.kube_plan import Plan
 from deployments.ops.kube_profile import (
@@ -16,7 +16,7 @@ from deployments.ops.kube_profile import (
     SERVE_PORT,
     ClusterProfile,
 )
-from deployments.replica.serve_env import CLUSTER_DRAINING_S, direct_ingress_env
+from deployments.replica.serve_env import CLUSTER_DRAINING_S, PROXY_ENV_VARS, direct_ingress_env
 
 # A draining router answers /-/healthz 503 for CLUSTER_DRAINING_S: the probe must fail the pod
 # out of the Service's endpoints well within that (here after 3 x 2 s).

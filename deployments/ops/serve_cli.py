@@ -25,10 +25,10 @@ from adapter_store.config import PEFT_PREFIX, user_store_dir
 from adapter_store.errors import InvalidInputError, NotFoundError
 from adapter_store.validate import load_base_config, sha256_file
 from adapter_store.versions import open_registry
-from deployments.api.proxy_guard import PROXY_ENV_VARS
 from deployments.config import REPO_ROOT, ConfigError, ServeConfig
 from deployments.replica.serve_env import (
     ENABLE,
+    PROXY_ENV_VARS,
     ROUTER_PORT,
     direct_ingress_env,
     ray_address_env,

@@ -22,10 +22,10 @@ from typing import Any
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from deployments.ops import metrics
-from deployments.placement import rank_hints
+from deployments.catalog import rank_hints
 from deployments.placement.affinity import ReplicaView, base_name, place
 from deployments.placement.rank_fit import PoolView, occupy, parse_pools
+from deployments.telemetry import metrics
 
 logger = logging.getLogger("ray.serve")
 

@@ -1,6 +1,6 @@
 """The model replica: one engine per replica, streamed through the deployment handle.
 
-`generate` yields the typed items of `deployments.replica.wire` (wire dicts): `info` before
+`generate` yields the typed items of `deployments.protocol.wire` (wire dicts): `info` before
 the first output (which replica, were its adapters hot), `delta`s (text, token ids, optional
 attribution), `usage` last; or an `error` — also when the engine ended the request with
 finish_reason "error" (an adapter that cannot load, a sequence that failed its step), so no
@@ -23,11 +23,11 @@ from typing import Any
 import ray
 from ray import serve
 
-from deployments.api.errors import error_item, stopped_item
 from deployments.catalog.store import open_source
 from deployments.config import ServeConfig
-from deployments.ops import metrics
 from deployments.placement.affinity import base_name
+from deployments.protocol.errors import error_item, stopped_item
+from deployments.protocol.wire import InfoItem, encode
 from deployments.replica import tokenize_ops
 from deployments.replica.choices import choice_requests
 from deployments.replica.fanout import Fanout, Job
@@ -35,7 +35,7 @@ from deployments.replica.heap import GcPauseMeter
 from deployments.replica.replica_metrics import ReplicaMetrics
 from deployments.replica.scheduling import compute_at_normal_policy
 from deployments.replica.stream_channel import Outboxes
-from deployments.replica.wire import InfoItem, encode
+from deployments.telemetry import metrics
 from molora_runtime.engine.types import EngineStats, GenerationRequest
 from molora_runtime.lora.tiers import ResidencyReport, residency_counts
 

@@ -2,7 +2,7 @@
 
 The engine hands each step's increments to `Fanout.on_step` as one `StepOutputs`; for every
 output the fanout finds its request (and choice, n > 1), forms the wire item once (a plain dict,
-`deployments.replica.wire`'s shapes, no model built per token) and puts it where it goes: the
+`deployments.protocol.wire`'s shapes, no model built per token) and puts it where it goes: the
 request's own call until its first output is out, then the calling router's stream channel
 outbox, so one channel message carries everything a router's requests produced in a step.
 No per-request task wakes per token; the request's `generate` call only waits for its end.
@@ -15,10 +15,10 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
-from deployments.api.errors import error_item, output_error
-from deployments.api.logprobs import logprob_items, prompt_items
+from deployments.protocol.errors import error_item, output_error
+from deployments.protocol.logprob_items import logprob_items, prompt_items
+from deployments.protocol.wire import ITEM_BYTES, ErrorItem, approx_size, encode
 from deployments.replica.stream_channel import Outbox
-from deployments.replica.wire import ITEM_BYTES, ErrorItem, approx_size, encode
 from molora_runtime.engine.types import GenerationOutput, StepOutputs
 
 logger = logging.getLogger("ray.serve")

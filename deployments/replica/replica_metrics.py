@@ -20,11 +20,11 @@ import time
 from typing import Any
 
 from adapter_store.errors import NotFoundError
-from deployments.ops import metric_names as names
-from deployments.ops import metrics
-from deployments.ops.gate_metrics import export_gate_telemetry
 from deployments.placement.affinity import base_name
 from deployments.replica.lora_info import lora_info_tags, namespaced, residency_rows
+from deployments.telemetry import metric_names as names
+from deployments.telemetry import metrics
+from deployments.telemetry.gate_metrics import export_gate_telemetry
 from molora_runtime.lora.composition import read_composition_config
 from molora_runtime.lora.tiers import residency_counts
 

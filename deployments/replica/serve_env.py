@@ -40,8 +40,6 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from deployments.api.proxy_guard import PROXY_ENV_VARS
-
 ROUTER_PORT = 8000  # the API: each node's router replica serves HTTP here itself
 PROXY_PORT = 8001  # Serve's HTTP proxy (`http_options.port`), the same app one hop further
 # How long a stopping router keeps answering (health says DRAINING) before it closes its port;
@@ -58,6 +56,12 @@ logger = logging.getLogger("ray.serve")
 LOOPBACK = "127.0.0.1"
 RAY_ADDRESS = "RAY_ADDRESS"
 NEW_LOCAL = "local"  # Ray's address for "start a new local instance" (ray.init, RAY_ADDRESS)
+
+# Ray's HTTP proxy (and the router's own server) wrap their app in the stream guard named here
+# (deployments/api/proxy_guard.py), by import path: this floor imports nothing of the API's.
+PROXY_ENV_VARS: dict[str, str] = {
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.api.proxy_guard:proxy_middlewares"
+}
 
 SERVE_ENV_VARS: dict[str, str] = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",

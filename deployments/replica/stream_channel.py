@@ -34,7 +34,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from deployments.replica.wire import MESSAGE_BYTES, approx_size
+from deployments.protocol.wire import MESSAGE_BYTES, approx_size
 
 logger = logging.getLogger("ray.serve")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from deployments.ops import dashboard_promql
-from deployments.ops import metric_names as m
+from deployments.telemetry import metric_names as m
 
 HISTOGRAMS = {
     m.TTFT, m.INTER_TOKEN, m.HOTSET_LOAD_LATENCY, m.LOAD_STAGE_LATENCY, m.GC_PAUSE,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from deployments.ops import metric_names as m
-from deployments.ops.gate_metrics import gate_samples
+from deployments.telemetry import metric_names as m
+from deployments.telemetry.gate_metrics import gate_samples
 from molora_runtime.engine.gate_telemetry import LayerTelemetry
 from molora_runtime.model.learned_gate import ENTROPY_BUCKETS, TOP1_BUCKETS
 

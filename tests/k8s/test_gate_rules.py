@@ -13,7 +13,7 @@ import yaml
 from k8s_schemas import REPO, kustomize_build, operator_object, strict
 
 from deployments.ops import gate_alerts
-from deployments.ops import metric_names as m
+from deployments.telemetry import metric_names as m
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from deployments.ops import metric_names as names
-from deployments.ops import metrics
+from deployments.telemetry import metric_names as names
+from deployments.telemetry import metrics
 
 
 def test_every_exported_name_has_one_spec() -> None:

@@ -24,7 +24,7 @@ from dashboard_queries import RARE, exported_names, metric_names, targets
 from start_once import StartOnce
 
 from deployments.ops import dashboard, dashboard_promql
-from deployments.ops import metric_names as m
+from deployments.telemetry import metric_names as m
 from tests.support.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
 from tests.support.ports import free_port, retry_on_address_in_use
 

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from serve_assets import make_adapter
 from serve_helpers import serving, shipped_args
 
-from deployments.ops import metric_names
+from deployments.telemetry import metric_names
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"

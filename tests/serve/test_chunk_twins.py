@@ -19,7 +19,7 @@ from deployments.api.request_models import ChatCompletionRequest, CompletionRequ
 from deployments.api.response_models import ChatCompletionChunk, CompletionChunk
 from deployments.api.shaping import Shaper, sse
 from deployments.catalog.model_names import Resolved
-from deployments.replica.wire import DeltaItem, InfoItem, UsageItem, decode
+from deployments.protocol.wire import DeltaItem, InfoItem, UsageItem, decode
 from molora_runtime.multimodal.tokens import BOI, CODE0, EOI
 from molora_runtime.routes import BaseRoute, SingleRoute
 

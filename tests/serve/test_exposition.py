@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deployments.ops.exposition import merge
+from deployments.telemetry.exposition import merge
 
 NODE_A = """# HELP ray_molora_requests_total requests
 # TYPE ray_molora_requests_total counter

@@ -9,11 +9,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from deployments.api.errors import error_item
+from deployments.protocol.errors import error_item
+from deployments.protocol.wire import InfoItem, decode, encode
 from deployments.replica.choices import choice_requests
 from deployments.replica.fanout import Fanout, Job
 from deployments.replica.stream_channel import Outbox
-from deployments.replica.wire import InfoItem, decode, encode
 from molora_runtime.config import EngineConfig
 from molora_runtime.engine.async_engine import AsyncEngine
 from molora_runtime.engine.types import GenerationRequest, SamplingParams

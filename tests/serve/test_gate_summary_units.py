@@ -8,8 +8,8 @@ import json
 from deployments.api.request_models import CompletionRequest
 from deployments.api.shaping import Shaper
 from deployments.catalog.model_names import Resolved
+from deployments.protocol.wire import DeltaItem, approx_size, decode
 from deployments.replica.fanout import delta_wire
-from deployments.replica.wire import DeltaItem, approx_size, decode
 from molora_runtime.engine.types import GateSummary, GenerationOutput
 from molora_runtime.routes import LearnedRoute
 

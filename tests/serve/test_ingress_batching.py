@@ -15,8 +15,8 @@ from deployments.api.shaping import Shaper
 from deployments.api.tracking import Tracker
 from deployments.api.upstream import Upstream
 from deployments.catalog.model_names import Resolved
+from deployments.protocol.wire import DeltaItem, ErrorItem, InfoItem, UsageItem
 from deployments.replica.stream_channel import CHANNEL_LOST, ChannelClient
-from deployments.replica.wire import DeltaItem, ErrorItem, InfoItem, UsageItem
 from molora_runtime.routes import BaseRoute
 
 KEY = "chatcmpl-test"

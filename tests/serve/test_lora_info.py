@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from deployments.ops import metric_names, metrics
 from deployments.replica.lora_info import (
     MAX_LISTED,
     OTHER,
@@ -21,6 +20,7 @@ from deployments.replica.lora_info import (
     residency_rows,
 )
 from deployments.replica.replica_metrics import ReplicaMetrics
+from deployments.telemetry import metric_names, metrics
 from molora_runtime.engine.types import EngineStats, RequestAdapters
 
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 from serve_helpers import model_handle, open_stream, serving, shipped_args, whole_chat_seconds
 
-from deployments.ops import metric_names
+from deployments.telemetry import metric_names
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 

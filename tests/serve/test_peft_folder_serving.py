@@ -17,10 +17,10 @@ from serve_helpers import ROOT, adapter_files, deployed, shipped_args
 
 from adapter_store import open_backend, open_registry
 from adapter_store.errors import ReadOnlyStoreError
-from deployments.api.errors import status_of
 from deployments.catalog.lora_admin import LoadLoraBody, load_lora
 from deployments.config import StoreConfig
 from deployments.ops import serve_cli
+from deployments.protocol.errors import status_of
 from tests.support.seaweedfs import SeaweedFS
 
 MESSAGES = [{"role": "user", "content": "Say something."}]

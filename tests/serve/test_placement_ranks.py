@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.placement import rank_hints
+from deployments.catalog import rank_hints
 from deployments.placement.affinity import ReplicaView, place, rendezvous_order
 from deployments.placement.rank_fit import EVICT, FREE, WAIT, PoolView, fit, occupy, parse_pools
 

@@ -10,10 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from adapter_store.errors import IntegrityError, NotFoundError, StoreUnavailableError
-from deployments.api.errors import error_item, output_error, status_of
 from deployments.api.json_guard import BodyError, parse_body
-from deployments.replica.fanout import delta_wire
-from deployments.replica.wire import (
+from deployments.protocol.errors import error_item, output_error, status_of
+from deployments.protocol.wire import (
     DeltaItem,
     ErrorItem,
     InfoItem,
@@ -22,6 +21,7 @@ from deployments.replica.wire import (
     decode,
     encode,
 )
+from deployments.replica.fanout import delta_wire
 from molora_runtime.engine.types import GenerationOutput, TokenAttribution
 from molora_runtime.errors import (
     AdapterLoadError,

@@ -8,8 +8,8 @@ from serve_helpers import name_resolver
 
 from deployments.api.http_errors import validation_message
 from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
-from deployments.api.response_models import error_payload
 from deployments.catalog.model_names import BadModelName, ModelNotFound, Resolver
+from deployments.protocol.openai_error import error_payload
 from molora_runtime.routes import MixRoute, VocabRange, VocabRoute
 
 

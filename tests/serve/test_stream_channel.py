@@ -177,8 +177,8 @@ async def test_a_large_step_goes_out_as_several_messages_under_the_limit() -> No
 
 
 def test_an_item_too_large_to_send_fails_its_own_request() -> None:
+    from deployments.protocol.wire import ITEM_BYTES, DeltaItem, LogprobItem, TopLogprobItem, encode
     from deployments.replica.fanout import bounded
-    from deployments.replica.wire import ITEM_BYTES, DeltaItem, LogprobItem, TopLogprobItem, encode
 
     top = [TopLogprobItem(token_id=i, token=f"tok{i}", logprob=-1.0) for i in range(20)]
     prompt = [LogprobItem(token_id=1, token="word", logprob=-0.5, top=top) for _ in range(3000)]

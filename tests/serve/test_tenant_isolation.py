@@ -227,7 +227,7 @@ def test_admin_stats_show_only_the_callers_tenant(tenants) -> None:
 def test_metrics_exporter_names_no_private_adapter(ray_cluster, tenants) -> None:
     """The exporter answers without a key: a tenant's private names never reach it; their
     requests are counted under adapter="private"."""
-    from deployments.ops import metric_names
+    from deployments.telemetry import metric_names
 
     _chat_as_each_private_owner(tenants)
     wanted = metric_names.scraped(metric_names.REQUESTS)

@@ -38,8 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployments.api.proxy_guard import PROXY_ENV_VARS
-from deployments.replica.serve_env import ENABLE, LOOPBACK, SERVE_ENV_VARS, direct_ingress_env
+from deployments.replica.serve_env import (
+    ENABLE,
+    LOOPBACK,
+    PROXY_ENV_VARS,
+    SERVE_ENV_VARS,
+    direct_ingress_env,
+)
 from tests.support import ports
 
 # Ray's switch for where a loopback address leads (named for Windows and macOS, read on Linux too).

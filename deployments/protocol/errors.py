@@ -1,8 +1,8 @@
 """One table from exceptions to HTTP statuses, used by the replica (to encode) and the ingress.
 
-Replicas send errors back as typed `ErrorItem`s (deployments.replica.wire) instead of raising, so the
-ingress can answer with the right status before it has sent any header, and nothing depends
-on how Ray wraps exceptions.
+Replicas send errors back as typed `ErrorItem`s (deployments.protocol.wire) instead of raising,
+so the ingress can answer with the right status before it has sent any header, and nothing
+depends on how Ray wraps exceptions.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from adapter_store.errors import (
     StoreAccessError,
     StoreUnavailableError,
 )
-from deployments.replica.wire import ErrorItem
+from deployments.protocol.wire import ErrorItem
 from molora_runtime.engine.types import GenerationOutput
 from molora_runtime.errors import (
     AdapterLoadError,

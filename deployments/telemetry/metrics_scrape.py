@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import ray
 
-from deployments.ops.exposition import merge
+from deployments.telemetry.exposition import merge
 
 logger = logging.getLogger("ray.serve")
 

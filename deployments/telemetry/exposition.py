@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 
 from deployments.access.tenancy import PRIVATE_LABEL
-from deployments.ops.metric_names import PROMETHEUS_PREFIX, VLLM_LORA_INFO, api_name
+from deployments.telemetry.metric_names import PROMETHEUS_PREFIX, VLLM_LORA_INFO, api_name
 
 KEPT_PREFIXES = (PROMETHEUS_PREFIX + "molora_", PROMETHEUS_PREFIX + "vllm_")
 NAME_LABELS = ("adapter", "composition", "lora_name")  # labels that may carry a catalog name

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from deployments.ops import metric_names as names
-from deployments.ops.metrics import metric as ray_metric
+from deployments.telemetry import metric_names as names
+from deployments.telemetry.metrics import metric as ray_metric
 from molora_runtime.engine.gate_telemetry import ENTROPY_BUCKETS, TOP1_BUCKETS, LayerTelemetry
 
 Sample = tuple[str, dict[str, str], float]  # metric, tags, increment

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from ray.serve import metrics as serve_metrics
 
-from deployments.ops import metric_names as names
+from deployments.telemetry import metric_names as names
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
