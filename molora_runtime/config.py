@@ -129,9 +129,26 @@ class SpeculativeConfig(StrictModel):
         description="speculate only while at most this many sequences decode (above it a "
         "CPU step is compute-bound and verifying drafts would cost throughput); 0: never",
     )
+    exact: bool = Field(
+        True,
+        description="bf16 on CPU: run every base GEMM on a kernel whose rows do not depend on the "
+        "batch, so greedy outputs are byte-identical to plain decoding (fp32 always is); false "
+        "keeps the fastest bf16 kernels, whose outputs already vary with batching",
+    )
     model: str | None = Field(
         None, description="accepted for vLLM compatibility; only draft-free methods exist"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_names(cls, data: object) -> object:
+        """vLLM's `disable_by_batch_size` is `max_batch` here."""
+        if isinstance(data, dict) and "disable_by_batch_size" in data:
+            data = dict(data)
+            if "max_batch" in data:
+                raise ValueError("give max_batch or disable_by_batch_size, not both")
+            data["max_batch"] = data.pop("disable_by_batch_size")
+        return data
 
     @model_validator(mode="after")
     def _lookup_order(self) -> SpeculativeConfig:

@@ -49,7 +49,6 @@ UNSUPPORTED_VLLM_FLAGS: dict[str, str] = {
     "--tensor-parallel-size": "one replica runs on one device; scale out with --num-replicas",
     "--pipeline-parallel-size": "one replica runs on one device; scale out with --num-replicas",
     "--quantization": "weights are served in --dtype; quantized checkpoints are not loaded",
-    "--speculative-config": "speculative decoding is not implemented",
     "--max-cpu-loras": "the host tier is sized by store.cache_bytes in the YAML",
     "--api-key": "API keys are configured under server.auth (see docs/security.md)",
 }
@@ -125,6 +124,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument(
+        "--speculative-config",
+        type=speculative_config,
+        metavar="JSON",
+        help='vLLM\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4}\' (methods: ngram, suffix; engine.speculative)',
+    )
     p.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="the API's HTTP port (default 8000)")
     p.add_argument(
@@ -170,6 +176,17 @@ def rank_pools(value: str) -> list[dict[str, int]]:
     return pools
 
 
+def speculative_config(value: str) -> dict[str, Any]:
+    """vLLM's `--speculative-config` JSON object (its fields are checked by the config)."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--speculative-config is not JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError("--speculative-config must be a JSON object")
+    return parsed
+
+
 def default_store_dir() -> Path:
     """Where adapters published by `molora serve` live: the user's data directory, never the
     checkout."""
@@ -200,6 +217,8 @@ def build_document(args: argparse.Namespace) -> dict[str, Any]:
         engine["hot_set"]["num_slots"] = args.max_loras
     if args.max_lora_rank is not None:
         engine["hot_set"]["max_rank"] = args.max_lora_rank
+    if args.speculative_config is not None:
+        engine["speculative"] = args.speculative_config
     if args.served_model_name:
         cfg["served_model_name"] = args.served_model_name
     if args.chat_template:

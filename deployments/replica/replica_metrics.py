@@ -21,7 +21,7 @@ from typing import Any
 
 from adapter_store.errors import NotFoundError
 from deployments.placement.affinity import base_name
-from deployments.replica.lora_info import lora_info_tags, namespaced, residency_rows
+from deployments.replica.lora_info import lora_info_tags, namespaced, public_name, residency_rows
 from deployments.telemetry import metric_names as names
 from deployments.telemetry import metrics
 from deployments.telemetry.gate_metrics import export_gate_telemetry
@@ -34,6 +34,7 @@ METRICS_PERIOD_S = 1.0
 
 
 MAX_OWNER_MEMO = 100_000  # names whose owner is remembered (then looked up each time)
+MAX_SPEC_NAMES = 64  # adapter labels of the speculative-decoding counters, then "other"
 
 
 class ReplicaMetrics:
@@ -46,6 +47,7 @@ class ReplicaMetrics:
         self._last_counters: dict[str, int] = {}
         self._experts: dict[str, list[str]] = {}
         self._owned: dict[str, bool] = {}  # adapter or composition name -> a tenant owns it
+        self._spec_names: set[str] = set()
 
     # -- metrics ----------------------------------------------------------------------------
 
@@ -103,6 +105,41 @@ class ReplicaMetrics:
                 metrics.vllm_replica_counter(name).inc(delta, tags=self._model)
         for seconds in self._engine.pop_queue_times():
             metrics.vllm_queue_time().observe(seconds, tags=self._model)
+        if stats.speculation is not None:
+            self._export_speculation(stats.speculation)
+
+    def _export_speculation(self, spec: Any) -> None:
+        """vLLM's speculative-decoding counters, and ours by route kind and adapter."""
+        total = spec.total
+        for name, value in (
+            (names.VLLM_SPEC_DRAFTS, total.drafts),
+            (names.VLLM_SPEC_DRAFT_TOKENS, total.draft_tokens),
+            (names.VLLM_SPEC_ACCEPTED, total.accepted),
+        ):
+            if delta := self._delta(name, value):
+                metrics.vllm_replica_counter(name).inc(delta, tags=self._model)
+        for pos, value in enumerate(spec.accepted_per_pos):
+            if delta := self._delta(f"{names.VLLM_SPEC_ACCEPTED_PER_POS}:{pos}", value):
+                tags = {**self._model, "position": str(pos)}
+                metrics.vllm_replica_counter(names.VLLM_SPEC_ACCEPTED_PER_POS).inc(delta, tags)
+        for kind, tally in spec.by_route.items():
+            self._spec_tokens(kind, "", tally)
+        for name, tally in spec.by_name.items():
+            self._spec_tokens("", name, tally)
+
+    def _spec_tokens(self, route_kind: str, name: str, tally: Any) -> None:
+        """One (route kind | adapter) row's draft and accepted token deltas; adapter labels
+        are public names, at most MAX_SPEC_NAMES of them, then `other`."""
+        label = public_name(name, self._private) if name else ""
+        if label and label not in self._spec_names:
+            if len(self._spec_names) >= MAX_SPEC_NAMES:
+                label = "other"
+            else:
+                self._spec_names.add(label)
+        for kind, value in (("draft", tally.draft_tokens), ("accepted", tally.accepted)):
+            if delta := self._delta(f"{names.SPEC_TOKENS}:{route_kind}:{name}:{kind}", value):
+                tags = {"route_kind": route_kind, "adapter": label, "kind": kind}
+                metrics.vllm_replica_counter(names.SPEC_TOKENS).inc(delta, tags)
 
     def _export_adapters(self, stats: Any) -> None:
         """vLLM's `lora_requests_info`, set to now under this period's labels, and a row per

@@ -39,6 +39,11 @@ TIER_ADAPTERS = "molora_tier_adapters"  # gauge {state=slot|host|loading|disk}
 ADAPTER_RESIDENCY = "molora_adapter_residency"  # gauge {adapter, tier=slot|host, rank, pinned}
 LOAD_STAGE_LATENCY = "molora_adapter_load_stage_seconds"  # histogram {stage=fetch|parse|copy}
 PLACEMENTS = "molora_placement_total"  # counter {outcome=affinity|host|spill|new|base}
+# speculative decoding's drafted and accepted tokens by route kind and adapter/composition
+# (public names; a tenant's read `private`; at most MAX_SPEC_NAMES names, then `other`)
+SPEC_TOKENS = (
+    "molora_spec_decode_tokens_total"  # counter {route_kind, adapter, kind=draft|accepted}
+)
 # garbage-collector pauses of the router and model replicas (deployments/replica/heap.py)
 GC_PAUSE = "molora_gc_pause_seconds"  # histogram {generation=0|1|2}
 
@@ -52,6 +57,10 @@ VLLM_PREFIX_QUERIES = "vllm_prefix_cache_queries_total"  # counter (tokens)
 VLLM_PREFIX_HITS = "vllm_prefix_cache_hits_total"  # counter (tokens)
 VLLM_PREEMPTIONS = "vllm_num_preemptions_total"  # counter
 VLLM_QUEUE_TIME = "vllm_request_queue_time_seconds"  # histogram
+VLLM_SPEC_DRAFTS = "vllm_spec_decode_num_drafts_total"  # counter
+VLLM_SPEC_DRAFT_TOKENS = "vllm_spec_decode_num_draft_tokens_total"  # counter
+VLLM_SPEC_ACCEPTED = "vllm_spec_decode_num_accepted_tokens_total"  # counter
+VLLM_SPEC_ACCEPTED_PER_POS = "vllm_spec_decode_num_accepted_tokens_per_pos_total"  # {position}
 VLLM_E2E = "vllm_e2e_request_latency_seconds"  # histogram
 VLLM_TTFT = "vllm_time_to_first_token_seconds"  # histogram
 VLLM_ITL = "vllm_inter_token_latency_seconds"  # histogram

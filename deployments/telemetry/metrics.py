@@ -157,6 +157,18 @@ SPECS: dict[str, Spec] = {
         VLLM_REQUEST_BUCKETS,
     ),
     names.VLLM_LORA_INFO: Spec(_G, "Running stats on lora requests.", LORA_INFO_TAGS),
+    names.VLLM_SPEC_DRAFTS: Spec(_C, "Number of spec decoding drafts.", REPLICA_TAGS),
+    names.VLLM_SPEC_DRAFT_TOKENS: Spec(_C, "Number of draft tokens.", REPLICA_TAGS),
+    names.VLLM_SPEC_ACCEPTED: Spec(_C, "Number of accepted tokens.", REPLICA_TAGS),
+    names.VLLM_SPEC_ACCEPTED_PER_POS: Spec(
+        _C, "Accepted tokens per draft position.", (*REPLICA_TAGS, "position")
+    ),
+    names.SPEC_TOKENS: Spec(
+        _C,
+        "speculative decoding's draft and accepted tokens by route kind and adapter or "
+        "composition (public names; a tenant's read `private`)",
+        ("route_kind", "adapter", "kind"),
+    ),
     # every process
     names.GC_PAUSE: Spec(
         _H,

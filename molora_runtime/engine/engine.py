@@ -68,7 +68,9 @@ class LLMEngine:
             self.model_path, self.dtype, self.device, max_positions=config.max_model_len
         )
         if self.device.type == "cpu":
-            log.info("CPU base GEMMs run on %s", self.model.pack_cpu_weights())
+            # Verifying a draft must give each row the bits a plain decode gives it.
+            invariant = config.speculative is not None and config.speculative.exact
+            log.info("CPU base GEMMs run on %s", self.model.pack_cpu_weights(invariant))
         self.arch = arch = self.model.arch
         self.model_id = config.model
         self.tokenizer = load_tokenizer(self.model_path)

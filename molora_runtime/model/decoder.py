@@ -167,18 +167,18 @@ class CausalLM(nn.Module):
         )
         self.packed_head: PackedWeight | None = None
 
-    def pack_cpu_weights(self) -> str:
+    def pack_cpu_weights(self, invariant: bool = False) -> str:
         """Pack every base GEMM's weight once (CPU serving; see `packed_linear`) and say what
-        they run on. Call after the weights are loaded and fused; they must not change
-        afterwards."""
+        they run on (`invariant`: row-invariant kinds only, in bf16 too). Call after the
+        weights are loaded and fused; they must not change afterwards."""
         fused = self.fused_groups()
         in_group = {id(member) for f in fused for member in f.members}
         for f in fused:
-            f.pack()  # its members never run their own GEMM
+            f.pack(invariant)  # its members never run their own GEMM
         plain = [m for m in self.lora_linears() if id(m) not in in_group]
         for m in plain:
-            m.pack()
-        self.packed_head = pack_chosen(self._head_weight(), HEAD_ROWS)
+            m.pack(invariant)
+        self.packed_head = pack_chosen(self._head_weight(), HEAD_ROWS, invariant)
         return packed_summary([*(m.packed for m in (*fused, *plain)), self.packed_head])
 
     def _head_weight(self) -> torch.Tensor:

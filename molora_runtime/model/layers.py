@@ -102,8 +102,8 @@ class LoRALinear(nn.Module):
         self.lora: LoRABuffers | None = None  # attached by the hot-set
         self.packed: PackedWeight | None = None  # packed copy of `weight` (CPU serving)
 
-    def pack(self) -> None:
-        self.packed = pack_chosen(self.weight)
+    def pack(self, invariant: bool = False) -> None:
+        self.packed = pack_chosen(self.weight, invariant=invariant)
 
     def forward(self, x: torch.Tensor, ctx: LoRAContext | None) -> torch.Tensor:
         y = linear(x, self.weight, self.bias, self.packed)
@@ -143,9 +143,9 @@ class FusedLinear(nn.Module):
     def names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.members)
 
-    def pack(self) -> None:
+    def pack(self, invariant: bool = False) -> None:
         if self.weight is not None:
-            self.packed = pack_chosen(self.weight)
+            self.packed = pack_chosen(self.weight, invariant=invariant)
 
     def fuse(self) -> None:
         with torch.no_grad():

@@ -151,12 +151,16 @@ def row_invariant(weight: torch.Tensor, kind: str, rows: Sequence[int]) -> bool:
         )
 
 
-def choose_kind(weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS) -> str:
+def choose_kind(
+    weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS, invariant: bool = False
+) -> str:
     """The kind `weight`'s shape runs fastest on here: forced, decided earlier in this process,
     taken from this machine's stored table, or measured now (and stored); logged once. fp32
     weights choose among row-invariant kinds only (`row_invariant`: a greedy fp32 request gets
     the same tokens alone as in any batch); bf16 ones among all, since oneDNN's native bf16
-    kernels, the reason to serve in bf16, sum in an order that depends on the row count."""
+    kernels, the reason to serve in bf16, sum in an order that depends on the row count, unless
+    `invariant` asks for row invariance (speculative decoding: a verified row must get the
+    bits a plain decode of it gets)."""
     runnable = runnable_kinds(weight)
     forced = forced_kind()
     if forced is not None:
@@ -169,11 +173,13 @@ def choose_kind(weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS) -> str:
             shape_key(weight, rows),
         )
     key = shape_key(weight, rows)
+    invariant = invariant or weight.dtype == torch.float32
+    chosen_key = f"{key}:invariant" if invariant else key
     with _choice_lock:
-        if key in _chosen and _chosen[key] in runnable:
-            return _chosen[key]
+        if chosen_key in _chosen and _chosen[chosen_key] in runnable:
+            return _chosen[chosen_key]
         kinds = runnable
-        if weight.dtype == torch.float32:
+        if invariant:
             kinds = [kind for kind in runnable if row_invariant(weight, kind, rows)]
             if not kinds:  # no panel kernel and oneDNN varies: keep every kind rather than none
                 log.warning("no row-invariant GEMM for %s; choosing among all", key)
@@ -186,7 +192,7 @@ def choose_kind(weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS) -> str:
             gemm_choice_cache.store(key, table)
             source = "measured"
         winner = gemm_chooser.pick(table, allowed=kinds)
-        _chosen[key] = winner
+        _chosen[chosen_key] = winner
     dropped = [kind for kind in runnable if kind not in kinds]
     note = f"; not row-invariant here, left out: {', '.join(dropped)}" if dropped else ""
     title = f"CPU GEMM for {key} ({source}, us per GEMM by rows{note})"
@@ -194,17 +200,19 @@ def choose_kind(weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS) -> str:
     return winner
 
 
-def pack_chosen(weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS) -> PackedWeight | None:
+def pack_chosen(
+    weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS, invariant: bool = False
+) -> PackedWeight | None:
     """The packed copy of base weight `weight [out, in]` on the kind `choose_kind` picks for its
-    shape (None: plain `F.linear`). Weights that are not 2-D fp32/bf16 CPU tensors keep the
-    oneDNN copy where there is one."""
+    shape (None: plain `F.linear`; `invariant`: among row-invariant kinds only). Weights that
+    are not 2-D fp32/bf16 CPU tensors keep the oneDNN copy where there is one."""
     if (
         weight.device.type != "cpu"
         or weight.dim() != 2
         or weight.dtype not in cpu_panel_gemm.PANEL_DTYPES
     ):
         return pack_onednn(weight)
-    return pack_as(weight, choose_kind(weight, rows))
+    return pack_as(weight, choose_kind(weight, rows, invariant))
 
 
 def pack_onednn(weight: torch.Tensor) -> torch.Tensor | None:

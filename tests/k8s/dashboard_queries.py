@@ -15,7 +15,10 @@ HISTOGRAMS = {
 
 # Counted only when they happen, and Ray exports no counter before its first increment: a short
 # end-to-end run may never see one.
-RARE = {m.scraped(m.VLLM_PREEMPTIONS)}
+# Accepted drafts too: a random tiny model may accept none of its n-gram drafts.
+RARE = {
+    m.scraped(n) for n in (m.VLLM_PREEMPTIONS, m.VLLM_SPEC_ACCEPTED, m.VLLM_SPEC_ACCEPTED_PER_POS)
+}
 
 
 def targets(board: dict) -> list[dict]:

@@ -118,6 +118,7 @@ def serving(
                     "max_num_batched_tokens": 256,
                     "enable_cuda_graph": False,
                     "hot_set": {"num_slots": 2, "max_rank": 8},
+                    "speculative": {"method": "ngram", "prompt_lookup_min": 1},
                 },
                 "store": {"url": str(store), "cache_dir": str(root / "cache"), "refresh_s": 1},
                 "served_model_name": "tiny-base",

@@ -86,6 +86,16 @@ def test_rank_pools_flag_sizes_the_hot_set(capsys) -> None:
     assert hot.num_slots == 10 and hot.max_rank == 64
 
 
+def test_speculative_config_flag_takes_vllms_json(capsys) -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}
+    argv = ["smollm2-135m-instruct", "--speculative-config", json.dumps(spec), "--print-config"]
+    assert cli.main(argv=["serve", *argv]) == 0
+    doc = yaml.safe_load(capsys.readouterr().out)
+    got = ServeConfig.from_args(doc["applications"][0]["args"]).engine.speculative
+    assert got is not None
+    assert (got.method, got.num_speculative_tokens, got.prompt_lookup_max) == ("ngram", 3, 5)
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -102,6 +112,11 @@ def test_rank_pools_flag_sizes_the_hot_set(capsys) -> None:
         (["--lora-rank-pools", "0:2"], "greater than or equal to 1"),
         (["--lora-rank-pools", "8:2,8:1"], "repeats a rank"),
         (["--lora-rank-pools", "8:2", "--max-loras", "3"], "num_slots=3"),
+        (["--speculative-config", "{ngram"], "is not JSON"),
+        (["--speculative-config", "[1]"], "must be a JSON object"),
+        (["--speculative-config", '{"method": "eagle"}'], "method"),
+        (["--speculative-config", '{"model": "x/eagle"}'], "draft model is not supported"),
+        (["--speculative-config", '{"num_speculative_tokens": 99}'], "num_speculative_tokens"),
     ],
 )
 def test_bad_flags_say_why(argv, says, capsys) -> None:
