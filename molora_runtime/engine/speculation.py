@@ -176,10 +176,14 @@ class Drafter:
 
     def accepted(self, state: SpecState, route: RouteSpec, proposed: int, accepted: int) -> None:
         """Record one verification and adapt the sequence's k: one more after a full accept,
-        one past what was accepted otherwise."""
+        half after none, unchanged after a partial one (a verified row costs a CPU step
+        little next to a step, so k only shrinks where drafts keep failing)."""
         self.counters.record(route, proposed, accepted)
         top = self.config.num_speculative_tokens
-        state.k = min(top, state.k + 1) if accepted == proposed else max(1, accepted + 1)
+        if accepted == proposed:
+            state.k = min(top, state.k + 1)
+        elif accepted == 0:
+            state.k = max(1, state.k // 2)
 
     def remember(self, state: SpecState, answer: list[int]) -> None:
         """Keep a finished answer for later requests of the same tenant and route (suffix)."""
