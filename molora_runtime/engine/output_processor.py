@@ -120,15 +120,20 @@ class OutputProcessor:
                     if found_i is None:
                         found_i = attribution(ctx, batch.logits_index[src[i]], token, names)
                     seq.attribution.append(found_i)
-                reason = self._check_stop(seq, token)
-                if reason is not None:
-                    self.finish(seq, reason, outputs)
-                else:
-                    out = self._increment(seq, finished=False)
-                    if out is not None:
-                        outputs.append(out)
+                self._finish_or_stream(seq, self._check_stop(seq, token), outputs)
             except Exception as exc:
                 self.fail(seq, exc, outputs)
+
+    def _finish_or_stream(
+        self, seq: Sequence, reason: FinishReason | None, outputs: Outputs
+    ) -> None:
+        """End `seq` for `reason`, or hand the client what it has not seen yet."""
+        if reason is not None:
+            self.finish(seq, reason, outputs)
+        else:
+            out = self._increment(seq, finished=False)
+            if out is not None:
+                outputs.append(out)
 
     def _take(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float) -> None:
         """`token` is `seq`'s next output: its grammar advances, its logprob is kept."""
@@ -174,12 +179,7 @@ class OutputProcessor:
             assert self.drafter is not None and seq.spec is not None
             self.drafter.accepted(seq.spec, seq.route, len(draft), accepted)
             self.summaries.record(ctx, [seq] * emitted, list(range(start, start + emitted)))
-            if reason is not None:
-                self.finish(seq, reason, outputs)
-            else:
-                out = self._increment(seq, finished=False)
-                if out is not None:
-                    outputs.append(out)
+            self._finish_or_stream(seq, reason, outputs)
         except Exception as exc:
             self.fail(seq, exc, outputs)
 

@@ -16,6 +16,7 @@ from molora_runtime.engine.speculation import NgramIndex
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.routes import LearnedRoute, MixRoute, VocabRoute
 from tests.runtime.rt_util import random_prompts, request, run_to_completion
+from tests.runtime.test_structured_output import SCHEMA
 
 VOCAB = VocabRoute(
     ranges=[{"start": 0, "end": 128, "adapter": "b"}, {"start": 128, "end": 256, "adapter": "c"}]
@@ -172,18 +173,6 @@ def test_speculative_config_refuses_what_it_cannot_do() -> None:
         SpeculativeConfig(method="eagle")
     with pytest.raises(ValueError):
         SpeculativeConfig(num_speculative_tokens=0)
-
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "ok": {"type": "boolean"},
-        "color": {"enum": ["red", "green", "blue"]},
-        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
-    },
-    "required": ["ok", "color", "tags"],
-    "additionalProperties": False,
-}
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 4}])
