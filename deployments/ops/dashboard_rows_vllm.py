@@ -14,6 +14,13 @@ from deployments.telemetry import metric_names as m
 def rows() -> list[Row]:
     """The rows of this concern, top to bottom."""
     hits, queries = (f"sum({rate(n)})" for n in (m.VLLM_PREFIX_HITS, m.VLLM_PREFIX_QUERIES))
+    accepted, draft_tokens, drafts = (
+        f"sum({rate(n)})"
+        for n in (m.VLLM_SPEC_ACCEPTED, m.VLLM_SPEC_DRAFT_TOKENS, m.VLLM_SPEC_DRAFTS)
+    )
+    by_route = "sum by (route_kind, adapter) "
+    spec_accepted = rate(m.SPEC_TOKENS, 'kind="accepted"')
+    spec_drafted = rate(m.SPEC_TOKENS, 'kind="draft"')
     return [
         (
             "vLLM-named series",
@@ -76,6 +83,25 @@ def rows() -> list[Row]:
                             "{{replica}} running [{{running_lora_adapters}}] waiting "
                             "[{{waiting_lora_adapters}}] of {{max_lora}}",
                         )
+                    ],
+                ),
+                Panel(
+                    "Speculative decoding acceptance",
+                    "Accepted over drafted tokens (vllm:spec_decode_*), in all, per draft position "
+                    "and per route kind or adapter; mean accepted length = 1 + accepted / drafts.",
+                    "short",
+                    [
+                        Query(f"{accepted} / clamp_min({draft_tokens}, 1e-9)", "acceptance"),
+                        Query(f"1 + {accepted} / clamp_min({drafts}, 1e-9)", "mean length"),
+                        Query(
+                            f"sum by (position) ({rate(m.VLLM_SPEC_ACCEPTED_PER_POS)})"
+                            f" / ignoring(position) group_left clamp_min({drafts}, 1e-9)",
+                            "accepted at position {{position}}",
+                        ),
+                        Query(
+                            f"{by_route}({spec_accepted}) / clamp_min({by_route}({spec_drafted}), 1e-9)",
+                            "{{route_kind}}{{adapter}}",
+                        ),
                     ],
                 ),
                 Panel(
