@@ -50,6 +50,7 @@ import math
 import os
 import re
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -765,7 +766,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="MoLoRA's engine in-process instead of serve run; no vLLM")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="a dry run: base, c=1, 3 prompts")
     ap.add_argument("--vllm-python", default=str(VLLM_PYTHON))
-    ap.add_argument("--work", type=Path, default=Path("/tmp/molora-spec-decode"),
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "molora-spec-decode",
                     help="configs and server logs")  # fmt: skip
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
