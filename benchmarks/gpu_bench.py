@@ -4,7 +4,7 @@ result carries.
 
 The GPU box is lent rarely and briefly, so its numbers must be the right ones the first time:
 a kernel timed with events around one eager call measures the launch, not the kernel (the
-committed `kernels_cuda.json` read 30 µs for a 4096² matmul at T=32), and a bandwidth fraction
+H200 run of beeda60 read 30 µs for a 4096² matmul at T=32), and a bandwidth fraction
 over the wrong peak is meaningless. Everything here also runs on a CPU, so the dry runs in the
 CPU test suite go through the same code.
 """
