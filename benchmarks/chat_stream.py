@@ -22,13 +22,19 @@ class Sample:
     error: str | None = None
 
 
-def request_body(model: str, prompt: str, route: dict[str, Any] | None) -> dict[str, Any]:
+def request_body(
+    model: str,
+    prompt: str,
+    route: dict[str, Any] | None,
+    max_tokens: int = NEW_TOKENS,
+    ignore_eos: bool = True,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": NEW_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0.0,
-        "ignore_eos": True,
+        "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True},
     }

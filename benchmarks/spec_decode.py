@@ -59,7 +59,7 @@ from typing import Any
 import httpx
 import yaml
 
-from benchmarks.chat_stream import Sample, one, pct
+from benchmarks.chat_stream import Sample, one, pct, request_body
 from benchmarks.machine import machine_info
 from benchmarks.report import BUNDLED_STORE, RESULTS_DIR, write_json
 from benchmarks.serve_rounds import round_order
@@ -130,21 +130,6 @@ def requests_for(conc: int, n_prompts: int, quick: bool = False) -> int:
 def cell_prompts(prompts: list[Prompt], n: int) -> list[Prompt]:
     """The cell's `n` requests, in order, cycling through the workload's prompts."""
     return [prompts[i % len(prompts)] for i in range(n)]
-
-
-def request_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "ignore_eos": ignore_eos,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-
-
-# ---- a cell's numbers -----------------------------------------------------------------------
 
 
 def cell_stats(samples: list[Sample], seconds: float) -> dict[str, Any]:
@@ -495,7 +480,9 @@ async def _run_http(port: int, model: str, prompts: list[Prompt], conc: int, max
 
         async def task(p: Prompt) -> Sample:
             async with sem:
-                return await one(client, url, request_body(model, p.text, max_tokens, ignore_eos))
+                return await one(
+                    client, url, request_body(model, p.text, None, max_tokens, ignore_eos)
+                )
 
         start = time.perf_counter()
         samples = await asyncio.gather(*(task(p) for p in prompts))

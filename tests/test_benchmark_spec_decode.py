@@ -90,7 +90,7 @@ def test_cell_prompts_cycle_through_the_workload() -> None:
 
 
 def test_request_body_is_a_greedy_streaming_chat() -> None:
-    body = request_body("digits", "hi", 128, False)
+    body = request_body("digits", "hi", None, 128, False)
     assert body["temperature"] == 0.0 and body["max_tokens"] == 128 and body["stream"]
     assert body["stream_options"] == {"include_usage": True}
     assert body["messages"] == [{"role": "user", "content": "hi"}]

@@ -60,6 +60,12 @@ class ReplicaMetrics:
                 logger.debug("metric export failed", exc_info=True)
             await asyncio.sleep(METRICS_PERIOD_S)
 
+    def _count(self, name: str, value: int, tags: dict[str, str], key: str = "") -> None:
+        """Add to counter `name` what running total `value` (kept under `key`, default the
+        name) gained since the last export."""
+        if delta := self._delta(key or name, value):
+            metrics.vllm_replica_counter(name).inc(delta, tags=tags)
+
     def _delta(self, key: str, value: int) -> int:
         delta = value - self._last_counters.get(key, 0)
         self._last_counters[key] = value
@@ -101,8 +107,7 @@ class ReplicaMetrics:
             (names.VLLM_PREFIX_HITS, kv.prefix_hit_tokens),
             (names.VLLM_PREEMPTIONS, kv.preemptions),
         ):
-            if delta := self._delta(name, value):
-                metrics.vllm_replica_counter(name).inc(delta, tags=self._model)
+            self._count(name, value, self._model)
         for seconds in self._engine.pop_queue_times():
             metrics.vllm_queue_time().observe(seconds, tags=self._model)
         if stats.speculation is not None:
@@ -116,12 +121,11 @@ class ReplicaMetrics:
             (names.VLLM_SPEC_DRAFT_TOKENS, total.draft_tokens),
             (names.VLLM_SPEC_ACCEPTED, total.accepted),
         ):
-            if delta := self._delta(name, value):
-                metrics.vllm_replica_counter(name).inc(delta, tags=self._model)
+            self._count(name, value, self._model)
+        per_pos = names.VLLM_SPEC_ACCEPTED_PER_POS
         for pos, value in enumerate(spec.accepted_per_pos):
-            if delta := self._delta(f"{names.VLLM_SPEC_ACCEPTED_PER_POS}:{pos}", value):
-                tags = {**self._model, "position": str(pos)}
-                metrics.vllm_replica_counter(names.VLLM_SPEC_ACCEPTED_PER_POS).inc(delta, tags)
+            tags = {**self._model, "position": str(pos)}
+            self._count(per_pos, value, tags, key=f"{per_pos}:{pos}")
         for kind, tally in spec.by_route.items():
             self._spec_tokens(kind, "", tally)
         for name, tally in spec.by_name.items():
@@ -137,9 +141,9 @@ class ReplicaMetrics:
             else:
                 self._spec_names.add(label)
         for kind, value in (("draft", tally.draft_tokens), ("accepted", tally.accepted)):
-            if delta := self._delta(f"{names.SPEC_TOKENS}:{route_kind}:{name}:{kind}", value):
-                tags = {"route_kind": route_kind, "adapter": label, "kind": kind}
-                metrics.vllm_replica_counter(names.SPEC_TOKENS).inc(delta, tags)
+            tags = {"route_kind": route_kind, "adapter": label, "kind": kind}
+            key = f"{names.SPEC_TOKENS}:{route_kind}:{name}:{kind}"
+            self._count(names.SPEC_TOKENS, value, tags, key=key)
 
     def _export_adapters(self, stats: Any) -> None:
         """vLLM's `lora_requests_info`, set to now under this period's labels, and a row per
