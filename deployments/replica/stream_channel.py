@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -194,7 +195,10 @@ class ChannelClient:
         loop = asyncio.get_running_loop()
         if loop.time() - self._failed_at.get(replica, -1e9) < self._retry_after_s:
             return  # it failed just now: those requests stream on their own calls meanwhile
-        self._tasks[replica] = loop.create_task(self._run(replica))
+        # A fresh context: the channel outlives the request that opened it, and a framework
+        # that ties calls to the current request (Serve cancels them when its client leaves)
+        # would otherwise end the channel, and every request on it, with that one request.
+        self._tasks[replica] = loop.create_task(self._run(replica), context=contextvars.Context())
 
     def alive(self, replica: str) -> bool:
         return replica in self._alive

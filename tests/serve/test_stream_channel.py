@@ -104,6 +104,34 @@ async def test_router_demultiplexes_batches_into_request_queues() -> None:
     await client.close()
 
 
+async def test_a_channel_is_not_a_call_of_the_request_that_opened_it() -> None:
+    """Serve cancels every call made in a request's context when that request's client leaves;
+    a channel opened while one request was handled must not be one of them, or the requests
+    queued on it would fail with it."""
+    from ray.serve import context as serve_context
+
+    seen: list[str] = []
+
+    def open_channel(replica: str) -> FakeStream:
+        seen.append(serve_context._get_serve_request_context()._internal_request_id)
+        return FakeStream(Outboxes().serve("ch", idle_close_s=5))
+
+    client = ChannelClient(open_channel)
+    serve_context._serve_request_context.set(
+        serve_context._RequestContext(
+            _internal_request_id="the-opener", cancel_on_parent_request_cancel=True
+        )
+    )
+    client.register("a")
+    client.on_replica("a", "rep-1", via_channel=False)
+    for _ in range(100):
+        if seen:
+            break
+        await asyncio.sleep(0.01)
+    assert seen and seen[0] != "the-opener"
+    await client.close()
+
+
 async def test_a_lost_channel_fails_only_its_own_requests() -> None:
     feeds: dict[str, asyncio.Queue[Any]] = {"rep-1": asyncio.Queue(), "rep-2": asyncio.Queue()}
 
