@@ -11,7 +11,6 @@ from deployments.api.http_errors import ApiError, validation_message
 from deployments.api.images import wants_images
 from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
 from deployments.api.response_models import new_id
-from deployments.api.shaping import choices_asked
 from deployments.catalog.model_names import Resolved
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 
@@ -48,12 +47,13 @@ def check_echo_size(body: Body) -> None:
         if isinstance(prompt, str)
         else sum(len(p) if isinstance(p, str) else 1 for p in prompt)
     )
-    entries = choices_asked(body)[1] * (body.logprobs + 1) * units
+    choices = body.choice_counts()[1]
+    entries = choices * (body.logprobs + 1) * units
     if entries > MAX_ECHO_LOGPROB_ENTRIES:
         raise ApiError(
             400,
             f"echo with logprobs={body.logprobs} over a {units}-character prompt for "
-            f"{choices_asked(body)[1]} choices asks ~{entries} prompt logprob entries, over "
+            f"{choices} choices asks ~{entries} prompt logprob entries, over "
             f"{MAX_ECHO_LOGPROB_ENTRIES}: lower logprobs, n/best_of or the prompt",
             "logprobs",
         )
@@ -63,7 +63,7 @@ def logprobs_asked(body: Body) -> int | None:
     """Top alternatives the engine reports; best_of > n needs the sampled token's logprob
     to rank the choices even when the client asked for none."""
     asked = body.top_logprobs_wanted()
-    n, best_of = choices_asked(body)
+    n, best_of = body.choice_counts()
     if asked is None and best_of > n:
         return 0
     return asked

@@ -14,12 +14,11 @@ from deployments.api.http_errors import ApiError
 from deployments.api.response_models import ExpertShareOut, GateSummaryOut
 from deployments.catalog.model_names import Resolved
 from deployments.protocol.wire import GateSummaryItem
-from molora_runtime.routes import LearnedRoute
 
 
 def check_gate_summary(body: Any, resolved: Resolved) -> None:
     """A 400 when the request asks for a gate summary on a route without a learned gate."""
-    if body.molora.gate_summary and not isinstance(resolved.route, LearnedRoute):
+    if body.molora.gate_summary and not resolved.route.is_learned:
         raise ApiError(
             400,
             f"molora.gate_summary needs a learned composition, but model {body.model!r} routes "

@@ -20,7 +20,7 @@ from deployments.api.request_models import ChatCompletionRequest
 from deployments.api.response_models import ImageOut, ImageURLOut
 from molora_runtime.multimodal.png import ImageInputError, data_url_to_levels, levels_to_data_url
 from molora_runtime.multimodal.tokens import IMAGE_RANGE, ImageStream, split_images
-from molora_runtime.routes import RouteSpec, VocabRoute
+from molora_runtime.routes import RouteSpec
 
 __all__ = ["ImageInputError", "ImageOutput", "ImagePartError", "request_images", "wants_images"]
 
@@ -55,10 +55,7 @@ def request_images(body: ChatCompletionRequest) -> list[list[int]] | None:
 
 def route_draws(route: RouteSpec) -> bool:
     """Does this route send (part of) the image-code range to an adapter?"""
-    if not isinstance(route, VocabRoute):
-        return False
-    start, end = IMAGE_RANGE
-    return any(r.adapter and r.start < end and start < r.end for r in route.ranges)
+    return route.adapts_ids(*IMAGE_RANGE)
 
 
 def wants_images(body: ChatCompletionRequest, route: RouteSpec) -> bool:

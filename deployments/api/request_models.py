@@ -238,6 +238,10 @@ class _SamplingFields(Payload):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def choice_counts(self) -> tuple[int, int]:
+        """(choices returned, choices generated): n, and for completions best_of."""
+        return self.n, self.n
+
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[Annotated[int, Field(ge=0, le=MAX_INT32)]] | list[str] = Field(
@@ -277,6 +281,9 @@ class CompletionRequest(_SamplingFields):
 
     def top_logprobs_wanted(self) -> int | None:
         return self.logprobs
+
+    def choice_counts(self) -> tuple[int, int]:
+        return self.n, self.best_of or self.n
 
     def prompt_text(self) -> str | None:
         """The prompt as text for echo (None for token ids: the replica's token texts)."""

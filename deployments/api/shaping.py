@@ -24,8 +24,8 @@ from deployments.api.response_models import (
     CompletionResponse,
     Usage,
 )
+from deployments.api.response_shape import ResponseShape
 from deployments.api.tool_calls import ToolCallShaping
-from deployments.catalog.model_names import Resolved
 from deployments.protocol.wire import DeltaItem, InfoItem, ReplicaItem, UsageItem, encode
 
 Item = ReplicaItem
@@ -35,13 +35,6 @@ Wire = dict[str, Any]  # a wire `delta` (deployments.protocol.wire)
 def sse(payload: Any) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n"
-
-
-def choices_asked(body: Any) -> tuple[int, int]:
-    """(choices returned, choices generated): n, and best_of for completions."""
-    n = body.n
-    best_of = getattr(body, "best_of", None) or n
-    return n, best_of
 
 
 def head_info(head: list[Item]) -> InfoItem | None:
@@ -56,47 +49,39 @@ class Shaper:
     render = staticmethod(chunk)
     render_usage = staticmethod(usage_chunk)
 
-    def __init__(
-        self,
-        body: Any,
-        resolved: Resolved,
-        chat: bool,
-        request_id: str,
-        images: bool = False,
-        show_replica: bool = True,
-    ) -> None:
-        self.body, self.resolved, self.chat, self.id = body, resolved, chat, request_id
-        self.show_replica = show_replica  # which replica served, hot-set hit, tier
-        self.images = ImageOutput() if images and chat else None
-        self.model = body.model
+    def __init__(self, shape: ResponseShape) -> None:
+        self.shape = shape
+        self.chat, self.id, self.model = shape.chat, shape.request_id, shape.model
+        self.show_replica = shape.show_replica  # which replica served, hot-set hit, tier
+        self.images = ImageOutput() if shape.images else None
         self.created = int(time.time())  # one `created` for every chunk of the stream
-        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.include_usage = shape.include_usage
         self.prompt_tokens = self.completion_tokens = 0
         self.sent_role: set[int] = set()
         self.info: InfoItem | None = None
-        self.want_logprobs = body.top_logprobs_wanted() is not None
-        self.attribution = bool(body.molora.return_attribution)
-        self.n, self.best_of = choices_asked(body)
+        self.want_logprobs = shape.want_logprobs
+        self.attribution = shape.attribution
+        self.n, self.best_of = shape.n, shape.best_of
         self.offsets: dict[int, int] = {}  # completions' text_offset per choice (streaming)
-        self.echo = bool(getattr(body, "echo", False))
-        self.tools = ToolCallShaping.for_body(body, chat)  # tool calls read out of the text
+        self.echo = shape.echo
+        self.tools = ToolCallShaping.for_shape(shape)  # tool calls read out of the text
         # Text-only deltas (no images, logprobs, attribution or tool calls asked) after a
         # choice's first chunk are written straight to SSE text from the wire dict.
         self.plain = self.images is None and not self.want_logprobs and self.tools is None
         self.plain = self.plain and not self.attribution
-        kind = "chat.completion.chunk" if chat else "text_completion"
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
         self._head = (
-            f'data: {{"id":{json.dumps(request_id)},"created":{self.created},'
+            f'data: {{"id":{json.dumps(self.id)},"created":{self.created},'
             f'"model":{json.dumps(self.model)},"object":"{kind}","choices":[{{"index":'
         )
-        self._text_key = ',"delta":{"content":' if chat else ',"text":'
+        self._text_key = ',"delta":{"content":' if self.chat else ',"text":'
 
     def _echo(self, deltas: list[Wire]) -> tuple[str, list[Wire]]:
         """Echo's prompt text and its logprob items (from the choice's first delta)."""
         items = next(
             (d["prompt_logprobs"] for d in deltas if d.get("prompt_logprobs") is not None), []
         )
-        text = self.body.prompt_text()
+        text = self.shape.echo_text
         if text is None:
             text = "".join(i["token"] for i in items)
         return text, items
@@ -118,8 +103,8 @@ class Shaper:
         """`MoloraInfo`'s dump: the route and, first, where it ran; attribution when asked."""
         info = self.info if with_replica and self.show_replica else None
         return molora_info(
-            self.resolved.kind,
-            self.resolved.versions or None,
+            self.shape.route_kind,
+            list(self.shape.versions) or None,
             info.replica if info else None,
             info.hot_set_hit if info else None,
             info.tier if info else None,

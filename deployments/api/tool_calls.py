@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.api.response_models import FunctionCallOut, ToolCallOut
+from deployments.api.response_shape import ResponseShape
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -199,10 +200,11 @@ class ToolCallShaping:
         self.streams: dict[int, ToolCallStream] = {}
 
     @classmethod
-    def for_body(cls, body: Any, chat: bool) -> ToolCallShaping | None:
-        """The hook for `body`, or None when no call can come (no tools, tool_choice none)."""
-        mode = body.tool_mode() if chat else "none"
-        return None if mode == "none" else cls(mode, body.parallel_tool_calls)
+    def for_shape(cls, shape: ResponseShape) -> ToolCallShaping | None:
+        """The hook for a response, or None when no call can come (no tools, tool_choice none)."""
+        if shape.tool_mode == "none":
+            return None
+        return cls(shape.tool_mode, shape.parallel_tool_calls)
 
     def _finish(self, finish: str | None, called: bool) -> str | None:
         return "tool_calls" if called and finish == "stop" and not self.named else finish

@@ -17,28 +17,19 @@ from deployments.protocol.wire import DeltaItem, ReplicaItem, UsageItem
 from deployments.telemetry import metric_names as names
 from deployments.telemetry import metrics
 from deployments.telemetry.histogram_batch import RECORDER, Labels
-from molora_runtime.routes import LearnedRoute, SingleRoute
 
 
 def route_label(resolved: Resolved, alias: str | None = None) -> str:
     """A bounded label for a request's route: the configured route name `alias` it was asked
     by, else its adapter or composition (a catalog name), else its kind."""
-    route = resolved.route
-    if alias is not None:
-        return alias
-    if isinstance(route, LearnedRoute):
-        return route.composition.partition("@")[0]
-    if isinstance(route, SingleRoute):
-        return route.adapter.partition("@")[0]
-    return route.kind
+    return alias if alias is not None else resolved.route.label
 
 
 class Tracker:
     """Per-request metrics: TTFT, inter-token gaps, e2e latency, tokens, final status."""
 
-    def __init__(self, resolved: Resolved, model_name: str = "") -> None:
-        self.kind = resolved.kind
-        self.label = route_label(resolved)
+    def __init__(self, kind: str, label: str, model_name: str = "") -> None:
+        self.kind, self.label = kind, label  # the route kind; the bounded adapter label
         self.model_name = model_name
         self.start = time.perf_counter()
         self.last: float | None = None

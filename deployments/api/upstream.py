@@ -20,9 +20,9 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from deployments.api.http_errors import ApiError
+from deployments.api.request_plan import RequestPlan
 from deployments.api.shaping import Item, head_info
 from deployments.api.tracking import Tracker
-from deployments.catalog.model_names import Resolved
 from deployments.placement.request_router import PLACEMENT_KWARG, TARGET_KWARG
 from deployments.protocol.wire import ErrorItem, InfoItem, UsageItem, decode
 from deployments.replica.stream_channel import CHANNEL_LOST, ChannelClient
@@ -47,14 +47,13 @@ class Upstream:
             self.channel_id, **{TARGET_KWARG: replica}
         )
 
-    async def start(
-        self, req: GenerationRequest, resolved: Resolved, n: int = 1
-    ) -> tuple[Any, list[Item]]:
-        """Send the request and wait for its first output (past `info`), so errors — an adapter
-        that cannot load included — still get a real status before any header is sent."""
+    async def start(self, plan: RequestPlan) -> tuple[Any, list[Item]]:
+        """Send the planned request and wait for its first output (past `info`), so errors — an
+        adapter that cannot load included — still get a real status before any header is sent."""
+        req = plan.engine
         payload = req.model_dump(mode="json")
-        placement = {"adapters": list(resolved.placement_adapters)}
-        extra: dict[str, Any] = {"n": n} if n > 1 else {}
+        placement = {"adapters": list(plan.placement_adapters)}
+        extra: dict[str, Any] = {"n": plan.choices} if plan.choices > 1 else {}
         if self.channels is not None:
             extra["channel"] = self.channel_id
             self.channels.register(req.request_id)

@@ -27,9 +27,8 @@ from deployments.config import ServeConfig
 from molora_runtime.routes import (
     BaseRoute,
     LearnedRoute,
-    MixRoute,
+    RouteSpec,
     SingleRoute,
-    VocabRoute,
     check_ref,
     parse_mix,
 )
@@ -72,7 +71,7 @@ class Catalog:
     compositions: dict[str, CompositionEntry] = field(default_factory=dict)
 
 
-Route = BaseRoute | SingleRoute | MixRoute | VocabRoute | LearnedRoute
+Route = RouteSpec  # every route kind: a new kind needs nothing here
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,8 @@ class Resolved:
         """The exact `name@version` refs that serve this request (composition first), as the
         caller names them: its own namespace (`tenant~`) is not shown."""
         route = self.route
-        head = [f"composition:{route.composition}"] if isinstance(route, LearnedRoute) else []
+        comp = route.gate_composition
+        head = [] if comp is None else [f"composition:{comp}"]
         return [_as_caller(ref) for ref in head + list(dict.fromkeys(route.adapters()))]
 
     @property
@@ -163,11 +163,13 @@ class Resolver:
 
     def check_route(self, route: Route) -> Resolved:
         """Validate every ref of a route, pin it to a version, and derive its placement set."""
-        if isinstance(route, LearnedRoute):
-            entry, pinned = self.composition(route.composition)
+        comp = route.gate_composition
+        if comp is not None:  # pin the composition; placement adds its catalog experts
+            entry, pinned = self.composition(comp)
             experts = tuple(_split(a)[0] for a in entry.adapters)
-            route = route.model_copy(update={"composition": pinned})
-            return Resolved(route, (*experts, f"composition:{entry.name}"))
+            return Resolved(
+                route.with_refs({comp: pinned}), (*experts, f"composition:{entry.name}")
+            )
         route = pin_adapters(route, self.adapter)
         return Resolved(route, tuple(_split(a)[0] for a in route.adapters()))
 
@@ -250,21 +252,11 @@ class Resolver:
 
 def pin_adapters(route: Route, pin: Callable[[str], str]) -> Route:
     """A copy of `route` with every adapter ref replaced by `pin(ref)`."""
-    if isinstance(route, SingleRoute):
-        return route.model_copy(update={"adapter": pin(route.adapter)})
-    if isinstance(route, MixRoute):
-        weights = {pin(n): w for n, w in route.weights.items()}
-        if len(weights) < len(route.weights):
-            raise BadModelName("a mix names one adapter version twice")
-        return route.model_copy(update={"weights": weights})
-    if isinstance(route, VocabRoute):
-        ranges = [
-            r.model_copy(update={"adapter": pin(r.adapter)}) if r.adapter else r
-            for r in route.ranges
-        ]
-        default = pin(route.default) if route.default else None
-        return route.model_copy(update={"ranges": ranges, "default": default})
-    return route
+    pinned = {ref: pin(ref) for ref in route.adapters()}
+    try:
+        return route.with_refs(pinned)
+    except ValueError as exc:  # two refs pinned to one version (a mix would merge their weights)
+        raise BadModelName(str(exc)) from None
 
 
 def _is_number(text: str) -> bool:

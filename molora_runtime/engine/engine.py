@@ -50,7 +50,6 @@ from molora_runtime.model.attention_meta import KVCache
 from molora_runtime.model.chat_templates import use_chat_template
 from molora_runtime.model.loader import load_model
 from molora_runtime.model.model_paths import resolve_model_path
-from molora_runtime.routes import LearnedRoute
 
 log = logging.getLogger(__name__)
 
@@ -337,12 +336,10 @@ class LLMEngine:
 
 
 def route_names(seqs: list[Sequence]) -> dict[str, int]:
-    """How many of `seqs` name each adapter or composition ref (a learned route names its
-    composition, which is what its client asked for, not the experts its gate picks)."""
+    """How many of `seqs` name each adapter or composition ref (`RouteSpec.refs`: a learned
+    route names its composition, not the experts its gate picks)."""
     counts: dict[str, int] = {}
     for seq in seqs:
-        route = seq.route
-        names = [route.composition] if isinstance(route, LearnedRoute) else route.adapters()
-        for name in dict.fromkeys(names):
+        for name in dict.fromkeys(seq.route.refs()):
             counts[name] = counts.get(name, 0) + 1
     return counts

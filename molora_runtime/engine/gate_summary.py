@@ -26,11 +26,10 @@ from molora_runtime.engine.sequence import Sequence
 from molora_runtime.engine.types import GateSummary
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
-from molora_runtime.routes import LearnedRoute
 
 
 def wants_summary(seq: Sequence) -> bool:
-    return seq.request.return_gate_summary and isinstance(seq.route, LearnedRoute)
+    return seq.request.return_gate_summary and seq.route.is_learned
 
 
 class GateSummaries:

@@ -12,7 +12,6 @@ from molora_runtime.engine.step_model import StepModel
 from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.routing import RouteSegment, build_lora_context
 from molora_runtime.model.attention_meta import step_attention
-from molora_runtime.routes import BaseRoute, LearnedRoute
 
 
 class ModelRunner:
@@ -34,12 +33,12 @@ class ModelRunner:
         dev = self.device
         ids = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)
         ctx = None
-        if not all(isinstance(seq.route, BaseRoute) for seq, _, _ in batch.segments):
+        if not all(seq.route.is_base for seq, _, _ in batch.segments):
             segments = [
                 RouteSegment(seq.route, ids[start : start + n]) for seq, start, n in batch.segments
             ]
             record = any(
-                seq.request.return_attribution or isinstance(seq.route, LearnedRoute)
+                seq.request.return_attribution or seq.route.is_learned
                 for seq, _, _ in batch.segments
             )
             ctx = build_lora_context(segments, self.hot_set, self.width, dev, record_layers=record)

@@ -11,10 +11,9 @@ from molora_runtime.engine.types import GenerationRequest
 from molora_runtime.errors import AdapterLoadError, InvalidRequestError
 from molora_runtime.lora.composition import CompositionError, read_composition_config
 from molora_runtime.lora.hotset import HotSet
-from molora_runtime.lora.routing import check_route_width
 from molora_runtime.model.chat_templates import renders_tools
 from molora_runtime.multimodal.prompt import encode_with_images
-from molora_runtime.routes import LearnedRoute, RouteLimits, check_route_limits
+from molora_runtime.routes import RouteLimits, check_route_limits
 
 NO_TOOL_FORMAT = (
     "this model's chat template has no tool format: it shows the model neither the tools nor "
@@ -145,7 +144,7 @@ class RequestChecker:
 
     def _check_route(self, req: GenerationRequest) -> None:
         route = req.route
-        if req.return_gate_summary and not isinstance(route, LearnedRoute):
+        if req.return_gate_summary and not route.is_learned:
             raise InvalidRequestError(
                 f"a gate summary needs a learned composition; this request's route is "
                 f"{route.kind!r}, which has no gate"
@@ -154,25 +153,22 @@ class RequestChecker:
             check_route_limits(route, self.limits, self.vocab_size)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
-        source = self.hot_set.source
         for name in route.adapters():
             self.hot_set.check_adapter(name)  # raises AdapterNotFoundError; no download
-        comp_top_k = None
+        comp_config = None
         needed = list(route.adapters())
-        if isinstance(route, LearnedRoute):
-            folder = source.composition_path(route.composition)
+        comp = route.gate_composition
+        if comp is not None:  # its experts come from the composition's config, read from disk
+            folder = self.hot_set.source.composition_path(comp)
             try:
-                comp_config = read_composition_config(route.composition, folder)
+                comp_config = read_composition_config(comp, folder)
             except CompositionError as exc:
                 raise AdapterLoadError(str(exc)) from exc
-            comp_top_k = comp_config.top_k
-            if route.top_k is not None and route.top_k > len(comp_config.adapters):
-                raise InvalidRequestError(
-                    f"top_k={route.top_k} exceeds the {len(comp_config.adapters)} experts of "
-                    f"composition {route.composition!r}"
-                )
             needed = list(dict.fromkeys(needed + comp_config.adapters))
-        check_route_width(route, self.width, comp_top_k)
+        try:
+            route.check_width(self.width, comp_config)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
         if len(needed) > self.hot_set.num_slots:
             raise InvalidRequestError(
                 f"the route needs {len(needed)} adapters at once but the hot-set has "

@@ -18,16 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from molora_runtime.errors import AdapterLoadError
-from molora_runtime.lora.composition import CompositionError, read_composition_config
-from molora_runtime.lora.source import AdapterSource
-from molora_runtime.routes import (
-    BaseRoute,
-    LearnedRoute,
-    MixRoute,
-    RouteSpec,
-    SingleRoute,
-    VocabRoute,
+from molora_runtime.lora.composition import (
+    CompositionConfig,
+    CompositionError,
+    read_composition_config,
 )
+from molora_runtime.lora.source import AdapterSource
+from molora_runtime.routes import RouteSpec
 
 
 def cache_identity(route_identity: bytes, tenant: str | None, cache_salt: str | None) -> bytes:
@@ -74,7 +71,8 @@ class RouteIdentities:
             parts.append(f"{path.name}={digest}")
         return ",".join(parts)
 
-    def _adapter(self, ref: str | None) -> str:
+    def adapter_key(self, ref: str | None) -> str:
+        """An adapter's key text: its ref and its files' digest; `base` for None."""
         if ref is None:
             return "base"
         folder = self.source.adapter_path(ref)
@@ -85,35 +83,20 @@ class RouteIdentities:
         except OSError as exc:
             raise AdapterLoadError(f"adapter {ref!r}: cannot read its files: {exc}") from exc
 
-    def describe(self, route: RouteSpec) -> str:
-        """The canonical text the identity digests (readable in tests and logs)."""
-        head = f"model={self.base};kind={route.kind}"
-        if isinstance(route, BaseRoute):
-            return head
-        if isinstance(route, SingleRoute):
-            return f"{head};adapter={self._adapter(route.adapter)}"
-        if isinstance(route, MixRoute):
-            mix = ";".join(f"{self._adapter(n)}*{w!r}" for n, w in route.weights.items())
-            return f"{head};mix={mix}"
-        if isinstance(route, VocabRoute):
-            table = ";".join(
-                f"[{r.start},{r.end})->{self._adapter(r.adapter)}" for r in route.ranges
-            )
-            return f"{head};vocab={table};default={self._adapter(route.default)}"
-        assert isinstance(route, LearnedRoute)
-        folder = self.source.composition_path(route.composition)
+    def composition_key(self, ref: str) -> tuple[str, CompositionConfig]:
+        """A composition's key text (its ref and its files' digest: gates and config) and its
+        config, whose experts, top-k and temperature the route's key also names."""
+        folder = self.source.composition_path(ref)
         try:
-            cfg = read_composition_config(route.composition, folder)
+            cfg = read_composition_config(ref, folder)
             digest = self._folder_digest(folder)
         except (OSError, CompositionError) as exc:
-            raise AdapterLoadError(f"composition {route.composition!r}: {exc}") from exc
-        top_k = route.top_k if route.top_k is not None else cfg.top_k
-        temp = route.temperature if route.temperature is not None else cfg.temperature
-        experts = ";".join(self._adapter(a) for a in cfg.adapters)
-        return (
-            f"{head};composition={route.composition}#{digest}"
-            f";experts={experts};top_k={top_k};temperature={temp!r}"
-        )
+            raise AdapterLoadError(f"composition {ref!r}: {exc}") from exc
+        return f"{ref}#{digest}", cfg
+
+    def describe(self, route: RouteSpec) -> str:
+        """The canonical text the identity digests (readable in tests and logs)."""
+        return f"model={self.base};kind={route.kind}{route.key_text(self)}"
 
     def identity(self, route: RouteSpec) -> bytes:
         return hashlib.sha256(self.describe(route).encode()).digest()

@@ -17,7 +17,7 @@ from molora_runtime.engine.types import (
     TokenAttribution,
     TokenLogprob,
 )
-from molora_runtime.routes import LearnedRoute, RouteSpec
+from molora_runtime.routes import RouteSpec
 
 
 class SeqStatus(Enum):
@@ -66,7 +66,8 @@ class Sequence:
 
     @property
     def composition(self) -> str | None:
-        return self.route.composition if isinstance(self.route, LearnedRoute) else None
+        """The composition whose gate routes this sequence; None for a static route."""
+        return self.route.gate_composition
 
     @property
     def total_len(self) -> int:

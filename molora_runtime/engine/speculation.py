@@ -18,7 +18,7 @@ from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field, replace
 
 from molora_runtime.config import SpeculativeConfig
-from molora_runtime.routes import LearnedRoute, RouteSpec, SingleRoute
+from molora_runtime.routes import RouteSpec
 
 SEPARATOR = -1  # between answers in a route's memory: no match spans two answers
 ROUTE_MEMORY_TOKENS = 1 << 16  # tokens of recent answers kept per tenant and route
@@ -81,20 +81,6 @@ class SpecState:
     memory_key: tuple[str | None, str]
 
 
-def route_label(route: RouteSpec) -> str:
-    """The route kind acceptance is reported under (bounded: five kinds)."""
-    return route.kind
-
-
-def route_name(route: RouteSpec) -> str | None:
-    """The adapter or composition acceptance is also reported under, where there is one."""
-    if isinstance(route, SingleRoute):
-        return route.adapter
-    if isinstance(route, LearnedRoute):
-        return route.composition
-    return None
-
-
 @dataclass
 class SpecTally:
     """Drafts proposed, draft tokens, tokens accepted."""
@@ -134,8 +120,9 @@ class SpecCounters:
             self.accepted_per_pos.extend([0] * (proposed - len(self.accepted_per_pos)))
         for pos in range(accepted):
             self.accepted_per_pos[pos] += 1
-        self.by_route.setdefault(route_label(route), SpecTally()).add(proposed, accepted)
-        name = route_name(route)
+        # per kind (bounded: five kinds), and per adapter or composition where the route names one
+        self.by_route.setdefault(route.kind, SpecTally()).add(proposed, accepted)
+        name = route.name
         if name is not None:
             self.by_name.setdefault(name, SpecTally()).add(proposed, accepted)
 

@@ -17,6 +17,7 @@ import pytest
 from deployments.api.chunks import ChunkFields, chunk, typed_chunk, typed_usage_chunk, usage_chunk
 from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
 from deployments.api.response_models import ChatCompletionChunk, CompletionChunk
+from deployments.api.response_shape import ResponseShape
 from deployments.api.shaping import Shaper, sse
 from deployments.catalog.model_names import Resolved
 from deployments.protocol.wire import DeltaItem, InfoItem, UsageItem, decode
@@ -139,7 +140,9 @@ def test_dict_chunks_are_the_typed_chunks(seed: int) -> None:
     body, images = _body(rng, chat)
     route = SingleRoute(adapter="math@3") if rng.random() < 0.5 else BaseRoute()
     resolved = Resolved(route=route, placement_adapters=())
-    shaper = TwinShaper(body, resolved, chat, f"cmpl-{seed}", images, rng.random() < 0.5)
+    shaper = TwinShaper(
+        ResponseShape.of(body, resolved, chat, f"cmpl-{seed}", images, rng.random() < 0.5)
+    )
     shaper.plain = False  # every chunk through the renderers (the fast path: below)
     written = [shaper.sse(item) for item in _stream(rng, shaper, body, images)]
     if shaper.include_usage:
@@ -164,7 +167,8 @@ def test_the_plain_path_writes_the_typed_bytes(chat: bool) -> None:
     else:
         req = CompletionRequest.model_validate({**body, "prompt": "x"})
     resolved = Resolved(route=BaseRoute(), placement_adapters=())
-    fast, twin = Shaper(req, resolved, chat, "cmpl-p"), TwinShaper(req, resolved, chat, "cmpl-p")
+    shape = ResponseShape.of(req, resolved, chat, "cmpl-p")
+    fast, twin = Shaper(shape), TwinShaper(shape)
     twin.created = fast.created
     twin.plain = False
     head = DeltaItem(text="first", token_ids=[1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from deployments.api.request_models import CompletionRequest
+from deployments.api.response_shape import ResponseShape
 from deployments.api.shaping import Shaper
 from deployments.catalog.model_names import Resolved
 from deployments.protocol.wire import DeltaItem, approx_size, decode
@@ -44,7 +45,7 @@ def shaper(stream: bool) -> Shaper:
         {"model": "moe", "prompt": "hi", "n": 2, "stream": stream, "molora": {"gate_summary": True}}
     )
     resolved = Resolved(route=LearnedRoute(composition="acme~moe@v3"), placement_adapters=())
-    return Shaper(body, resolved, chat=False, request_id="cmpl-1")
+    return Shaper(ResponseShape.of(body, resolved, chat=False, request_id="cmpl-1"))
 
 
 def test_whole_response_lists_each_choice_without_namespaces() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from deployments.api.handler import RequestHandler
 from deployments.api.request_models import ChatCompletionRequest
+from deployments.api.response_shape import ResponseShape
 from deployments.api.shaping import Shaper
 from deployments.api.tracking import Tracker
 from deployments.api.upstream import Upstream
@@ -77,7 +78,7 @@ def _body() -> ChatCompletionRequest:
 
 async def _batches(router: Any, stream: _Stream) -> list[list[Any]]:
     out = []
-    async for batch in router._items(stream, _head(), Tracker(_resolved()), KEY):
+    async for batch in router._items(stream, _head(), Tracker("base", "base"), KEY):
         out.append(batch)
     return out
 
@@ -120,7 +121,7 @@ async def test_a_lost_channel_delivers_what_came_before_it_then_fails() -> None:
     queue.put_nowait(CHANNEL_LOST)
     got: list[list[Any]] = []
     with pytest.raises(RuntimeError, match="stream channel"):
-        async for batch in router._items(stream, _head(), Tracker(_resolved()), KEY):
+        async for batch in router._items(stream, _head(), Tracker("base", "base"), KEY):
             got.append(batch)
     assert [_text(i) for i in got[1]] == ["B"]
     assert stream.cancelled
@@ -135,9 +136,9 @@ def _events(text: str) -> list[Any]:
 
 
 async def _sse_writes(router: Any) -> list[str]:
-    shaper = Shaper(_body(), _resolved(), True, KEY)
+    shaper = Shaper(ResponseShape.of(_body(), _resolved(), True, KEY))
     writes = []
-    async for write in router._sse(_Stream(), _head(), shaper, Tracker(_resolved())):
+    async for write in router._sse(_Stream(), _head(), shaper, Tracker("base", "base")):
         writes.append(write)
     return writes
 

@@ -11,6 +11,7 @@ import pytest
 from deployments.api.chunks import typed_chunk
 from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
 from deployments.api.response_models import ChatCompletionChunk, CompletionChunk
+from deployments.api.response_shape import ResponseShape
 from deployments.api.shaping import Shaper
 from deployments.catalog.model_names import Resolved
 from molora_runtime.routes import BaseRoute
@@ -28,7 +29,7 @@ def _shaper(chat: bool, **extra: Any) -> Shaper:
         body["prompt"] = "hi"
         req = CompletionRequest.model_validate(body)
     resolved = Resolved(route=BaseRoute(), placement_adapters=())
-    shaper = Shaper(req, resolved, chat, KEY)
+    shaper = Shaper(ResponseShape.of(req, resolved, chat, KEY))
     shaper.sent_role.add(0)  # the choice's first chunk (role, molora info) went out typed
     return shaper
 

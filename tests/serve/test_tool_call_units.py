@@ -5,14 +5,18 @@ and fed in every split, same calls either way), the Shaper's tool hook, and the 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from deployments.api.http_errors import validation_message
-from deployments.api.request_models import ChatCompletionRequest
+from deployments.api.request_models import ChatCompletionRequest, CompletionRequest
+from deployments.api.response_shape import ResponseShape
 from deployments.api.tool_calls import ToolCallShaping, ToolCallStream, parse_tool_calls
+from deployments.catalog.model_names import Resolved
 from molora_runtime.model.chat_templates import read_chat_template
+from molora_runtime.routes import BaseRoute
 
 CALLS = [
     ("get_weather", {"city": "Paris", "when": {"day": "Mon}"}, "units": ["C"]}),
@@ -103,27 +107,36 @@ def test_key_order_and_max_calls() -> None:
         assert _streamed(text, step, max_calls=1) == ("", [("g", '{"x": "y"}')])
 
 
-class _Body:
-    def __init__(self, mode: str, parallel: bool = True) -> None:
-        self.mode, self.parallel_tool_calls = mode, parallel
-
-    def tool_mode(self) -> str:
-        return self.mode
+def _hook(mode: str, parallel: bool = True, chat: bool = True) -> ToolCallShaping | None:
+    """The shaping hook of a real request with tool_choice `mode` ("named": a named function)."""
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    choice: Any = {"type": "function", "function": {"name": "get_weather"}}
+    choice = choice if mode == "named" else mode
+    body: Any
+    if chat:
+        body = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+             "tool_choice": choice, "parallel_tool_calls": parallel}
+        )  # fmt: skip
+    else:
+        body = CompletionRequest.model_validate({"model": "m", "prompt": "hi"})
+    resolved = Resolved(route=BaseRoute(), placement_adapters=())
+    return ToolCallShaping.for_shape(ResponseShape.of(body, resolved, chat, "chatcmpl-1"))
 
 
 def test_shaping_hook_finish_reasons_and_null_content() -> None:
-    assert ToolCallShaping.for_body(_Body("none"), chat=True) is None
-    assert ToolCallShaping.for_body(_Body("auto"), chat=False) is None
+    assert _hook("none") is None
+    assert _hook("auto", chat=False) is None
     text = _assistant_turn(CALLS[:1])
     for mode, finish in (("auto", "tool_calls"), ("required", "tool_calls"), ("named", "stop")):
-        hook = ToolCallShaping.for_body(_Body(mode), chat=True)
+        hook = _hook(mode)
         content, calls, why = hook.message(text, "stop")
         assert content is None and why == finish and calls[0].function.name == "get_weather"
         assert hook.message("plain words", "stop") == ("plain words", None, "stop")
         assert hook.message(text, "length")[2] == "length"
         content, deltas, why = hook.delta(0, text, "stop")
         assert content is None and why == finish and deltas[0]["id"].startswith("call_")
-    hook = ToolCallShaping.for_body(_Body("auto", parallel=False), chat=True)
+    hook = _hook("auto", parallel=False)
     assert len(hook.message(_assistant_turn(CALLS), "stop")[1]) == 1
 
 
