@@ -14,8 +14,8 @@ import torch
 
 from molora_runtime.engine.step_batch import StepBatch
 from molora_runtime.engine.step_model import StepModel
-from molora_runtime.lora.context import LoRAContext
 from molora_runtime.model.attention_meta import CacheAttention
+from molora_runtime.model.lora_context import LoRAContext
 
 
 def batch_buckets(max_batch: int) -> list[int]:

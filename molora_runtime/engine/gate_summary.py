@@ -24,8 +24,8 @@ import torch
 
 from molora_runtime.engine.sequence import Sequence
 from molora_runtime.engine.types import GateSummary
-from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
+from molora_runtime.model.lora_context import LoRAContext
 
 
 def wants_summary(seq: Sequence) -> bool:

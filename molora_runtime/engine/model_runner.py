@@ -9,9 +9,9 @@ import torch
 from molora_runtime.engine.cuda_graph import CudaGraphRunner
 from molora_runtime.engine.step_batch import StepBatch
 from molora_runtime.engine.step_model import StepModel
-from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.routing import RouteSegment, build_lora_context
 from molora_runtime.model.attention_meta import step_attention
+from molora_runtime.model.lora_context import LoRAContext
 
 
 class ModelRunner:

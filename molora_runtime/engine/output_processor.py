@@ -30,8 +30,8 @@ from molora_runtime.engine.sequence import SeqStatus, Sequence
 from molora_runtime.engine.speculation import Drafter
 from molora_runtime.engine.step_batch import StepBatch
 from molora_runtime.engine.types import FinishReason, GateSummary, GenerationOutput, TokenLogprob
-from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
+from molora_runtime.model.lora_context import LoRAContext
 from molora_runtime.multimodal.prompt import HIDDEN_IDS
 
 log = logging.getLogger(__name__)

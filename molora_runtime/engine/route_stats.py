@@ -7,9 +7,9 @@ import torch
 from kernels.cpu_topk_route import route_stats_reference
 from molora_runtime.engine.gate_telemetry import GateTelemetry
 from molora_runtime.engine.types import TokenAttribution
-from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.model.learned_gate import stats_edges
+from molora_runtime.model.lora_context import LoRAContext
 
 
 def slot_names(hot_set: HotSet) -> dict[int, str]:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from molora_runtime.lora.context import LoRAContext
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.model.learned_gate import LearnedPlan
+from molora_runtime.model.lora_context import LoRAContext
 from molora_runtime.routes import RouteSpec, VocabRange
 
 # (gate slot, expert slots, top-k, temperature) of a learned segment

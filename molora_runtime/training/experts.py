@@ -13,10 +13,10 @@ from typing import Protocol
 
 import torch
 
-from molora_runtime.lora.context import GateTable, LoRAContext
 from molora_runtime.lora.peft_adapter import AdapterWeights
 from molora_runtime.model.decoder import CausalLM
 from molora_runtime.model.lora_backend import LoRABackend, ReferenceBackend, TritonBackend
+from molora_runtime.model.lora_context import GateTable, LoRAContext
 from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
 
 

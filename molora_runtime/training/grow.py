@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from molora_runtime.lora.context import GateTable
 from molora_runtime.model.attention_meta import DenseAttention
 from molora_runtime.model.decoder import CausalLM
+from molora_runtime.model.lora_context import GateTable
 from molora_runtime.training.answer_check import adapted_layers, relaxed_scale
 from molora_runtime.training.batching import IGNORE
 from molora_runtime.training.data import (
