@@ -29,13 +29,14 @@ def cluster_assets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     return make_assets(tmp_path_factory.mktemp("cluster-assets"), ADAPTERS)
 
 
-@pytest.fixture(scope="session")
+# Module scope: Ray is torn down before the next folder's tests, which start Ray of their own.
+@pytest.fixture(scope="module")
 def multinode(request: pytest.FixtureRequest) -> Iterator[MultiNodeCluster]:
     yield CLUSTER.ensure(request.node.nodeid)
     CLUSTER.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def deployed(multinode: MultiNodeCluster, cluster_assets: tuple[Path, Path]) -> dict:
     """The app on 2 model replicas (one per worker node) and 2 routers on the head."""
     model, adapters = cluster_assets

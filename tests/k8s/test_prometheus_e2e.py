@@ -42,7 +42,8 @@ def _start_ray() -> Any:
     import ray
 
     if ray.is_initialized():
-        pytest.skip("a Ray cluster is already running in this process")
+        # An earlier folder's fixture kept its cluster (tests/cluster tears its own down).
+        pytest.fail("a Ray cluster is already running in this process", pytrace=False)
     return start_local_cluster(num_cpus=4, system_config={"metrics_report_interval_ms": 1000})
 
 
