@@ -57,9 +57,9 @@ from benchmarks.gpu_bench import (
 )
 from benchmarks.report import RESULTS_DIR, write_json
 from molora_runtime.config import EngineConfig, HotSetConfig
-from molora_runtime.engine.cuda_graph import CudaGraphRunner
 from molora_runtime.engine.engine import LLMEngine
 from molora_runtime.engine.llm import as_route
+from molora_runtime.engine.runner.cuda_graph import CudaGraphRunner
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.lora.composition import CompositionConfig, save_composition
 from molora_runtime.lora.source import DirectorySource

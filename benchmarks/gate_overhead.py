@@ -28,9 +28,9 @@ import torch
 from adapter_store.source import AdapterStoreSource
 from benchmarks.report import BUNDLED_STORE, write_json
 from molora_runtime.config import EngineConfig, HotSetConfig
-from molora_runtime.engine import model_runner
 from molora_runtime.engine.engine import LLMEngine
 from molora_runtime.engine.llm import as_route
+from molora_runtime.engine.runner import model_runner
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.lora.routing import build_lora_context
 

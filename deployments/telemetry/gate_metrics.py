@@ -13,7 +13,11 @@ from collections.abc import Callable
 
 from deployments.telemetry import metric_names as names
 from deployments.telemetry.metrics import metric as ray_metric
-from molora_runtime.engine.gate_telemetry import ENTROPY_BUCKETS, TOP1_BUCKETS, LayerTelemetry
+from molora_runtime.engine.route_stats.gate_telemetry import (
+    ENTROPY_BUCKETS,
+    TOP1_BUCKETS,
+    LayerTelemetry,
+)
 
 Sample = tuple[str, dict[str, str], float]  # metric, tags, increment
 

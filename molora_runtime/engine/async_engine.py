@@ -24,7 +24,7 @@ import torch
 from molora_runtime.config import EngineConfig
 from molora_runtime.delegate import Delegate
 from molora_runtime.engine.engine import LLMEngine
-from molora_runtime.engine.gate_telemetry import LayerTelemetry
+from molora_runtime.engine.route_stats.gate_telemetry import LayerTelemetry
 from molora_runtime.engine.types import (
     EngineStats,
     GenerationOutput,

@@ -15,6 +15,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def pick_device(config: EngineConfig) -> torch.device:
+    """`cuda` when asked for, or when `auto` finds one; else the CPU."""
     if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")
@@ -40,6 +41,7 @@ def pick_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
 
 
 def load_tokenizer(folder: Path) -> Any | None:
+    """The model folder's tokenizer; None for a folder without one (token ids in and out)."""
     if (
         not (folder / "tokenizer.json").is_file()
         and not (folder / "tokenizer_config.json").is_file()

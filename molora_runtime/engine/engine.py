@@ -1,11 +1,12 @@
-"""The synchronous engine core: schedule -> run -> process, once per step.
+"""The synchronous engine core, in nano-vllm's shape: schedule -> run -> postprocess, once a step.
 
 Continuous batching over a paged KV cache: requests join and leave between steps. A step packs
-every running decode (one token each) first, then prefill chunks, into one flat token batch;
-every projection and every routed-LoRA delta runs once over all of them, whatever each token's
-route. The rooms: `Scheduler` (admission, budgets, preemption) over a `BlockManager` (blocks and
-the prefix cache), `ModelRunner` (step inputs, eager or CUDA graphs), `OutputProcessor`
-(sampling results -> text, stops, attribution, finish).
+every running decode (one token each, or its last token and a draft to verify) first, then
+prefill chunks, into one flat token batch; every projection and every routed-LoRA delta runs
+once over all of them, whatever each token's route. The rooms: `Scheduler` (admission, budgets,
+preemption) over a `BlockManager` (blocks and the prefix cache) forms the `StepBatch`;
+`ModelRunner` (KV cache, hot-set, CUDA graphs, step inputs) runs it; `OutputProcessor` (commit,
+verification, sampling, text, stops, attribution, endings) postprocesses it.
 """
 
 from __future__ import annotations
@@ -19,26 +20,28 @@ import torch
 
 from molora_runtime.config import EngineConfig
 from molora_runtime.delegate import Delegate
-from molora_runtime.engine.adapter_binding import AdapterBinder
-from molora_runtime.engine.block_manager import BlockManager
 from molora_runtime.engine.device import load_tokenizer, pick_device, pick_dtype
-from molora_runtime.engine.gate_telemetry import LayerTelemetry
-from molora_runtime.engine.isolation import run_isolated
-from molora_runtime.engine.kv_budget import kv_num_blocks
-from molora_runtime.engine.model_runner import ModelRunner
-from molora_runtime.engine.output_processor import OutputProcessor
+from molora_runtime.engine.outputs.endings import Endings, Outputs
+from molora_runtime.engine.outputs.output_processor import OutputProcessor
 from molora_runtime.engine.request_check import RequestChecker
-from molora_runtime.engine.route_key import RouteIdentities, cache_identity, chain_block_hash
-from molora_runtime.engine.scheduler import Scheduler
+from molora_runtime.engine.route_stats.gate_telemetry import LayerTelemetry
+from molora_runtime.engine.runner.cuda_graph import CudaGraphRunner
+from molora_runtime.engine.runner.model_runner import ModelRunner
+from molora_runtime.engine.runner.step_batch import StepBatch
+from molora_runtime.engine.scheduling.adapter_binding import AdapterBinder
+from molora_runtime.engine.scheduling.block_manager import BlockManager
+from molora_runtime.engine.scheduling.route_key import (
+    RouteIdentities,
+    cache_identity,
+    chain_block_hash,
+)
+from molora_runtime.engine.scheduling.scheduler import Scheduler
 from molora_runtime.engine.sequence import Sequence
-from molora_runtime.engine.speculation import Drafter
-from molora_runtime.engine.step_batch import StepBatch
-from molora_runtime.engine.step_model import StepModel
-from molora_runtime.engine.structured import GrammarCompiler
+from molora_runtime.engine.speculation.drafter import Drafter
+from molora_runtime.engine.structured.grammar_compiler import GrammarCompiler
 from molora_runtime.engine.types import (
     BlockStats,
     EngineStats,
-    GenerationOutput,
     GenerationRequest,
     RequestAdapters,
     StepOutputs,
@@ -78,19 +81,15 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids.add(int(self.tokenizer.eos_token_id))
         self.max_model_len = min(config.max_model_len, arch.max_position_embeddings)
-        bs = config.kv_block_size
-        blocks = kv_num_blocks(config, arch, self.dtype, self.max_model_len, self.device)
-        self.kv = KVCache(
-            arch.num_layers, blocks, bs, arch.num_kv_heads, arch.head_dim, self.dtype, self.device
-        )
-        self.max_seq_len = min(self.max_model_len, blocks * bs)  # one sequence's reach
         served = [config.model, str(self.model_path), arch.name_or_path]
-        self.hot_set = HotSet(
-            self.model, config.hot_set, source, self.device, self.dtype, served_names=served
+        self.runner = ModelRunner(
+            config, self.model, source, served, self.max_model_len, self.dtype, self.device
         )
-        self.width = config.hot_set.max_adapters_per_token
         self.block_manager = BlockManager(
-            blocks, bs, chain_block_hash, prefix_caching=config.enable_prefix_caching
+            self.kv.num_blocks,
+            self.kv.block_size,
+            chain_block_hash,
+            prefix_caching=config.enable_prefix_caching,
         )
         self.identities = RouteIdentities(str(self.model_path), source)
         self.drafter = Drafter(config.speculative) if config.speculative is not None else None
@@ -126,14 +125,6 @@ class LLMEngine:
             config.max_num_seqs,
             self.drafter,
         )
-        use_graphs = config.enable_cuda_graph and self.device.type == "cuda"
-        self.runner = ModelRunner(
-            StepModel(self.model, self.kv, self.hot_set, self.width, self.device),
-            max_blocks_per_seq=-(-self.max_seq_len // bs),
-            graph_max_batch=min(config.cuda_graph_max_batch, config.max_num_seqs)
-            if use_graphs
-            else None,
-        )
         self._incoming: deque[Sequence] = deque()
         self._aborts: deque[str] = deque()
         self._lock = threading.Lock()
@@ -142,7 +133,13 @@ class LLMEngine:
     waiting = Delegate[deque[Sequence]]("scheduler.waiting")
     running = Delegate[list[Sequence]]("scheduler.running")
     forked_prefills = Delegate[int]("scheduler.forked_prefills")
-    graph_runner = Delegate[Any]("runner.graph_runner", writable=True)  # tests swap it
+    kv = Delegate[KVCache]("runner.kv")
+    hot_set = Delegate[HotSet]("runner.hot_set")
+    width = Delegate[int]("runner.width")  # adapters per token
+    max_seq_len = Delegate[int]("runner.max_seq_len")  # one sequence's reach (KV budget)
+    # tests and benchmarks swap in their own graph runner (or none)
+    graph_runner = Delegate[CudaGraphRunner | None]("runner.graph_runner", writable=True)
+    endings = Delegate[Endings]("outputs.endings")
 
     def _cache_identity(self, seq: Sequence) -> bytes:
         """The prefix-cache key of `seq`: route identity salted with tenant and cache_salt."""
@@ -151,6 +148,7 @@ class LLMEngine:
 
     # ----- requests -------------------------------------------------------------------------
     def encode_prompt(self, req: GenerationRequest) -> list[int]:
+        """The request's prompt ids (chat template, images), without the other checks."""
         return self.checker.encode_prompt(req)
 
     def validate_request(self, req: GenerationRequest) -> list[int]:
@@ -195,12 +193,15 @@ class LLMEngine:
         return len(self.waiting) + len(self._incoming) < capacity
 
     def abort(self, request_id: str) -> None:
+        """End `request_id` at the next step (any thread)."""
         self._aborts.append(request_id)
 
     def has_work(self) -> bool:
+        """Whether a step has anything to do: requests queued, running, or to abort."""
         return bool(self.waiting or self.running or self._incoming or self._aborts)
 
     def stats(self) -> EngineStats:
+        """A snapshot of the queues, hot-set, host tier, KV blocks and speculation."""
         c = self.hot_set.counters
         host = self.hot_set.host
         bm = self.block_manager
@@ -277,32 +278,44 @@ class LLMEngine:
 
     # ----- the step -------------------------------------------------------------------------
     def step(self) -> StepOutputs:
-        """One schedule -> run -> process round; every request's increments in one batch."""
-        outputs: list[GenerationOutput] = []
-        self._drain_incoming(outputs)
-        self.scheduler.admit(lambda seq, exc: self.outputs.fail_waiting(seq, exc, outputs))
+        """One schedule -> run -> postprocess round; every request's increments in one batch."""
+        outputs: Outputs = []
+        self._take_in(outputs)
         if not self.running:
-            if self.waiting:  # their adapters are loading in the background: sleep, not spin
-                self.hot_set.host.wait(0.05)
-            return StepOutputs(outputs)
-        run_isolated(
-            self._form_batch(),
-            size=lambda b: len(b.segments),
-            forward=self.runner.run,
-            after=lambda b, res: self.outputs.process(b, res[0], res[1], outputs),
-            fail=lambda b, exc: self.outputs.fail(b.segments[0][0], exc, outputs),
-            split=StepBatch.halves,
-        )
-        try:
-            self.scheduler.binder.prefetch(self.waiting)
-        except Exception:  # prefetch is an optimisation: a store hiccup must not fail the step
-            log.debug("prefetch failed", exc_info=True)
+            return self._idle(outputs)
+        for result in self.runner.run_isolated(self._form_batch()):
+            self.outputs.process(result, outputs)
+        self._prefetch()
+        return StepOutputs(outputs)
+
+    def _take_in(self, outputs: Outputs) -> None:
+        """Queue new requests, end aborted ones, and admit what fits; a request that cannot
+        start ends alone."""
+        self._drain_incoming(outputs)
+        for seq, exc in self.scheduler.admit():
+            self.endings.fail_waiting(seq, exc, outputs)
+
+    def _idle(self, outputs: Outputs) -> StepOutputs:
+        """A step with nothing to run: waiting requests' adapters are loading in the
+        background, so sleep on their loads rather than spin."""
+        if self.waiting:
+            self.hot_set.host.wait(0.05)
         return StepOutputs(outputs)
 
     def _form_batch(self) -> StepBatch:
+        """The step's batch: every running decode (and draft), then prefill chunks."""
         return self.scheduler.schedule()
 
-    def _drain_incoming(self, outputs: list[GenerationOutput]) -> None:
+    def _prefetch(self) -> None:
+        """Start loading the adapters of requests still waiting (an optimisation: a store
+        hiccup must not fail the step)."""
+        try:
+            self.scheduler.binder.prefetch(self.waiting)
+        except Exception:
+            log.debug("prefetch failed", exc_info=True)
+
+    def _drain_incoming(self, outputs: Outputs) -> None:
+        """Move requests queued since the last step to the waiting queue; end the aborted."""
         with self._lock:
             while self._incoming:
                 self.waiting.append(self._incoming.popleft())
@@ -313,16 +326,16 @@ class LLMEngine:
             return
         for seq in [s for s in self.waiting if s.request_id in aborted]:
             self.waiting.remove(seq)
-            outputs.append(self.outputs.final(seq, "abort"))
+            outputs.append(self.endings.final(seq, "abort"))
         for seq in [s for s in self.running if s.request_id in aborted]:
-            self.outputs.finish(seq, "abort", outputs)
+            self.endings.finish(seq, "abort", outputs)
 
     def fail_running(self, message: str) -> StepOutputs:
         """Last resort after a step failed outside any one sequence: end every running and
         waiting request with `message` (never another request's error text)."""
-        outputs: list[GenerationOutput] = []
+        outputs: Outputs = []
         for seq in list(self.running):
-            self.outputs.fail(seq, SequenceStepError(message), outputs)
+            self.endings.fail(seq, SequenceStepError(message), outputs)
         with self._lock:
             while self._incoming:
                 self.waiting.append(self._incoming.popleft())
@@ -331,7 +344,7 @@ class LLMEngine:
             self.scheduler.binder.release(seq)
             seq.exception = SequenceStepError(message)
             seq.error = message
-            outputs.append(self.outputs.final(seq, "error"))
+            outputs.append(self.endings.final(seq, "error"))
         return StepOutputs(outputs)
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from molora_runtime.engine.structured import GrammarCompiler
+from molora_runtime.engine.structured.grammar_compiler import GrammarCompiler
 from molora_runtime.engine.types import GenerationRequest
 from molora_runtime.errors import AdapterLoadError, InvalidRequestError
 from molora_runtime.lora.composition import CompositionError, read_composition_config

@@ -1,4 +1,5 @@
-"""The engine's state for one request while it is queued or running."""
+"""The engine's state for one request while it is queued or running, and the two things done to
+it every step: the sampler's view of it (`sampling_input`) and taking its next token."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from enum import Enum
 import torch
 
 from molora_runtime.delegate import Delegate
-from molora_runtime.engine.speculation import SpecState
-from molora_runtime.engine.structured import GrammarState
+from molora_runtime.engine.sampling.logits_processing import RowInput
+from molora_runtime.engine.speculation.drafter import SpecState
+from molora_runtime.engine.structured.grammar_state import GrammarState
 from molora_runtime.engine.types import (
     FinishReason,
     GenerationRequest,
@@ -21,6 +23,8 @@ from molora_runtime.routes import RouteSpec
 
 
 class SeqStatus(Enum):
+    """Where a sequence is: queued (or preempted), in the running batch, or done."""
+
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -28,6 +32,8 @@ class SeqStatus(Enum):
 
 @dataclass(eq=False)  # a sequence is itself: lists of them compare by identity
 class Sequence:
+    """One request's tokens, KV blocks, text, stops, logprobs and attribution so far."""
+
     request: GenerationRequest
     prompt_ids: list[int]
     generator: torch.Generator | None
@@ -35,10 +41,8 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     block_table: list[int] = field(default_factory=list)  # KV blocks while running
     num_computed: int = 0  # tokens whose K/V are in the cache
-    identity: bytes = b""
-    block_hashes: list[bytes] = field(
-        default_factory=list
-    )  # chain hashes of full blocks  # route identity (prefix-cache key), set at admission
+    identity: bytes = b""  # route identity (prefix-cache key), set at admission
+    block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks
     recompute_len: int = 0  # after a preemption: tokens to prefill again (prompt + outputs)
     preemptions: int = 0
     adapters: list[str] = field(default_factory=list)  # hot-set adapters held while running
@@ -100,3 +104,29 @@ class Sequence:
         if start >= n:
             return self.output_ids[start - n : end - n]
         return self.prompt_ids[start:] + self.output_ids[: end - n]
+
+    def sampling_input(self, eos_ids: set[int]) -> RowInput:
+        """The sampler's view of this sequence: its params, seed stream, history and masks
+        (EOS and stop ids banned until `min_tokens`, the grammar's allowed tokens)."""
+        p = self.request.sampling
+        banned: list[int] = []
+        if len(self.output_ids) < p.min_tokens:
+            banned = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else eos_ids))
+        return RowInput(
+            params=p,
+            generator=self.generator,
+            prompt_ids=self.prompt_ids,
+            output_ids=self.output_ids,
+            banned=banned,
+            allowed=self.grammar.allowed() if self.grammar is not None else None,
+        )
+
+    def append_token(self, token: int, logprob: TokenLogprob | None, now: float) -> None:
+        """`token` is this sequence's next output: its grammar advances, its logprob is kept."""
+        self.output_ids.append(token)
+        if self.grammar is not None:
+            self.grammar.accept(token)
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        if self.first_token_at is None:
+            self.first_token_at = now

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from molora_runtime.engine.speculation import SpecCounters
-from molora_runtime.engine.structured import ResponseFormat
+from molora_runtime.engine.speculation.spec_counters import SpecCounters
+from molora_runtime.engine.structured.response_format import ResponseFormat
 from molora_runtime.routes import BaseRoute, RouteSpec
 
 FinishReason = Literal["stop", "length", "abort", "error"]

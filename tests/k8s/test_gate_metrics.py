@@ -6,7 +6,7 @@ import random
 
 from deployments.telemetry import metric_names as m
 from deployments.telemetry.gate_metrics import gate_samples
-from molora_runtime.engine.gate_telemetry import LayerTelemetry
+from molora_runtime.engine.route_stats.gate_telemetry import LayerTelemetry
 from molora_runtime.model.learned_gate import ENTROPY_BUCKETS, TOP1_BUCKETS
 
 LAYERS = 4

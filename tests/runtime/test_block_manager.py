@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from molora_runtime.engine.block_manager import BlockManager
-from molora_runtime.engine.route_key import chain_block_hash
+from molora_runtime.engine.scheduling.block_manager import BlockManager
+from molora_runtime.engine.scheduling.route_key import chain_block_hash
 
 ID_A, ID_B = b"a" * 32, b"b" * 32
 

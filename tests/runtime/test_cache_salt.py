@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from molora_runtime.engine.route_key import cache_identity
+from molora_runtime.engine.scheduling.route_key import cache_identity
 from molora_runtime.engine.types import GenerationRequest
 from tests.runtime.rt_util import random_prompts, request, run_to_completion
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from molora_runtime.engine.detokenizer import IncrementalDetokenizer
+from molora_runtime.engine.outputs.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Hello, world! ünïcödé 日本語 🙂🙂 tabs\tand\nnewlines  double  spaces",

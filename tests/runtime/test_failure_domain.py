@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from molora_runtime.engine.async_engine import AsyncEngine
-from molora_runtime.engine.isolation import sample_isolated
+from molora_runtime.engine.sampling.isolation import sample_isolated
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.errors import NonFiniteLogitsError, SequenceStepError
 from molora_runtime.lora.source import DirectorySource

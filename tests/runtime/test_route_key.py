@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from molora_runtime.engine.route_key import RouteIdentities, chain_block_hash
+from molora_runtime.engine.scheduling.route_key import RouteIdentities, chain_block_hash
 from molora_runtime.lora.source import DirectorySource
 from molora_runtime.routes import BaseRoute, MixRoute, SingleRoute, VocabRange, VocabRoute
 

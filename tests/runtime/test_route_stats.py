@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from molora_runtime.engine.route_stats import GateStats, attributions
+from molora_runtime.engine.route_stats.attribution import attributions
+from molora_runtime.engine.route_stats.gate_stats import GateStats
 from molora_runtime.engine.types import TokenAttribution
 from molora_runtime.model.lora_context import GateTable, LoRAContext
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from molora_runtime.engine.sampler import scan_rows
+from molora_runtime.engine.sampling.sampler import scan_rows
 from molora_runtime.engine.types import SamplingParams
 from tests.runtime.rt_util import build_engine, random_prompts, request, run_to_completion
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from molora_runtime.engine.logits_processing import RowInput, process_row, sample_rows
+from molora_runtime.engine.sampling.logits_processing import RowInput, process_row, sample_rows
 from molora_runtime.engine.types import SamplingParams
 from tests.runtime.rt_util import engine_prefill_logits, random_prompts, request, run_to_completion
 

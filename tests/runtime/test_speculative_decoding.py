@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from molora_runtime.config import SpeculativeConfig
-from molora_runtime.engine.sampler import accept_or_resample
-from molora_runtime.engine.speculation import NgramIndex
+from molora_runtime.engine.sampling.sampler import accept_or_resample
+from molora_runtime.engine.speculation.ngram_index import NgramIndex
 from molora_runtime.engine.types import SamplingParams
 from molora_runtime.routes import LearnedRoute, MixRoute, VocabRoute
 from tests.runtime.rt_util import random_prompts, request, run_to_completion
@@ -183,7 +183,7 @@ def test_the_grammar_masks_every_verified_row(tiny_chat_model, sampling) -> None
 
     import jsonschema
 
-    from molora_runtime.engine.structured import ResponseFormat
+    from molora_runtime.engine.structured.response_format import ResponseFormat
     from molora_runtime.engine.types import GenerationRequest
     from tests.runtime.rt_util import build_engine
 

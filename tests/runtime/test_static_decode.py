@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from molora_runtime.engine.cuda_graph import CudaGraphRunner, batch_buckets
+from molora_runtime.engine.runner.cuda_graph import CudaGraphRunner, batch_buckets
 from molora_runtime.routes import LearnedRoute, MixRoute, VocabRoute
 from tests.runtime.rt_util import random_prompts, request, run_to_completion
 

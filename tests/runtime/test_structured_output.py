@@ -12,7 +12,8 @@ import jsonschema
 import pytest
 
 from molora_runtime.config import GrammarConfig
-from molora_runtime.engine.structured import GrammarCompiler, ResponseFormat
+from molora_runtime.engine.structured.grammar_compiler import GrammarCompiler
+from molora_runtime.engine.structured.response_format import ResponseFormat
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.errors import EngineOverloadedError, InvalidRequestError
 from tests.runtime.rt_util import build_engine, run_to_completion

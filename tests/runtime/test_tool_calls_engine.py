@@ -10,7 +10,7 @@ import re
 import jsonschema
 import pytest
 
-from molora_runtime.engine.structured import ResponseFormat
+from molora_runtime.engine.structured.response_format import ResponseFormat
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.errors import InvalidRequestError
 from molora_runtime.model.chat_templates import (

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from molora_runtime.engine.sampler import min_p_filter, min_p_filter_reference
+from molora_runtime.engine.sampling.sampler import min_p_filter, min_p_filter_reference
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from tests.runtime.rt_util import build_engine, random_prompts, request, run_to_completion
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from molora_runtime.engine.sampler import (
+from molora_runtime.engine.sampling.sampler import (
     SAMPLING_EPS,
     accept_or_resample,
     sample_one,

@@ -10,12 +10,16 @@ static-shape step runs eagerly, which is how the tests prove it equals the dynam
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from molora_runtime.engine.step_batch import StepBatch
-from molora_runtime.engine.step_model import StepModel
+from molora_runtime.engine.runner.step_batch import StepBatch
 from molora_runtime.model.attention_meta import CacheAttention
 from molora_runtime.model.lora_context import LoRAContext
+
+if TYPE_CHECKING:  # the model runner builds the StepModel and then this runner over it
+    from molora_runtime.engine.runner.model_runner import StepModel
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -30,6 +34,9 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 
 class CudaGraphRunner:
+    """The decode step at static shapes: one captured graph per batch bucket (or, without
+    `capture`, the same static step run eagerly), fed from the step's batch and LoRA context."""
+
     def __init__(
         self, step: StepModel, max_batch: int, max_blocks_per_seq: int, capture: bool | None = None
     ) -> None:
@@ -63,6 +70,7 @@ class CudaGraphRunner:
         self._pool = None
 
     def can_run(self, num_tokens: int, ctx: LoRAContext | None) -> bool:
+        """Whether a decode-only batch of `num_tokens` rows fits a captured bucket."""
         return 0 < num_tokens <= self.max_batch
 
     def _bucket(self, n: int) -> int:

@@ -1,33 +1,18 @@
-"""Structured output: a JSON grammar (xgrammar) as a per-sequence token mask before sampling.
-
-Each sequence with a `response_format` owns a `GrammarState` (an xgrammar matcher over the
-compiled grammar, which is shared and cached by schema): before each sampling step it yields the
-boolean mask of the tokens the grammar allows next (EOS only once the JSON is complete), and every
-accepted token advances it; the sequence finishes with "stop" when the grammar terminates. The
-mask is applied in `logits_processing` like any other, so it works with every route kind, n > 1,
-penalties and logprobs. xgrammar is imported lazily: only requests that ask need it.
-
-Compiling is bounded three ways: a schema's size (checked before queueing), a time budget per
-compile (over it the request is a 400 and the schema is refused at once from then on), and a
-fair queue (grammar_queue.py), so one tenant's costly schemas never delay another's.
-
-The same path forces tool calls (`tool_choice` "required" or a named function): their grammar is
-a structural tag built in `tool_grammar`.
-"""
+"""Compiles response formats into grammars for one tokenizer, bounded in size, time and queue
+share (a costly schema is refused from then on), and caches them by format."""
 
 from __future__ import annotations
 
 import json
 import threading
 from collections import OrderedDict
-from typing import Any, Literal
-
-import torch
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from molora_runtime.config import GrammarConfig
-from molora_runtime.engine.grammar_queue import FairQueue, OverBudget
-from molora_runtime.engine.tool_grammar import ToolCallFormat, structural_tag
+from molora_runtime.engine.structured.grammar_queue import FairQueue, OverBudget
+from molora_runtime.engine.structured.grammar_state import GrammarState
+from molora_runtime.engine.structured.response_format import ResponseFormat
+from molora_runtime.engine.structured.tool_grammar import structural_tag
 from molora_runtime.errors import InvalidRequestError
 
 MAX_CACHED_GRAMMARS = 64
@@ -35,45 +20,6 @@ MAX_REFUSED = 256
 ANONYMOUS = ""  # the queue of requests without a tenant
 # A schema's size bounds the memory and time xgrammar may spend on it.
 MAX_SCHEMA_CHARS = 64 * 1024
-
-
-class ResponseFormat(BaseModel):
-    """What the engine needs: JSON (any object), JSON matching `json_schema`, or tool calls."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["json_object", "json_schema", "tool_calls"]
-    json_schema: dict[str, Any] | None = Field(None, description="the JSON Schema (json_schema)")
-    tool_calls: ToolCallFormat | None = Field(None, description="the functions (tool_calls)")
-
-    def key(self) -> str:
-        return json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
-
-
-class GrammarState:
-    """One sequence's position in its grammar."""
-
-    def __init__(self, compiled: Any, vocab_size: int) -> None:
-        import xgrammar as xgr  # the optional `serve` extra
-
-        self._matcher = xgr.GrammarMatcher(compiled)
-        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
-        self._shifts = torch.arange(32, dtype=torch.int32)
-        self.vocab_size = vocab_size
-
-    def allowed(self) -> torch.Tensor:
-        """Bool [vocab] of the tokens the grammar accepts next."""
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        bits = (self._bitmask[0, :, None] >> self._shifts) & 1
-        return bits.bool().flatten()[: self.vocab_size]
-
-    def accept(self, token: int) -> None:
-        if not self._matcher.accept_token(token):
-            raise InvalidRequestError(f"token {token} does not fit the response format")
-
-    @property
-    def terminated(self) -> bool:
-        return bool(self._matcher.is_terminated())
 
 
 class GrammarCompiler:

@@ -18,6 +18,8 @@ ChainHash = Callable[[bytes | None, bytes, Sequence[int]], bytes]
 
 @dataclass
 class Block:
+    """One KV block: who holds it, and the chain hash it is indexed under once full."""
+
     block_id: int
     refs: int = 0
     hash: bytes | None = None
@@ -26,6 +28,8 @@ class Block:
 
 @dataclass
 class BlockCounters:
+    """The prefix cache's hit counts, for the stats."""
+
     prefix_hit_tokens: int = 0  # prompt tokens served from cached blocks
     prefix_queried_tokens: int = 0  # prompt tokens looked up
     evictions: int = 0  # cached blocks reused for other data

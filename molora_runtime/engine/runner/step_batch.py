@@ -1,5 +1,6 @@
-"""Host-side description of one step's flat token batch (decodes first, then verifications of
-drafts, then prefill chunks)."""
+"""The one object a step's metadata travels in: the host-side description of its flat token batch
+(decodes first, then verifications of drafts, then prefill chunks), built by the scheduler, read
+by the model runner and the output processor."""
 
 from __future__ import annotations
 
@@ -28,18 +29,30 @@ class StepBatch:
 
     @property
     def decode_only(self) -> bool:
+        """No prefill chunk: every row a decode, so a captured graph can run the batch."""
         return not self.prefills
 
-    @staticmethod
-    def halves(batch: StepBatch) -> list[StepBatch]:
+    @property
+    def logit_rows(self) -> list[int]:
+        """The batch rows the forward keeps logits for: sampled rows, then every verified draft
+        row, then the prompt positions asking for logprobs (`StepResult` splits them so)."""
+        return self.logits_index + self.verify_index + self.prompt_logits_index
+
+    def computed(self) -> list[tuple[Sequence, int]]:
+        """(seq, tokens) this forward put in the cache, for every sequence but a verified one
+        (a verification commits only what it accepts)."""
+        verified = {id(seq) for seq, _, _ in self.verify}
+        return [(seq, n) for seq, _, n in self.segments if id(seq) not in verified]
+
+    def halves(self) -> list[StepBatch]:
         """The batch's sequences in two sub-batches (decodes first in each), rebuilt from the
         sequences' unchanged state: nothing advances until the output processor runs."""
-        segs = batch.segments
+        segs = self.segments
         mid = len(segs) // 2
-        makes_logits = {id(s) for s in batch.logits_seqs}
+        makes_logits = {id(s) for s in self.logits_seqs}
         parts = []
         for group in (segs[:mid], segs[mid:]):
-            part = StepBatch(batch.block_size)
+            part = StepBatch(self.block_size)
             for seq, _, n in group:
                 part.add(seq, seq.num_computed, n, produces_logits=id(seq) in makes_logits)
             parts.append(part)

@@ -18,19 +18,21 @@ from collections import deque
 from collections.abc import Callable
 
 from molora_runtime.config import EngineConfig
-from molora_runtime.engine.adapter_binding import AdapterBinder
-from molora_runtime.engine.block_manager import BlockManager
-from molora_runtime.engine.fair_share import FairShare
+from molora_runtime.engine.runner.step_batch import StepBatch
+from molora_runtime.engine.scheduling.adapter_binding import AdapterBinder
+from molora_runtime.engine.scheduling.block_manager import BlockManager
+from molora_runtime.engine.scheduling.fair_share import FairShare
 from molora_runtime.engine.sequence import SeqStatus, Sequence
-from molora_runtime.engine.speculation import Drafter
-from molora_runtime.engine.step_batch import StepBatch
+from molora_runtime.engine.speculation.drafter import Drafter
 
-OnError = Callable[[Sequence, BaseException], None]
+Failed = list[tuple[Sequence, BaseException]]  # requests that could not start, and why
 LOADS_PER_PASS = 8  # held requests whose adapters start loading in one admission pass
 SCAN_PER_PASS = 64  # waiting requests one admission pass looks at
 
 
 class Scheduler:
+    """Owns the waiting queue and the running list; forms each step's `StepBatch`."""
+
     def __init__(
         self,
         config: EngineConfig,
@@ -62,11 +64,13 @@ class Scheduler:
         self.queue_times: deque[float] = deque(maxlen=4096)  # arrival -> first start, seconds
 
     # ----- admission ------------------------------------------------------------------------
-    def admit(self, on_error: OnError) -> None:
+    def admit(self) -> Failed:
         """Move waiting requests to running while sequence slots, blocks and hot-set slots
         allow (FIFO; a request whose adapters cannot all be resident now waits, later ones may
-        pass it; one that does not fit in the free blocks stops admission)."""
+        pass it; one that does not fit in the free blocks stops admission). Returns the
+        requests that failed to start (their adapters, store or route), each on its own."""
         held: list[Sequence] = []
+        failed: Failed = []
         self._leaders_first()
         if self.waiting:
             self.waiting = self.fair.order(self.waiting, self.running)
@@ -106,7 +110,7 @@ class Scheduler:
                 if self.waiting and self.waiting[0] is seq:
                     self.waiting.popleft()
                 seq.status = SeqStatus.FINISHED
-                on_error(seq, exc)
+                failed.append((seq, exc))
                 continue
             seq.block_table, seq.num_computed = self.blocks.allocate(
                 seq.identity, lookup, seq.prefill_len
@@ -118,6 +122,7 @@ class Scheduler:
                 self.queue_times.append(seq.started_at - seq.arrival)
         for seq in reversed(held):
             self.waiting.appendleft(seq)
+        return failed
 
     def _fits(self, seq: Sequence, lookup: list[int], reserve: int) -> bool:
         """Whether `seq`'s prefill fits in the free blocks, after taking back blocks from
@@ -272,6 +277,7 @@ class Scheduler:
             )
 
     def finish(self, seq: Sequence) -> None:
+        """`seq` is done: out of the running list, its blocks and adapters released."""
         if seq in self.running:
             self.running.remove(seq)
         self.blocks.free(seq.block_table)
