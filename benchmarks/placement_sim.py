@@ -7,7 +7,7 @@ crowd and a popularity shift, takes a GPU cluster to measure and minutes per poi
 a pure function (deployments/placement/affinity.py), so it can be driven here exactly as the Ray
 request router drives it, against baselines on the same arrivals, in a minute of one core.
 
-Each simulated replica models the engine's admission (molora_runtime/engine/scheduler.py):
+Each simulated replica models the engine's admission (molora_runtime/engine/scheduling/scheduler.py):
 FIFO, up to `max_num_seqs` running; a request starts only when its adapter is in a slot; a slot
 holding an adapter of a running request is pinned, others are evicted least recently used; an
 adapter in neither slot nor host tier is fetched in the background (`fetch_workers` at once:

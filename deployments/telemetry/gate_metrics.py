@@ -1,6 +1,6 @@
 """Gate telemetry as Prometheus counters: routing entropy, top-1 weight and top-1 expert.
 
-The engine folds them per composition and layer (`molora_runtime.engine.gate_telemetry`); this
+The engine folds them per composition and layer (`molora_runtime.engine.route_stats.gate_telemetry`); this
 turns one stats interval's folds into counter increments. Histograms are exported as counters
 with an `le` label, cumulative as Prometheus buckets are, so `histogram_quantile` reads them
 and no token costs a Python call. Labels are bounded: composition names come from the
