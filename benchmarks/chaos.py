@@ -347,6 +347,11 @@ def table(report: dict[str, Any]) -> str:
             f"{c['changes_unconfirmed']}",
         ),
         (
+            "change call p99 s; in force after return p99 / max s (stale streams)",
+            f"{c['change_call_p99_s']}; {c['in_force_after_return_p99_s']} / "
+            f"{c['in_force_after_return_max_s']}",
+        ),
+        (
             "change first served after return p50 / p99 s",
             f"{c['first_served_after_return_p50_s']} / {c['first_served_after_return_p99_s']}",
         ),
@@ -414,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, help="the stream phase's token budget")
     parser.add_argument("--streams", type=int, help="concurrent streams")
     parser.add_argument("--fuzz-time", type=float, help="seconds of fuzzing (all keys)")
+    parser.add_argument(
+        "--churn-rate", type=float, help="catalog changes the driver starts per second"
+    )
+    parser.add_argument("--churn-workers", type=int, help="catalog changes in flight at most")
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument("--no-flood", action="store_true")
     parser.add_argument("--no-fuzz", action="store_true")
@@ -429,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg["streams"] = args.streams
     if args.fuzz_time:
         cfg["fuzz_time_s"] = args.fuzz_time
+    if args.churn_rate:
+        cfg["rate"] = args.churn_rate
+    if args.churn_workers:
+        cfg["churn_workers"] = args.churn_workers
     from tests.support.multinode import ensure_token_auth
 
     ensure_token_auth()

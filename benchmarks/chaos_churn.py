@@ -226,6 +226,7 @@ def judge(
                             "change_at_s": round(c.t_call - t0, 1),
                             "request_id": s.request_id,
                             "unconfirmed_header": c.unconfirmed,
+                            "change_id": id(c),
                         }
                     )
             served = [
@@ -234,6 +235,13 @@ def judge(
             if served and c.status == 200 and c.kind in ("push", "republish", "reweight", "unyank"):
                 first_served.append(min(served) - c.t_return)
     ok = [c for c in changes if c.status == 200]
+    # Per change answered 200: how long after its return a stream was still served the state
+    # before it (0 when none was): the change's "in force after return" time.
+    late: dict[int, float] = {}
+    for x in stale:
+        if x["change_status"] == 200:
+            late[x["change_id"]] = max(late.get(x["change_id"], 0.0), x["sent_after_return_s"])
+    in_force = sorted(late.get(id(c), 0.0) for c in ok)
     calls = [c.t_return - c.t_call for c in changes]
     early = [c.t_return - c.t_call for c in changes if c.t_return < first_fault]
     first_served.sort()
@@ -265,7 +273,9 @@ def judge(
         ),
         # any stale answer later than store.refresh_s (2 s) + 1 s: past every stated bound
         "stale_beyond_refresh_s": sum(1 for x in stale if x["sent_after_return_s"] > 3.0),
-        "stale_examples": stale[:5],
+        "stale_examples": [{k: v for k, v in x.items() if k != "change_id"} for x in stale[:5]],
+        "in_force_after_return_p99_s": round(_pct(in_force, 0.99), 3),
+        "in_force_after_return_max_s": round(in_force[-1], 3) if in_force else 0.0,
         "changes_unconfirmed": sum(1 for c in changes if c.unconfirmed),
         "change_call_p50_before_faults_s": round(_pct(sorted(early), 0.5), 3),
         "changes_before_faults": len(early),

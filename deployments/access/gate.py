@@ -26,7 +26,7 @@ from deployments.access.auth import ANONYMOUS, KeyFileError, KeyRing, Principal,
 from deployments.access.overload import WaitEstimator
 from deployments.access.quotas import QuotaBook, QuotaExceeded, retry_after_header
 from deployments.access.tenancy import visible_catalog
-from deployments.catalog.admin import AdminNotFound, YankBody, set_yanked
+from deployments.catalog.admin import AdminFailed, AdminNotFound, YankBody, set_yanked
 from deployments.catalog.lora_admin import (
     LoadLoraBody,
     LoraAdminError,
@@ -185,6 +185,9 @@ class Access:
             )
         except AdminNotFound as exc:
             raise AccessError(404, str(exc), "name") from None
+        except AdminFailed as exc:  # the store failed; the writes made were undone
+            retry = 1 if exc.status == 503 else None
+            raise AccessError(exc.status, exc.message, retry_after=retry) from None
         logger.info(
             "admin %s by key %s: %s %s %s", action, principal.key_id, result.kind, name,
             result.versions,

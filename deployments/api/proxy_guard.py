@@ -2,12 +2,17 @@
 
 When the router replica dies (SIGKILL, OOM, node loss) Ray's proxy stops relaying its messages and
 returns: a stream already under way would be cut without its terminating chunk, and a response not
-yet started would become a plain-text 500. This ASGI middleware, which the proxy loads from
-`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH` (see `PROXY_ENV_VARS` in
-deployments/replica/serve_env.py), watches what the proxy sends; if the response never completed it
-ends an event stream with the same error event and `[DONE]` a failed model replica produces, and
-answers a response not yet begun with an OpenAI-shaped JSON error. It imports nothing of the project
-but the header deadline (uvicorn only): the proxy needs no more than Starlette.
+yet started would become a plain-text 500 (Ray's proxy sends nothing for a 500 and returns, and
+uvicorn answers an app that returned without a response with `500 Internal Server Error`). This ASGI
+middleware, which the proxy loads from `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH` (see
+`PROXY_ENV_VARS` in deployments/replica/serve_env.py), watches what the proxy sends; if the response
+never completed it ends an event stream with the same error event and `[DONE]` a failed model
+replica produces. A response not yet begun is sent once more through the proxy (which has marked
+the dead router and picks another) when repeating it is harmless: reads, generation and
+tokenizing, yank and unyank (the request body is kept as it streams in and replayed); otherwise,
+or when that fails too, it is answered with an OpenAI-shaped JSON 503 and `Retry-After`. It imports
+nothing of the project but the header deadline (uvicorn only): the proxy needs no more than
+Starlette.
 
 With `MOLORA_PROXY_MAX_OPEN_PER_KEY` set (> 0; for servers with auth on, at most the router's
 `server.admission.max_connections_per_key`) it also refuses, in the proxy itself, a request
@@ -22,9 +27,11 @@ the router's death closes the TCP connection; clients detect it by the missing `
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -41,6 +48,21 @@ ROUTER_LOST = 502
 LOST_MESSAGE = (
     "the router serving this request stopped before the response was complete; retry the request"
 )
+# A response not begun when its router died (and not sent again, or sent again in vain).
+NOT_ANSWERED = 503
+NOT_ANSWERED_MESSAGE = "the router serving this request stopped before answering; retry the request"
+MAYBE_DONE_MESSAGE = (
+    "the router serving this request stopped before answering; the change may or may not have "
+    "been made: check (GET /v1/models) before retrying"
+)
+# Requests sent once more on another router when theirs died before answering: repeating them
+# changes nothing a first attempt may have done (a runtime load or unload would).
+REPLAYABLE_POSTS = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}
+)
+REPLAYABLE_ADMIN = re.compile(r"^/v1/admin/[^/]+/[^/]+/(yank|unyank)$")
+REPLAYS = 1
+REPLAY_PAUSE_S = 0.2
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -56,6 +78,14 @@ def _token_of(scope: Message) -> bytes | None:
         if key.lower() == b"authorization":
             return hashlib.sha256(value).digest()[:16]
     return None
+
+
+def replayable(scope: Message) -> bool:
+    """Whether sending this request again is harmless (see `REPLAYABLE_POSTS`)."""
+    method, path = scope.get("method", "GET"), scope.get("path", "")
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return True
+    return method == "POST" and (path in REPLAYABLE_POSTS or bool(REPLAYABLE_ADMIN.match(path)))
 
 
 async def _send_json(send: Send, status: int, message: str, extra: list | None = None) -> None:
@@ -100,37 +130,70 @@ class StreamGuard:
                 del self.open[token]
 
     async def _guarded(self, scope: Message, receive: Any, send: Send) -> None:
-        state = {"started": False, "sse": False, "done": False}
+        kept: list[Message] = []  # the request body as it came in, for a replay
+        client = {"gone": False}
 
-        async def watched(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                state["started"] = True
-                for key, value in message.get("headers", ()):
-                    if key.lower() == b"content-type" and value.startswith(b"text/event-stream"):
-                        state["sse"] = True
-            elif message["type"] == "http.response.body" and not message.get("more_body"):
-                state["done"] = True
-            await send(message)
+        async def keeping() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                kept.append(message)
+            elif message["type"] == "http.disconnect":
+                client["gone"] = True
+            return message
 
-        try:
-            await self.app(scope, receive, watched)
-        except Exception:
-            await self._finish(state, send)
-            raise
-        await self._finish(state, send)
+        can_replay = replayable(scope)
+        for attempt in range(REPLAYS + 1):
+            again = can_replay and attempt < REPLAYS
+            state = {"started": False, "sse": False, "done": False}
+            try:
+                await self.app(scope, _replaying(list(kept), keeping), _watching(state, send))
+            except Exception:
+                if state["started"] or client["gone"] or not again:
+                    await self._finish(state, send, can_replay)
+                    raise
+            if state["started"] or client["gone"] or not again:
+                await self._finish(state, send, can_replay)
+                return
+            await asyncio.sleep(REPLAY_PAUSE_S)  # nothing went out: send it once more
 
     @staticmethod
-    async def _finish(state: dict[str, bool], send: Send) -> None:
+    async def _finish(state: dict[str, bool], send: Send, replayable: bool = True) -> None:
         if state["done"]:
             return
         if not state["started"]:
-            await _send_json(send, ROUTER_LOST, LOST_MESSAGE)
+            message = NOT_ANSWERED_MESSAGE if replayable else MAYBE_DONE_MESSAGE
+            await _send_json(send, NOT_ANSWERED, message, [(b"retry-after", b"1")])
         elif state["sse"]:
             event = json.dumps(error_body(ROUTER_LOST, LOST_MESSAGE))
             tail = f"data: {event}\n\ndata: [DONE]\n\n".encode()
             await send({"type": "http.response.body", "body": tail})
         # A started non-stream body is left cut: completing it would pass a truncated
         # JSON off as whole; the client sees the connection end before Content-Length.
+
+
+def _replaying(replay: list[Message], rest: Callable[[], Awaitable[Message]]) -> Any:
+    """A `receive` giving what an earlier attempt read, then the rest from the client."""
+
+    async def receive() -> Message:
+        return replay.pop(0) if replay else await rest()
+
+    return receive
+
+
+def _watching(state: dict[str, bool], send: Send) -> Send:
+    """A `send` noting in `state` whether the response started, is an event stream, is done."""
+
+    async def watched(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            state["started"] = True
+            for key, value in message.get("headers", ()):
+                if key.lower() == b"content-type" and value.startswith(b"text/event-stream"):
+                    state["sse"] = True
+        elif message["type"] == "http.response.body" and not message.get("more_body"):
+            state["done"] = True
+        await send(message)
+
+    return watched
 
 
 def proxy_middlewares() -> list[Middleware]:

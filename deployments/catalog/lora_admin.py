@@ -26,8 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adapter_store.errors import InvalidInputError, NotFoundError
 from adapter_store.validate import DEFAULT_MAX_BYTES
-from adapter_store.versions import open_registry
-from deployments.catalog import namespaces
+from adapter_store.versions import Registry
+from deployments.catalog import journal, namespaces
+from deployments.catalog.store import writer
 from deployments.config import StoreConfig
 
 STORE_PREFIX = "store:"
@@ -143,9 +144,10 @@ def load_lora(
     body: LoadLoraBody,
 ) -> LoraResult:
     """Publish `body.lora_path` as `body.lora_name` in the caller's namespace (see
-    deployments/catalog/namespaces.py and the module docstring)."""
+    deployments/catalog/namespaces.py and the module docstring). The name is recorded for the
+    catalog epoch's next bump once a write to it was attempted (even one that failed)."""
     name = body.lora_name
-    registry = open_registry(store.resolved_url(), store.endpoint_url)
+    registry = writer(store)
     try:
         target = namespaces.write_target(registry, "adapter", name, tenant)
     except InvalidInputError as exc:
@@ -158,6 +160,28 @@ def load_lora(
     existing = [v.version for v in target.versions]
     # A name keeps its owner (public, or the caller's own tenant) for good.
     publish_tenant = registry.owner("adapter", key) if existing else tenant
+    writes: list[str] = []  # versions of `key` a write was attempted on
+    try:
+        return _publish(registry, load_dir, base_config, tenant, body, target, writes,
+                        publish_tenant)  # fmt: skip
+    finally:
+        if writes:
+            journal.record("adapter", key, writes)
+
+
+def _publish(
+    registry: Registry,
+    load_dir: Path | None,
+    base_config: dict[str, object] | None,
+    tenant: str | None,
+    body: LoadLoraBody,
+    target: namespaces.Target,
+    writes: list[str],
+    publish_tenant: str | None,
+) -> LoraResult:
+    """`load_lora`'s writes; each version is added to `writes` before it is written."""
+    name, key, live = body.lora_name, target.store_name, target.live
+    existing = [v.version for v in target.versions]
     try:
         if body.lora_path.startswith(STORE_PREFIX):
             ref = body.lora_path[len(STORE_PREFIX) :]
@@ -172,10 +196,12 @@ def load_lora(
             except (NotFoundError, InvalidInputError):
                 raise missing from None
             if manifest.name == key:
+                writes.append(manifest.version)
                 registry.unyank("adapter", key, manifest.version)
                 if body.load_inplace:  # in place: the named version is the only live one
                     for other in live:
                         if other != manifest.version:
+                            writes.append(other)
                             registry.yank("adapter", key, other, "replaced by load_lora_adapter")
                 return LoraResult(
                     action="load", name=name, versions=[manifest.version],
@@ -185,6 +211,7 @@ def load_lora(
                 for entry in manifest.files:
                     registry.fetch_to(manifest, entry, Path(tmp) / entry.path)
                 version = _next_version(existing)
+                writes.append(version)
                 registry.publish_adapter(
                     tmp, key, version, base_config=base_config, tenant=publish_tenant
                 )
@@ -200,6 +227,7 @@ def load_lora(
             with tempfile.TemporaryDirectory(prefix="molora-lora-") as tmp:
                 copy_folder(folder, Path(tmp), DEFAULT_MAX_BYTES)
                 version = _next_version(existing)
+                writes.append(version)
                 registry.publish_adapter(
                     tmp, key, version, base_config=base_config, tenant=publish_tenant
                 )
@@ -207,6 +235,7 @@ def load_lora(
         raise LoraAdminError(400, f"invalid LoRA adapter: {exc}", "lora_path") from None
     if body.load_inplace:
         for old in live:
+            writes.append(old)
             registry.yank("adapter", key, old, "replaced by load_lora_adapter")
     return LoraResult(
         action="load", name=name, versions=[version],
@@ -218,15 +247,18 @@ def unload_lora(store: StoreConfig, tenant: str | None, body: UnloadLoraBody) ->
     """Yank every live version of `body.lora_name` as the caller's namespace resolves it."""
     name = body.lora_name
     missing = LoraAdminError(404, f"the LoRA adapter {name!r} cannot be found", "lora_name")
-    registry = open_registry(store.resolved_url(), store.endpoint_url)
+    registry = writer(store)
     try:
         target = namespaces.find(registry, "adapter", name, tenant)
     except InvalidInputError:
         raise missing from None
     if target is None or not target.live:
         raise missing
-    for version in target.live:
-        registry.yank("adapter", target.store_name, version, "unload_lora_adapter")
+    try:
+        for version in target.live:
+            registry.yank("adapter", target.store_name, version, "unload_lora_adapter")
+    finally:
+        journal.record("adapter", target.store_name, target.live)
     return LoraResult(
         action="unload", name=name, versions=target.live,
         message=f"Success: LoRA adapter '{name}' removed successfully.",

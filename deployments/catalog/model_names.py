@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -274,10 +274,19 @@ def _first_error(exc: Exception) -> str:
     return str(exc)
 
 
+NameKey = tuple[str, str]  # ("adapter" | "composition", store name)
+
+
 class CatalogCache:
     """The router's catalog, reloaded in the background every `ttl_s`: a request reads the last
     good catalog and never waits on the store, whatever the store holds (only the first load,
-    a forced reload and `refresh` wait). A failed reload keeps serving the last good catalog."""
+    a forced reload and `refresh` wait). A failed reload keeps serving the last good catalog.
+
+    A change names what it touched (deployments/catalog/epoch.py), so `apply` installs single
+    names re-read on their own beside the full reloads. Each installed name remembers when the
+    read that produced it began, and a read never replaces one that began later: a full reload
+    that started before a change's re-read (and may have listed the name before the write)
+    cannot bring the old state back when it finishes after it."""
 
     def __init__(self, load: Callable[[], Awaitable[Catalog]], ttl_s: float) -> None:
         self._load = load
@@ -286,6 +295,8 @@ class CatalogCache:
         self._lock = asyncio.Lock()
         self._reloader: asyncio.Task[None] | None = None
         self.load_s = 0.0  # how long the last load took (a forced reload's price)
+        self._base_at = float("-inf")  # when the installed full load began reading
+        self._read_at: dict[NameKey, float] = {}  # names read alone since then, and when
 
     async def get(self, force: bool = False) -> Catalog:
         if self._reloader is None:
@@ -296,10 +307,11 @@ class CatalogCache:
             if not force and self._catalog is not None:
                 return self._catalog
             try:
-                self._catalog = await self._timed_load()
+                await self._timed_load()
             except Exception:
                 if self._catalog is None:
                     raise
+            assert self._catalog is not None
             return self._catalog
 
     async def _reload_forever(self) -> None:
@@ -318,16 +330,63 @@ class CatalogCache:
         """Reload now and raise if the store cannot be read (a change must not be acknowledged
         on a stale catalog)."""
         async with self._lock:
-            self._catalog = await self._timed_load()
-            return self._catalog
+            return await self._timed_load()
 
     async def _timed_load(self) -> Catalog:
         start = time.monotonic()
         try:
-            return await self._load()
+            loaded = await self._load()
         finally:
             self.load_s = time.monotonic() - start
+        return self._install_full(start, loaded)
+
+    def _install_full(self, started: float, loaded: Catalog) -> Catalog:
+        """`loaded` (a full read begun at `started`), except names read alone after that."""
+        if self._catalog is not None and started <= self._base_at:
+            return self._catalog  # a newer full load is installed already
+        newer = {k: t for k, t in self._read_at.items() if t > started}
+        if newer and self._catalog is not None:
+            adapters, compositions = dict(loaded.adapters), dict(loaded.compositions)
+            for kind, name in newer:
+                _move(self._catalog, adapters, compositions, kind, name)
+            loaded = Catalog(adapters=adapters, compositions=compositions)
+        self._catalog, self._base_at, self._read_at = loaded, started, newer
+        return loaded
+
+    async def apply(
+        self, started: float, entries: Mapping[NameKey, AdapterEntry | CompositionEntry | None]
+    ) -> Catalog:
+        """Install names re-read on their own (None: the name has no live version any more);
+        `started` is when that read began. Before the first full load, that load runs first."""
+        if self._catalog is None:
+            await self.get()
+        assert self._catalog is not None
+        adapters = dict(self._catalog.adapters)
+        compositions = dict(self._catalog.compositions)
+        for key, entry in entries.items():
+            if started <= self._read_at.get(key, self._base_at):
+                continue  # what is installed was read later
+            table: dict = adapters if key[0] == "adapter" else compositions
+            if entry is None:
+                table.pop(key[1], None)
+            else:
+                table[key[1]] = entry
+            self._read_at[key] = started
+        # A new object: per-catalog caches (the callers' resolvers) are rebuilt for it.
+        self._catalog = Catalog(adapters=adapters, compositions=compositions)
+        return self._catalog
 
     def close(self) -> None:
         if self._reloader is not None:
             self._reloader.cancel()
+
+
+def _move(src: Catalog, adapters: dict, compositions: dict, kind: str, name: str) -> None:
+    """Make `name` of `kind` in the tables what it is in `src` (present or absent)."""
+    table, have = (
+        (adapters, src.adapters) if kind == "adapter" else (compositions, src.compositions)
+    )
+    if name in have:
+        table[name] = have[name]
+    else:
+        table.pop(name, None)

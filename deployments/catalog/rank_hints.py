@@ -20,5 +20,17 @@ def publish(ranks: Mapping[str, int]) -> None:
     _ranks = {str(n): int(r) for n, r in ranks.items() if int(r) > 0}
 
 
+def update(ranks: Mapping[str, int | None]) -> None:
+    """Change only these names' ranks (a change re-read them alone); None drops a name."""
+    global _ranks
+    merged = dict(_ranks)  # a new dict: the request router may be reading the old one
+    for n, r in ranks.items():
+        if r is not None and int(r) > 0:
+            merged[str(n)] = int(r)
+        else:
+            merged.pop(str(n), None)
+    _ranks = merged
+
+
 def catalog_rank(name: str) -> int | None:
     return _ranks.get(name)

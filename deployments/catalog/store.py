@@ -2,20 +2,46 @@
 
 A router keeps one `CatalogLoader` for its life, so each reload only lists the store: manifests
 already read (and a PEFT folder's derived manifest, while its files are unchanged) are reused,
-and a reload of a store of thousands of adapters costs listings, not downloads and hashes."""
+and a reload of a store of thousands of adapters costs listings, not downloads and hashes. A
+change re-reads only the names it touched (`CatalogLoader.entries`): one listing each."""
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Iterable
+
 from adapter_store import open_store
+from adapter_store.errors import NotFoundError
+from adapter_store.layout import AnyManifest
 from adapter_store.versions import Registry, open_registry
 from deployments.catalog import rank_hints
-from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry
+from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEntry, NameKey
 from deployments.config import StoreConfig
 from molora_runtime.lora.source import AdapterSource
+
+# Every live loader of this process: the router's catalog watch finds its one here (the ingress
+# hands the catalog cache a plain callable around it).
+_LOADERS: weakref.WeakSet[CatalogLoader] = weakref.WeakSet()
+_LOADERS_LOCK = threading.Lock()
 
 
 def _registry(cfg: StoreConfig) -> Registry:
     return open_registry(cfg.resolved_url(), cfg.endpoint_url)
+
+
+_WRITERS: dict[tuple[str, str | None], Registry] = {}
+
+
+def writer(cfg: StoreConfig) -> Registry:
+    """The registry the admin API writes through, opened once per store and process: opening
+    one builds an S3 client, which cost more CPU than the write itself under load."""
+    key = (cfg.resolved_url(), cfg.endpoint_url)
+    with _LOADERS_LOCK:
+        registry = _WRITERS.get(key)
+        if registry is None:
+            registry = _WRITERS[key] = open_registry(*key)
+        return registry
 
 
 class CatalogLoader:
@@ -24,37 +50,85 @@ class CatalogLoader:
     def __init__(self, cfg: StoreConfig) -> None:
         self.cfg = cfg
         self._registry: Registry | None = None
+        with _LOADERS_LOCK:
+            _LOADERS.add(self)
+
+    def _open(self) -> Registry:
+        if self._registry is None:
+            self._registry = _registry(self.cfg)
+        return self._registry
 
     def __call__(self) -> Catalog:
         """Adapters and compositions of the store (latest, non-yanked versions) for
         `/v1/models`; their ranks also go to this process's request router
         (deployments/catalog/rank_hints.py)."""
-        if self._registry is None:
-            self._registry = _registry(self.cfg)
-        registry = self._registry
+        registry = self._open()
         adapters: dict[str, AdapterEntry] = {}
         for manifest, live in registry.catalog_live("adapter"):
-            adapters[manifest.name] = AdapterEntry(
-                name=manifest.name,
-                versions=tuple(live),
-                latest=manifest.version,
-                base_model=manifest.base_model,
-                tenant=manifest.tenant,
-                rank=manifest.rank,
-            )
+            adapters[manifest.name] = _adapter_entry(manifest, live)
         compositions: dict[str, CompositionEntry] = {}
         for manifest, live in registry.catalog_live("composition"):
-            compositions[manifest.name] = CompositionEntry(
-                name=manifest.name,
-                adapters=tuple(manifest.adapters),
-                versions=tuple(live),
-                latest=manifest.version,
-                base_model=manifest.base_model,
-                top_k=manifest.top_k,
-                tenant=manifest.tenant,
-            )
+            compositions[manifest.name] = _composition_entry(manifest, live)
         rank_hints.publish({e.name: e.rank for e in adapters.values() if e.rank is not None})
         return Catalog(adapters=adapters, compositions=compositions)
+
+    def entries(
+        self, keys: Iterable[NameKey]
+    ) -> dict[NameKey, AdapterEntry | CompositionEntry | None]:
+        """Only these names, read from the store now: each one's entry, or None when it has
+        no live version (all yanked, or gone). Store failures raise: a change must not be
+        confirmed on a name that could not be read."""
+        registry = self._open()
+        out: dict[NameKey, AdapterEntry | CompositionEntry | None] = {}
+        for kind, name in keys:
+            try:
+                manifest, live = registry.latest_and_live(kind, name)
+            except NotFoundError:
+                out[(kind, name)] = None
+                continue
+            if kind == "adapter":
+                out[(kind, name)] = _adapter_entry(manifest, live)
+            else:
+                out[(kind, name)] = _composition_entry(manifest, live)
+        rank_hints.update(
+            {
+                name: (entry.rank if isinstance(entry, AdapterEntry) else None)
+                for (kind, name), entry in out.items()
+                if kind == "adapter"
+            }
+        )
+        return out
+
+
+def process_loader() -> CatalogLoader | None:
+    """This process's one catalog loader (a router has exactly one), or None when there is
+    none or several (then a change falls back to a full reload)."""
+    with _LOADERS_LOCK:
+        loaders = list(_LOADERS)
+    return loaders[0] if len(loaders) == 1 else None
+
+
+def _adapter_entry(manifest: AnyManifest, live: list[str]) -> AdapterEntry:
+    return AdapterEntry(
+        name=manifest.name,
+        versions=tuple(live),
+        latest=manifest.version,
+        base_model=manifest.base_model,
+        tenant=manifest.tenant,
+        rank=manifest.rank,
+    )
+
+
+def _composition_entry(manifest: AnyManifest, live: list[str]) -> CompositionEntry:
+    return CompositionEntry(
+        name=manifest.name,
+        adapters=tuple(manifest.adapters),
+        versions=tuple(live),
+        latest=manifest.version,
+        base_model=manifest.base_model,
+        top_k=manifest.top_k,
+        tenant=manifest.tenant,
+    )
 
 
 def load_catalog(cfg: StoreConfig) -> Catalog:

@@ -1,7 +1,8 @@
 """The router replica (Serve's ingress) SIGKILLed mid-stream: Ray's HTTP proxy stops relaying,
 and the proxy's stream guard ends every stream it was carrying with an error event and `[DONE]`
-(never a cut chunked body); a request that finds no router gets a JSON error (never Ray's
-plain-text 500); Serve restarts the router and requests succeed again."""
+(never a cut chunked body); a request the dead router had not answered yet is sent once more by
+the guard and completes on the restarted router; no answer is Ray's plain-text 500; Serve
+restarts the router and requests succeed again."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import httpx
 import pytest
 from serve_helpers import replica_pid, serving, shipped_args
 
-from deployments.api.proxy_guard import LOST_MESSAGE, ROUTER_LOST
+from deployments.api.proxy_guard import LOST_MESSAGE, NOT_ANSWERED, ROUTER_LOST
 
 MESSAGES = [{"role": "user", "content": "Tell a long story."}]
 STREAM = {"model": "code", "messages": MESSAGES, "max_tokens": 900, "ignore_eos": True,
@@ -45,6 +46,12 @@ async def test_router_killed_mid_stream_ends_streams_with_an_error_event(router_
     async with httpx.AsyncClient(base_url=router_app, timeout=120) as http:
         pid = replica_pid("Router")
         streams = [await _open(http) for _ in range(3)]
+        # Not streamed: nothing of its answer has gone out when the router dies.
+        whole = asyncio.create_task(
+            http.post("/v1/chat/completions", json={**STREAM, "stream": False, "max_tokens": 300})
+        )
+        await asyncio.sleep(1.0)
+        assert not whole.done()
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         for ctx, _resp, lines, seen in streams:
@@ -69,9 +76,14 @@ async def test_router_killed_mid_stream_ends_streams_with_an_error_event(router_
             answers.append(resp.status_code)
             if resp.status_code == 200:
                 break
-            if resp.status_code in (ROUTER_LOST, 500):
+            assert resp.status_code != 500, resp.text
+            if resp.status_code in (ROUTER_LOST, NOT_ANSWERED):
                 assert resp.headers["content-type"].startswith("application/json"), resp.text
                 assert resp.json()["error"]["code"] == resp.status_code
             await asyncio.sleep(0.5)
         print(f"router back after {time.monotonic() - killed:.1f} s; answers {answers}")
         assert answers[-1] == 200, answers
+        # Replayed by the guard once Serve had a router again: answered in full.
+        resp = await whole
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["usage"]["completion_tokens"] == 300

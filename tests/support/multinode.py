@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import yaml
 
+from deployments.replica.serve_env import PROXY_ENV_VARS
 from tests.support import ports
 from tests.support.local_ray import HARNESS_ENV_VARS, LOOPBACK, loopback_faults, pin_loopback
 from tests.support.seaweedfs import SeaweedFS
@@ -264,7 +265,9 @@ class MultiNodeCluster:
         home = self.work / f"home-{name}"
         home.mkdir(parents=True, exist_ok=True)
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-        return {"MOLORA_HOME": str(home), "PYTHONPATH": path, **HARNESS_ENV_VARS}
+        # The proxy's stream guard too, as every shipped launcher sets it (PROXY_ENV_VARS):
+        # without it a request whose router dies before answering is Ray's plain-text 500.
+        return {"MOLORA_HOME": str(home), "PYTHONPATH": path, **HARNESS_ENV_VARS, **PROXY_ENV_VARS}
 
     def add_worker(self, name: str) -> str:
         """Start (or re-add) the worker node `name`; returns its node id."""
