@@ -64,7 +64,7 @@ class Router:
         self.model = model
         loader = CatalogLoader(self.cfg.store)
         self.catalog = CatalogCache(lambda: asyncio.to_thread(loader), self.cfg.store.refresh_s)
-        self.epoch = CatalogWatch(self.catalog, epoch, uuid.uuid4().hex)
+        self.epoch = CatalogWatch(self.catalog, epoch, uuid.uuid4().hex, reader=loader)
         self.upstream = Upstream(model, uuid.uuid4().hex, None)
         if self.cfg.server.stream_channels:
             self.upstream.channels = ChannelClient(self.upstream.open_channel)

@@ -8,7 +8,6 @@ change re-reads only the names it touched (`CatalogLoader.entries`): one listing
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Iterable
 
 from adapter_store import open_store
@@ -20,10 +19,7 @@ from deployments.catalog.model_names import AdapterEntry, Catalog, CompositionEn
 from deployments.config import StoreConfig
 from molora_runtime.lora.source import AdapterSource
 
-# Every live loader of this process: the router's catalog watch finds its one here (the ingress
-# hands the catalog cache a plain callable around it).
-_LOADERS: weakref.WeakSet[CatalogLoader] = weakref.WeakSet()
-_LOADERS_LOCK = threading.Lock()
+_WRITERS_LOCK = threading.Lock()
 
 
 def _registry(cfg: StoreConfig) -> Registry:
@@ -37,7 +33,7 @@ def writer(cfg: StoreConfig) -> Registry:
     """The registry the admin API writes through, opened once per store and process: opening
     one builds an S3 client, which cost more CPU than the write itself under load."""
     key = (cfg.resolved_url(), cfg.endpoint_url)
-    with _LOADERS_LOCK:
+    with _WRITERS_LOCK:
         registry = _WRITERS.get(key)
         if registry is None:
             registry = _WRITERS[key] = open_registry(*key)
@@ -50,8 +46,6 @@ class CatalogLoader:
     def __init__(self, cfg: StoreConfig) -> None:
         self.cfg = cfg
         self._registry: Registry | None = None
-        with _LOADERS_LOCK:
-            _LOADERS.add(self)
 
     def _open(self) -> Registry:
         if self._registry is None:
@@ -98,14 +92,6 @@ class CatalogLoader:
             }
         )
         return out
-
-
-def process_loader() -> CatalogLoader | None:
-    """This process's one catalog loader (a router has exactly one), or None when there is
-    none or several (then a change falls back to a full reload)."""
-    with _LOADERS_LOCK:
-        loaders = list(_LOADERS)
-    return loaders[0] if len(loaders) == 1 else None
 
 
 def _adapter_entry(manifest: AnyManifest, live: list[str]) -> AdapterEntry:

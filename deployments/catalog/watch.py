@@ -88,17 +88,10 @@ class CatalogWatch:
 
     # -- applying -------------------------------------------------------------------------------
 
-    def reader(self) -> NameReader | None:
-        if self._reader is None:
-            from deployments.catalog.store import process_loader
-
-            self._reader = process_loader()
-        return self._reader
-
     async def apply(self, changes: list[ChangedName] | None) -> None:
         """Bring the catalog up to date with `changes`: re-read those names only (None: reload
         everything). Raises if the store cannot be read."""
-        reader = self.reader()
+        reader = self._reader
         if changes is None or reader is None:
             await self.catalog.refresh()
             return
