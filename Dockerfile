@@ -29,11 +29,8 @@ RUN pip install --no-cache-dir --no-deps -e . \
 # The base image's `ray` user (uid 1000): Ray and the app never run as root.
 USER 1000
 
-# The CPU kernels (kernels/csrc: panel GEMM, paged attention) built now, as the user that
-# serves, into that user's private kernel cache with each library's sha256 beside it
+# The CPU kernels (every one kernels/registry.py lists) built now, as the user that serves,
+# into that user's private kernel cache with each library's sha256 beside it
 # (docs/cpu-gemm.md); without a compiler the step warns and serving uses the PyTorch paths.
 RUN pip install --no-cache-dir ninja==1.13.2 \
-    && python -m kernels.cpu_panel_gemm \
-    && python -m kernels.cpu_paged_attention \
-    && python -m kernels.cpu_topk_route \
-    && python -m kernels.cpu_topk_delta
+    && python -m kernels.registry build

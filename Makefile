@@ -25,12 +25,10 @@ install: $(STAMP)
 
 models: install
 	$(VENV)/bin/molora models prepare
-	# The CPU kernels are built as PyTorch extensions into a private, hash-verified cache (docs/cpu-gemm.md).
+	# The CPU kernels are built as PyTorch extensions into a private, hash-verified cache (docs/cpu-gemm.md);
+	# kernels/registry.py lists them (`python -m kernels.registry list`).
 	$(PY) -m pip install -q ninja==1.13.2
-	$(PY) -m kernels.cpu_panel_gemm
-	$(PY) -m kernels.cpu_paged_attention
-	$(PY) -m kernels.cpu_topk_route
-	$(PY) -m kernels.cpu_topk_delta
+	$(PY) -m kernels.registry build
 
 serve: models
 	# Ray on loopback with its token auth on (never turn it off: Serve replicas' gRPC servers listen

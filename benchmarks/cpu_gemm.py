@@ -3,7 +3,7 @@
 For every base weight shape of a SmolLM2-135M-shaped model (fused q/k/v, o, fused gate/up, down,
 the LM head; random weights) and each dtype, every kind that runs here (`panel`: the panel GEMM
 of `kernels.cpu_panel_gemm`; `onednn`: oneDNN on the weight packed once; `plain`: `F.linear`) is
-timed by `kernels.gemm_chooser.measure` at the row counts the engine's chooser uses, and the table
+timed by `kernels.chooser.measure` at the row counts the engine's chooser uses, and the table
 shows microseconds per GEMM, each kind's score (weighted time relative to the fastest; 1.0 = the
 fastest everywhere) and the winner, picked as the engine picks (fp32: among the kinds that give
 a row the same bits alone as in a batch). A last table adds the shapes up as a 30-layer decode pass
@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.machine import machine_info
 from benchmarks.report import write_json
-from kernels import gemm_chooser
+from kernels import chooser
 from molora_runtime.model.packed_linear import (
     BASE_ROWS,
     HEAD_ROWS,
@@ -49,15 +49,15 @@ def shape_table(dtype: torch.dtype, out: int, inp: int, rows: tuple[int, ...], r
     weight = (torch.randn(out, inp, generator=gen) / inp**0.5).to(dtype)
     kinds = runnable_kinds(weight)
     with torch.inference_mode():
-        table = gemm_chooser.measure(gemm_candidates(weight, kinds), rows, reps=reps)
+        table = chooser.measure(gemm_candidates(weight, kinds), rows, reps=reps)
     invariant = {kind: row_invariant(weight, kind, rows) for kind in table}
     # as the engine chooses: fp32 among row-invariant kinds, bf16 among all
     allowed = [k for k in table if invariant[k] or dtype != torch.float32] or list(table)
     return {
         "table": table,
-        "scores": gemm_chooser.scores(table),
+        "scores": chooser.scores(table),
         "row_invariant": invariant,
-        "winner": gemm_chooser.pick(table, allowed=allowed),
+        "winner": chooser.pick(table, allowed=allowed),
     }
 
 
@@ -89,7 +89,7 @@ def run(dtypes: list[str], reps: int) -> dict[str, Any]:
             varies = [k for k, ok in shapes[name]["row_invariant"].items() if not ok]
             note = f"; not row-invariant: {', '.join(varies)}" if varies else ""
             title = f"{dtype_name} {name} [{out}x{inp}] (us per GEMM by rows{note})"
-            print(gemm_chooser.format_table(title, shapes[name]["table"], shapes[name]["winner"]))
+            print(chooser.format_table(title, shapes[name]["table"], shapes[name]["winner"]))
         totals = model_pass(shapes, counts)
         print(f"{dtype_name}: all GEMMs of a decode pass, ms by rows (head at decode rows only)")
         rows = sorted(next(iter(totals.values())))

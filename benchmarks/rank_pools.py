@@ -33,7 +33,7 @@ from molora_runtime.engine.engine import LLMEngine
 from molora_runtime.engine.llm import as_route
 from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.lora.source import DirectorySource
-from molora_runtime.model.lora_backend import StackedBackend
+from molora_runtime.model.cpu_lora import PackedLoRA, StackedLoRA
 from molora_runtime.model.model_paths import resolve_model_path
 from molora_runtime.model.rank_pools import PooledBackend
 from molora_runtime.model.tiny import make_native_tiny_model, make_random_adapter
@@ -96,7 +96,7 @@ def backend_for(mode: str, chosen: Any, pooled: bool) -> Any:
     """The engine's own start-up choice (`auto`), or the same stacked backend for both."""
     if mode == "auto":
         return chosen
-    inner = StackedBackend(packed=mode == "stacked-packed")
+    inner = PackedLoRA() if mode == "stacked-packed" else StackedLoRA()
     return PooledBackend(inner) if pooled else inner
 
 

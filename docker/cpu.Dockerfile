@@ -7,7 +7,7 @@ FROM python:3.11-slim-bookworm
 # The CPU build of torch; PyPI's Linux wheel of the same version is the CUDA build.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
-# g++ builds the CPU panel GEMM extension (kernels/csrc) at image build time.
+# g++ builds the CPU kernels (kernels/csrc, listed in kernels/registry.py) at image build time.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++=4:12.2.0-3 \
     && rm -rf /var/lib/apt/lists/* \
@@ -38,9 +38,9 @@ COPY deployments deployments
 RUN pip install --no-cache-dir --no-deps -e . \
     && chown -R molora /home/molora
 
-# Never root: the model is prepared and the kernel built into the serving user's own cache.
+# Never root: the model is prepared and the kernels built into the serving user's own cache.
 USER 1000
-RUN molora models prepare && python -m kernels.cpu_panel_gemm
+RUN molora models prepare && python -m kernels.registry build
 
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=180s --retries=3 \

@@ -8,6 +8,8 @@ their PyTorch path (`fallback` names it).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import os
 import platform
@@ -16,7 +18,6 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -24,14 +25,14 @@ import torch
 
 from kernels import cpu_extension_build
 from kernels.cpu_extension_build import ExtensionSpec
+from kernels.registry import KernelSource
 
 log = logging.getLogger(__name__)
 
-CSRC = Path(__file__).parent / "csrc"
 
-
+@functools.cache
 def cpu_supported() -> bool:
-    """Whether this CPU runs the AVX2/FMA kernels."""
+    """Whether this CPU runs the AVX2/FMA kernels (asked once: the CPU does not change)."""
     if platform.machine().lower() not in {"x86_64", "amd64"}:
         return False
     return torch.backends.cpu.get_cpu_capability() in {"AVX2", "AVX512"}
@@ -40,6 +41,20 @@ def cpu_supported() -> bool:
 def compiler() -> str | None:
     """The C++ compiler `torch.utils.cpp_extension` will use, if there is one."""
     return shutil.which(os.environ.get("CXX") or "c++")
+
+
+_namespaces = itertools.count()  # numbers the ops namespaces this process registers
+
+
+def ops_of(library: ModuleType, name: str) -> Any:
+    """The `torch.ops` namespace of `library`'s ops, registered on the first ask under a name
+    no other library loaded in this process has (a source built twice, say into another
+    cache, loads as a second library whose ops must not collide with the first's); None for a
+    library without ops."""
+    register = getattr(library, "register_ops", None)
+    if register is None:
+        return None
+    return getattr(torch.ops, register(f"{name}_{next(_namespaces)}"))
 
 
 @dataclass(eq=False)
@@ -54,18 +69,16 @@ class CpuKernel:
     switch_env: str
     check: Callable[[ModuleType], None] | None = None  # raises RuntimeError on a wrong library
     _library: ModuleType | None = field(default=None, init=False, repr=False)
+    _ops: Any = field(default=None, init=False, repr=False)  # its `torch.ops` namespace
     _attempted: bool = field(default=False, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @classmethod
-    def from_csrc(
-        cls, name: str, source: str, switch_env: str, title: str, fallback: str, **options: Any
+    def of(
+        cls, source: KernelSource, check: Callable[[ModuleType], None] | None = None
     ) -> CpuKernel:
-        """The kernel built as module `name` from `kernels/csrc/<source>`; `options` are the
-        spec's (`cflags`, `ldflags`) or the kernel's own (`check`)."""
-        check = options.pop("check", None)
-        spec = ExtensionSpec(name=name, source=CSRC / source, **options)
-        return cls(spec=spec, title=title, fallback=fallback, switch_env=switch_env, check=check)
+        """The kernel `source` of `kernels.registry`; `check` refuses a wrong library."""
+        return cls(source.spec(), source.title, source.fallback, source.switch_env, check)
 
     def build(self) -> ModuleType:
         """The extension module: the verified cached build, else a fresh one. Raises
@@ -85,10 +98,18 @@ class CpuKernel:
             if not self._attempted:
                 try:
                     self._library = self.build()
+                    self._ops = ops_of(self._library, self.spec.name)
                 except (OSError, RuntimeError) as exc:  # the build's own errors are RuntimeErrors
                     log.warning("%s unavailable, %s: %s", self.title, self.fallback, exc)
                 self._attempted = True
         return self._library
+
+    def ops(self) -> Any:
+        """The kernel's ops (`torch.ops.<namespace>`: each takes tensors and checks them in
+        C++), the library built or loaded on the first call; None where it cannot be."""
+        if self._ops is None and not self._attempted:  # a served call pays one attribute read
+            self.library()
+        return self._ops
 
     def available(self) -> bool:
         """Whether the kernel is on and runs here (builds the library on the first call)."""

@@ -10,10 +10,11 @@ Whether a shape runs here, on oneDNN or on `F.linear` is measured per CPU (`docs
 
 The C++ source (`csrc/panel_gemm.cpp`) is a PyTorch C++ extension built by
 `kernels.cpu_extension_build` (at `make models`, at image build, else at first use) into a cache
-private to the user, and loaded only after its hash matches the one its build recorded; its GEMMs
-release the GIL. Where there is no compiler, no AVX2/FMA or no x86, `available()` is False (with a
-warning) and callers keep their oneDNN path; `MOLORA_CPU_PANEL_GEMM=0` turns the kernel off.
-`panel_linear_reference` is its twin: `F.linear` on the plain weight.
+private to the user, and loaded only after its hash matches the one its build recorded; its GEMM is
+a torch op that checks its tensors in C++ and runs without the GIL. Where there is no compiler, no
+AVX2/FMA or no x86, `available()` is False (with a warning) and callers keep their oneDNN path;
+`MOLORA_CPU_PANEL_GEMM=0` turns the kernel off. `panel_linear_reference` is its twin: `F.linear` on
+the plain weight.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from types import ModuleType
 import torch
 from torch.nn import functional as F
 
+from kernels import registry
 from kernels.cpu_kernel import CpuKernel
 
-SWITCH_ENV = "MOLORA_CPU_PANEL_GEMM"
+SWITCH_ENV = registry.PANEL_GEMM.switch_env
 PANEL_WIDTH = 16  # must equal NR in the C++ source; checked against the library at load
 PANEL_DTYPES = (torch.float32, torch.bfloat16)
 # Column order inside a bf16 panel row: j and 8 + j share a 32-bit lane, which the kernel splits
@@ -44,7 +46,7 @@ class PanelWeight:
     in_features: int
 
     def __post_init__(self) -> None:
-        # the kernel reads these bytes through raw pointers: the layout must be exactly this
+        # the layout the kernel reads, refused at packing time (the op checks it again per call)
         blocks = -(-self.out_features // PANEL_WIDTH)
         expected = (blocks, self.in_features, PANEL_WIDTH)
         p = self.panels
@@ -61,10 +63,7 @@ def _check_width(lib: ModuleType) -> None:
         raise RuntimeError("panel width of the built library differs from PANEL_WIDTH")
 
 
-KERNEL = CpuKernel.from_csrc(
-    "molora_panel_gemm", "panel_gemm.cpp", SWITCH_ENV, "CPU panel GEMM",
-    "its shapes run on oneDNN or F.linear", check=_check_width,
-)  # fmt: skip
+KERNEL = CpuKernel.of(registry.PANEL_GEMM, check=_check_width)
 SPEC = KERNEL.spec
 
 
@@ -107,26 +106,16 @@ def panel_linear(
 ) -> torch.Tensor:
     """`F.linear(x, W, bias)` for 2-D fp32 or bf16 CPU `x [M, in]` on `W`'s panels (no
     autograd): products summed in fp32, the result in `x`'s dtype (rounded once, as
-    `F.linear` rounds a bf16 GEMM). AVX-512 tiles where the CPU has them, unless not allowed."""
-    lib = KERNEL.library()
-    if lib is None:
+    `F.linear` rounds a bf16 GEMM). AVX-512 tiles where the CPU has them, unless not allowed.
+    The op checks every tensor (ValueError: rank, dtype, device, features, the panels' layout);
+    here bf16 or column-strided input is only widened to the fp32 rows it reads."""
+    ops = KERNEL.ops()
+    if ops is None:
         raise RuntimeError("the CPU panel GEMM is not available here (see `available()`)")
-    if x.dim() != 2 or x.dtype not in PANEL_DTYPES or x.device.type != "cpu":
-        raise ValueError(
-            f"panel_linear needs 2-D fp32 or bf16 CPU input, got {x.dtype} {tuple(x.shape)} "
-            f"on {x.device}"
-        )
-    if x.shape[1] != weight.in_features:
-        raise ValueError(f"input has {x.shape[1]} features, the weight takes {weight.in_features}")
-    x32 = x if x.dtype == torch.float32 and x.stride(1) == 1 else x.float().contiguous()
-    m, n = x32.shape[0], weight.out_features
-    y = torch.empty(m, n, dtype=torch.float32)
-    if m and n:
-        kernel = lib.gemm_fp32 if weight.panels.dtype == torch.float32 else lib.gemm_bf16
-        kernel(
-            x32.data_ptr(), x32.stride(0), weight.panels.data_ptr(), y.data_ptr(), n,
-            m, n, weight.in_features, torch.get_num_threads(), allow_avx512,
-        )  # fmt: skip
+    fp32 = x.dtype == torch.float32 and x.dim() > 0 and x.stride(-1) == 1
+    x32 = x if fp32 or x.dtype not in PANEL_DTYPES else x.float().contiguous()
+    y = torch.empty(x.shape[0] if x.dim() else 0, weight.out_features, dtype=torch.float32)
+    ops.gemm.default(x32, weight.panels, weight.out_features, y, allow_avx512)
     if bias is not None:
         y.add_(bias)
     return y if x.dtype == torch.float32 else y.to(x.dtype)

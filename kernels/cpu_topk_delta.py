@@ -11,9 +11,10 @@ range; under a learned top-k that is S/k times the work. The C++ kernel (`csrc/t
 sorts the (token, slot) pairs by slot, reads each used slot once for all its tokens and sums a
 token's slots in fp32 before adding to `y` once; AVX-512F tiles where the CPU has them, else
 AVX2/FMA; fp32 or bf16 `x`, slots and `y`. It is built and verified like the other CPU kernels
-(`kernels.cpu_kernel`); where it cannot run, `available()` is False (with a warning) and callers
-keep their PyTorch path. `topk_delta_reference` is its twin, on `kernels.reference`'s segmented
-definition; `MOLORA_CPU_TOPK_DELTA=0` turns the kernel off.
+(`kernels.cpu_kernel`) and called as a torch op that checks its tensors in C++; where it cannot run,
+`available()` is False (with a warning) and callers keep their PyTorch path. `topk_delta_reference`
+is its twin, on `kernels.reference`'s segmented definition; `MOLORA_CPU_TOPK_DELTA=0` turns the
+kernel off.
 """
 
 from __future__ import annotations
@@ -22,15 +23,13 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels import registry
 from kernels.cpu_kernel import CpuKernel
 from kernels.reference import routed_lora_segmented
 
-SWITCH_ENV = "MOLORA_CPU_TOPK_DELTA"
+SWITCH_ENV = registry.TOPK_DELTA.switch_env
 DTYPES = (torch.float32, torch.bfloat16)
-KERNEL = CpuKernel.from_csrc(
-    "molora_topk_delta", "topk_delta.cpp", SWITCH_ENV, "CPU grouped top-k LoRA delta",
-    "the LoRA delta runs the stacked PyTorch path",
-)  # fmt: skip
+KERNEL = CpuKernel.of(registry.TOPK_DELTA)
 
 Members = Sequence[tuple[torch.Tensor, int]]  # each member's `Bt [S, r, w]` and first column
 
@@ -83,7 +82,8 @@ class GroupedDelta:
     """One layer's slot buffers, checked once: `A [S, n·r, d_in]` (member i's rows at i·r),
     each member's `Bt [S, r, w]` and first output column, slot id of row 0 `slot_base`. Each
     call adds the routed delta of one step into `y` in place, on the kernel where it runs (CPU
-    tensors in fp32 or bf16, no autograd), else on `topk_delta_reference`."""
+    tensors in fp32 or bf16 with contiguous slot rows, no autograd), else on
+    `topk_delta_reference`."""
 
     def __init__(self, A: torch.Tensor, members: Members, slot_base: int = 0) -> None:
         self.rank = _check_slots(A, members)
@@ -96,90 +96,54 @@ class GroupedDelta:
             and all(bt.stride(2) == 1 and bt.stride(1) == bt.shape[2] for bt, _ in members)
             and available()
         )
-        if self.kernel:  # address, slot stride, width, first column, first A row per member
-            self._members = torch.tensor(
-                [
-                    [bt.data_ptr(), bt.stride(0), bt.shape[2], col, i * self.rank]
-                    for i, (bt, col) in enumerate(members)
-                ],
-                dtype=torch.long,
-            )
-            self._lib = KERNEL.library()
-            self._d_in, self._a_dtype = A.shape[2], 2 * (A.dtype != torch.float32)
-            self._width = max(col + bt.shape[2] for bt, col in members)  # y's columns needed
-            # the slot rows' arguments: A's address, slot stride, rows, slots, slot base, the
-            # members' table, count and rank
-            self._slots = (
-                A.data_ptr(), A.stride(0), A.shape[1], A.shape[0], slot_base,
-                self._members.data_ptr(), len(members), self.rank,
-            )  # fmt: skip
+        # the op's member arguments, made once
+        self._bts = [bt for bt, _ in members]
+        self._cols = [col for _, col in members]
 
     def __call__(
         self, y: torch.Tensor, x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor,
         *, allow_avx512: bool = True,
     ) -> torch.Tensor:  # fmt: skip
-        """`y` with the delta of `x` added (in place where the kernel runs).
-
-        A decode step calls this once per projection with the same table, so the table's
-        checks and conversions are made once per table (`_table_args`) and the rest of a
-        call checks only what the kernel's pointers rely on."""
-        A = self.A
+        """`y` with the delta of `x` added (in place where the kernel runs). The op checks
+        every tensor (ValueError: shapes, dtypes, layout, an id outside the slot rows); a
+        decode step calls this once per projection with the same table, whose conversions
+        are made once per table (`_table`)."""
         grad = torch.is_grad_enabled() and (
             x.requires_grad or weights.requires_grad or y.requires_grad
         )
-        if grad or not self.kernel:
-            _check_step(y, x, A, self.members, slot_ids, weights)
-            return topk_delta_reference(y, x, A, self.members, slot_ids, weights, self.slot_base)
-        table = _table_args(slot_ids, weights)
-        xs, ys = x.shape, y.shape
-        fits = (
-            len(xs) == 2 and xs[1] == self._d_in and len(ys) == 2 and ys[0] == xs[0] == table[3]
-            and ys[1] >= self._width and x.dtype in DTYPES and y.dtype in DTYPES and x.is_cpu
-            and y.is_cpu and x.stride(1) == 1 and y.stride(1) == 1
-        )  # fmt: skip
-        if not fits:
-            _check_step(y, x, A, self.members, slot_ids, weights)
-            if not (x.dtype in DTYPES and y.dtype in DTYPES and x.is_cpu and y.is_cpu):
-                return topk_delta_reference(
-                    y, x, A, self.members, slot_ids, weights, self.slot_base
-                )
-            out = self(y.contiguous(), x.contiguous(), slot_ids, weights, allow_avx512=allow_avx512)
-            return out if out is y else y.copy_(out)
-        dtypes = (x.dtype != torch.float32) + self._a_dtype + 4 * (y.dtype != torch.float32)
-        bad = self._lib.topk_delta(
-            x.data_ptr(), x.stride(0), xs[1], xs[0], table[0], table[1], table[2], *self._slots,
-            y.data_ptr(), y.stride(0), dtypes, torch.get_num_threads(), allow_avx512,
-        )  # fmt: skip
-        if bad:
-            raise ValueError(
-                f"a slot id lies outside {self.slot_base}..{self.slot_base + A.shape[0] - 1}"
+        kernel = self.kernel and x.is_cpu and y.is_cpu and x.dtype in DTYPES and y.dtype in DTYPES
+        if grad or not kernel:
+            _check_step(y, x, self.A, self.members, slot_ids, weights)
+            return topk_delta_reference(
+                y, x, self.A, self.members, slot_ids, weights, self.slot_base
             )
-        return y
+        ids, w = _table(slot_ids, weights)
+        xs = x if x.stride(-1) == 1 else x.contiguous()  # the kernel reads unit-stride rows
+        ys = y if y.stride(-1) == 1 else y.contiguous()
+        KERNEL.ops().topk_delta.default(
+            xs, ids, w, self.A, self._bts, self._cols, self.slot_base, ys, allow_avx512
+        )
+        return y if ys is y else y.copy_(ys)
 
 
-# the last table `_table_args` prepared: (slot_ids, weights, its arguments), or None; one
-# element, replaced whole, so a reader on another thread sees either table or none
-_LAST_TABLE: list[tuple[torch.Tensor, torch.Tensor, tuple] | None] = [None]
+# the last table `_table` prepared: (slot_ids, weights, the op's copies), or None; one element,
+# replaced whole, so a reader on another thread sees either table or none
+_LAST_TABLE: list[tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None] = [
+    None
+]
 
 
-def _table_args(slot_ids: torch.Tensor, weights: torch.Tensor) -> tuple:
-    """A routing table's kernel arguments (ids address, weights address, W, T, and the
-    converted tensors, kept alive with them), prepared once for the projections that share it
-    (kept only where no conversion was needed, so the kernel reads the table itself)."""
+def _table(slot_ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A routing table as the op takes it (int64 ids, fp32 weights, contiguous), prepared once
+    for the projections that share it (kept only where no conversion was needed, so the kernel
+    reads the table itself)."""
     last = _LAST_TABLE[0]
     if last is not None and last[0] is slot_ids and last[1] is weights:
         return last[2]
-    T = slot_ids.shape[0] if slot_ids.dim() == 2 else -1
-    if slot_ids.dim() != 2 or slot_ids.shape != weights.shape or not slot_ids.is_cpu:
-        raise ValueError(
-            f"slot_ids and weights must both be CPU [T, W], got {tuple(slot_ids.shape)} and "
-            f"{tuple(weights.shape)}"
-        )
     ids = slot_ids.to(torch.long).contiguous()
     w = weights.to("cpu", torch.float32).contiguous()
-    args = (ids.data_ptr(), w.data_ptr(), ids.shape[1], T, ids, w)
-    _LAST_TABLE[0] = (slot_ids, weights, args) if ids is slot_ids and w is weights else None
-    return args
+    _LAST_TABLE[0] = (slot_ids, weights, (ids, w)) if ids is slot_ids and w is weights else None
+    return ids, w
 
 
 def topk_delta_reference(

@@ -1,15 +1,15 @@
 """One layer's learned top-k routing on CPU in one kernel call, from the gate's input.
 
-Given the gate's input `x [T, d]` and one composition's gate `weight [n, d]`, `bias [n]` over
-its n experts, a route is the logits `x Wᵀ + b`, each token's top-k experts and their softmax
-weights and its `[T, W]` slot table (the experts' hot-set slots, zero-padded to W columns), which
-the grouped LoRA delta (`kernels.cpu_topk_delta`) reads. In PyTorch that is about six small ops
-per decoder layer whose dispatch outweighs their arithmetic at decode sizes; the C++ kernel
-(`csrc/topk_route.cpp`) is one loop.
-It is built and verified like the panel GEMM (`kernels.cpu_extension_build`); where it cannot
-be built or the CPU lacks AVX2/FMA, `available()` is False (with a warning) and callers run
-`topk_route_reference`, its twin. The kernel sums each logit in its own order (fp32 rounding
-apart from `addmm`'s); ties between equal logits go to the lower expert index.
+Given the gate's input `x [T, d]` and one composition's gate `weight [n, d]`, `bias [n]` over its n
+experts, a route is the logits `x Wᵀ + b`, each token's top-k experts and their softmax weights and
+its `[T, W]` slot table (the experts' hot-set slots, zero-padded to W columns), which the grouped
+LoRA delta (`kernels.cpu_topk_delta`) reads. In PyTorch that is about six small ops per decoder
+layer whose dispatch outweighs their arithmetic at decode sizes; the C++ kernel
+(`csrc/topk_route.cpp`) is one loop. It is built and verified like the panel GEMM
+(`kernels.cpu_extension_build`) and called as a torch op that checks its tensors in C++; where it
+cannot be built or the CPU lacks AVX2/FMA, `available()` is False (with a warning) and callers run
+`topk_route_reference`, its twin. The kernel sums each logit in its own order (fp32 rounding apart
+from `addmm`'s); ties between equal logits go to the lower expert index.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from kernels import registry
 from kernels.cpu_kernel import CpuKernel
 
 log = logging.getLogger(__name__)
 
-SWITCH_ENV = "MOLORA_CPU_TOPK_ROUTE"
+SWITCH_ENV = registry.TOPK_ROUTE.switch_env
 MAX_K = 64  # must equal MAX_K in the C++ source
 
 
@@ -56,12 +57,6 @@ class RouteTables:
     slot_weights: torch.Tensor  # [L, T, W]
     stats: torch.Tensor | None  # [L, columns] float64
     static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # learned, ids, weights
-    # (L, T, n, k, W, statistics columns or 0): what the kernel writes through
-    shape: tuple[int, int, int, int, int, int]
-    # each buffer's address and bytes per layer, read once (stats: 0, 0 when absent), then
-    # the static rows' three addresses (0 when absent)
-    addresses: tuple[tuple[int, int], ...]
-    static_addresses: tuple[int, int, int]
 
     @classmethod
     def empty(
@@ -75,21 +70,16 @@ class RouteTables:
             torch.empty(layers, tokens, width),
         )
         stats = torch.zeros(layers, stats_columns, dtype=torch.float64) if stats_columns else None
-        addresses = tuple((t.data_ptr(), t[0].nbytes) for t in fields)
-        addresses += ((stats.data_ptr(), stats[0].nbytes) if stats is not None else (0, 0),)
-        static_addresses = (0, 0, 0)
         if static is not None:
             learned, ids, weights = static
             if learned.shape != (tokens,) or not ids.shape == weights.shape == (tokens, width):
                 raise ValueError(f"static rows must be [{tokens}] and [{tokens}, {width}]")
-            static = (
+            static = (  # as the op reads them
                 learned.to("cpu", torch.uint8).contiguous(),
                 ids.to("cpu", torch.long).contiguous(),
                 weights.to("cpu", torch.float32).contiguous(),
             )
-            static_addresses = tuple(t.data_ptr() for t in static)  # type: ignore[assignment]
-        shape = (layers, tokens, n, k, width, stats_columns)
-        return cls(*fields, stats, static, shape, addresses, static_addresses)
+        return cls(*fields, stats, static)
 
 
 def stats_columns(n: int, entropy_edges: int, top1_edges: int) -> int:
@@ -126,10 +116,7 @@ def route_stats_reference(
     return torch.cat(cols, dim=1)
 
 
-KERNEL = CpuKernel.from_csrc(
-    "molora_topk_route", "topk_route.cpp", SWITCH_ENV, "CPU top-k route",
-    "the gate runs PyTorch ops", cflags=("-O3", "-mavx2", "-mfma"),
-)  # fmt: skip
+KERNEL = CpuKernel.of(registry.TOPK_ROUTE)
 
 
 def available() -> bool:
@@ -188,17 +175,9 @@ class TopKRouter:
             and expert_slots.is_cpu
             and available()
         )
-        if self.kernel:  # the kernel's own int64 copy and the gates' addresses, read once
+        if self.kernel:  # the op's own int64 copy of the slots and its edge arguments, made once
             self._slots = expert_slots.to(torch.long).contiguous()
-            self._slots_ptr = self._slots.data_ptr()
-            self._pointers = [
-                (w.data_ptr(), b.data_ptr()) for w, b in zip(self.weights, self.biases, strict=True)
-            ]
-            self._lib = KERNEL.library()
-            # the edges' addresses and lengths (zeros: no statistics)
-            self._edges = tuple(
-                v for e in self.stats_edges or () for v in (e.data_ptr(), len(e))
-            ) or (0, 0, 0, 0)
+            self._edges = self.stats_edges or (None, None)
 
     def __call__(self, layer: int, x: torch.Tensor) -> Route:
         _check_input(x, self.d)
@@ -208,20 +187,14 @@ class TopKRouter:
             return topk_route_reference(
                 x, weight, bias, self.k, self.temperature, self.expert_slots, self.width
             )
-        x = x.contiguous()
-        T, k, width = x.shape[0], self.k, self.width
-        logits = torch.empty(T, self.n)
-        experts = torch.empty(T, k, dtype=torch.long)
-        slot_ids = torch.empty(T, width, dtype=torch.long)
-        slot_weights = torch.empty(T, width)
-        bad = self._lib.route_fp32(
-            x.data_ptr(), self.d, weight.data_ptr(), bias.data_ptr(), logits.data_ptr(), T,
-            self.n, k, self.temperature, self._slots_ptr, slot_ids.data_ptr(),
-            slot_weights.data_ptr(), width, experts.data_ptr(), 0, 0, 0, 0, 0, 0, 0, 0,
+        one = RouteTables.empty(1, x.shape[0], self.n, self.k, self.width)
+        KERNEL.ops().route_into.default(
+            x.contiguous(), weight, bias, self.k, self.temperature, self._slots, 0, one.logits,
+            one.experts, one.slot_ids, one.slot_weights, None, None, None, None, None, None,
         )  # fmt: skip
-        if bad:  # _check refused such a k at construction
-            raise ValueError(f"top_k={k} does not fit {self.n} experts and width {width}")
-        return Route(logits, experts, slot_weights[:, :k], slot_ids, slot_weights)
+        slot_weights = one.slot_weights[0]
+        return Route(one.logits[0], one.experts[0], slot_weights[:, : self.k], one.slot_ids[0],
+                     slot_weights)  # fmt: skip
 
     def writes_in_place(self, x: torch.Tensor) -> bool:
         """Whether `route_into` takes input `x` (the kernel runs on it, without autograd)."""
@@ -239,28 +212,20 @@ class TopKRouter:
 
     def route_into(self, layer: int, x: torch.Tensor, out: RouteTables) -> None:
         """`self(layer, x)` written into `out`'s rows of `layer` (where `writes_in_place(x)`).
-        Per call it only checks what the kernel's pointers rely on: a decode step makes one
-        call per layer, and their Python work, not the kernel, is what this path saves."""
-        L, (T, d) = len(self.weights), x.shape
-        shape = (L, T, self.n, self.k, self.width, self.columns)
-        if not (
-            0 <= layer < L and d == self.d and out.shape == shape and x.dtype == torch.float32
-            and x.is_contiguous() and self.writes_in_place(x)
-        ):  # fmt: skip
+        A decode step makes one call per layer, so the Python side only picks the layer's gate;
+        the op checks x, the tables and the statistics against this router in C++."""
+        if not (0 <= layer < len(self.weights) and self.writes_in_place(x)):
             raise ValueError(
-                f"route_into takes a layer < {L}, a contiguous fp32 CPU [T, {self.d}] input "
+                f"route_into takes a layer < {len(self.weights)}, a CPU input without autograd "
                 f"and this router's `tables(T)`"
             )
-        (lg, lg_n), (ex, ex_n), (ids, ids_n), (sw, sw_n), (st, st_n) = out.addresses
-        w, b = self._pointers[layer]
-        edges = self._edges if st else (0, 0, 0, 0)  # st: this router's own `columns`
-        bad = self._lib.route_fp32(
-            x.data_ptr(), d, w, b, lg + layer * lg_n, T, self.n, self.k, self.temperature,
-            self._slots_ptr, ids + layer * ids_n, sw + layer * sw_n, self.width,
-            ex + layer * ex_n, st + layer * st_n if st else 0, *edges, *out.static_addresses,
+        ent, top1 = self._edges
+        static = out.static or (None, None, None)
+        KERNEL.ops().route_into.default(
+            x, self.weights[layer], self.biases[layer], self.k, self.temperature, self._slots,
+            layer, out.logits, out.experts, out.slot_ids, out.slot_weights, out.stats, ent,
+            top1, *static,
         )  # fmt: skip
-        if bad:  # _check refused such a k at construction
-            raise ValueError(f"top_k={self.k} does not fit {self.n} experts and {self.width}")
 
 
 def topk_route(

@@ -6,13 +6,19 @@
 // attention time. Here each (sequence, KV head) task widens one K or V row at a time into
 // registers and serves every query head of its GQA group from it, with fp32 scores, softmax and
 // accumulation. Rows of the cache are fp32 or bf16 (the raw 16-bit patterns, as torch stores
-// bfloat16). Built as a PyTorch C++ extension by kernels/cpu_paged_attention.py; threads come
-// from the OpenMP runtime torch already loaded, so tasks run on torch's intra-op team.
+// bfloat16). Built as a PyTorch C++ extension by kernels/cpu_paged_attention.py and called as a
+// torch op (`register_ops`) on tensors it checks itself; threads come from the OpenMP runtime
+// torch already loaded, so tasks run on torch's intra-op team.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <pybind11/pybind11.h>
 #include <stdint.h>
 #include <string.h>
+#include <torch/library.h>
 
 #include <cmath>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 namespace {
@@ -88,13 +94,12 @@ int64_t check_tables(const int32_t* tables, int64_t table_stride, const int32_t*
   return 0;
 }
 
+// Every table entry a length reaches has passed `check_tables`.
 template <typename T>
-int64_t paged_decode(const float* q, const T* kc, const T* vc, const int32_t* tables,
-                     int64_t table_stride, const int32_t* lens, float* out, int64_t batch,
-                     int64_t heads, int64_t kv_heads, int64_t bs, int64_t hd, int64_t num_blocks,
-                     float scale, int threads) {
-  const int64_t bad = check_tables(tables, table_stride, lens, batch, bs, num_blocks);
-  if (bad) return bad;
+void paged_decode(const float* q, const T* kc, const T* vc, const int32_t* tables,
+                  int64_t table_stride, const int32_t* lens, float* out, int64_t batch,
+                  int64_t heads, int64_t kv_heads, int64_t bs, int64_t hd, float scale,
+                  int threads) {
   const int64_t group = heads / kv_heads;
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
@@ -111,31 +116,86 @@ int64_t paged_decode(const float* q, const T* kc, const T* vc, const int32_t* ta
                  group, scale, out + offset, scores, row);
     }
   }
-  return 0;
 }
+
+// One layer's decode, out [B, H, hd] fp32 (written) from q [B, H, hd] fp32, caches
+// [blocks, kv_heads, bs, hd] fp32 or bf16 (both the same), block tables [B, W] int32 and context
+// lengths [B] int32, every one a contiguous CPU tensor; scale multiplies q·kᵀ. Everything the
+// loops read through is checked here, tables included (a length past its table, a block outside
+// the cache), before anything is computed; threads are torch's intra-op count.
+void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& block_tables, const at::Tensor& context_lens, at::Tensor& out,
+            double scale) {
+  TORCH_CHECK_VALUE(q.dim() == 3 && k_cache.dim() == 4 && block_tables.dim() == 2 &&
+                        context_lens.dim() == 1,
+                    "expected q [B, H, D], k_cache/v_cache [num_blocks, KVH, block_size, D], "
+                    "block_tables [B, max_blocks], context_lens [B]");
+  TORCH_CHECK_VALUE(k_cache.sizes() == v_cache.sizes(), "k_cache ", k_cache.sizes(),
+                    " != v_cache ", v_cache.sizes());
+  const int64_t batch = q.size(0), heads = q.size(1), hd = q.size(2);
+  const int64_t num_blocks = k_cache.size(0), kv_heads = k_cache.size(1), bs = k_cache.size(2);
+  TORCH_CHECK_VALUE(k_cache.size(3) == hd, "head dim mismatch: q ", hd, ", cache ",
+                    k_cache.size(3));
+  TORCH_CHECK_VALUE(kv_heads > 0 && heads % kv_heads == 0, heads,
+                    " query heads are not a multiple of ", kv_heads, " KV heads");
+  TORCH_CHECK_VALUE(block_tables.size(0) == batch && context_lens.size(0) == batch,
+                    "batch mismatch: q ", batch, ", block_tables ", block_tables.size(0),
+                    ", context_lens ", context_lens.size(0));
+  const auto dtype = k_cache.scalar_type();
+  TORCH_CHECK_VALUE((dtype == at::kFloat || dtype == at::kBFloat16) &&
+                        v_cache.scalar_type() == dtype,
+                    "caches must both be fp32 or bf16, got ", dtype, "/", v_cache.scalar_type());
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
+                        block_tables.scalar_type() == at::kInt &&
+                        context_lens.scalar_type() == at::kInt,
+                    "q and out must be fp32, block_tables and context_lens int32");
+  TORCH_CHECK_VALUE(out.sizes() == q.sizes(), "out must be shaped like q");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{
+           &q, &k_cache, &v_cache, &block_tables, &context_lens, &out}) {
+    TORCH_CHECK_VALUE(t->device().is_cpu(), "every input must be on the CPU");
+  }
+  TORCH_CHECK_VALUE(k_cache.is_contiguous() && v_cache.is_contiguous(),
+                    "the caches must be contiguous");
+  TORCH_CHECK_VALUE(q.is_contiguous() && out.is_contiguous() && block_tables.is_contiguous() &&
+                        context_lens.is_contiguous(),
+                    "q, out, block_tables and context_lens must be contiguous");
+  const int64_t width = block_tables.size(1);
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  const int64_t bad = check_tables(tables, width, lens, batch, bs, num_blocks);
+  TORCH_CHECK_VALUE(bad != 1, "a context length exceeds its block table (", width, " blocks)");
+  TORCH_CHECK_VALUE(bad != 2, "a block table names a block outside the cache (0..",
+                    num_blocks - 1, ")");
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int threads = at::get_num_threads();
+  const float sc = static_cast<float>(scale);
+  if (dtype == at::kBFloat16) {  // bf16 as its raw 16-bit patterns
+    paged_decode(qp, static_cast<const uint16_t*>(k_cache.data_ptr()),
+                 static_cast<const uint16_t*>(v_cache.data_ptr()), tables, width, lens, op, batch,
+                 heads, kv_heads, bs, hd, sc, threads);
+  } else {
+    paged_decode(qp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tables, width, lens,
+                 op, batch, heads, kv_heads, bs, hd, sc, threads);
+  }
+}
+
+std::string registered;  // this library's ops namespace, once registered
 
 }  // namespace
 
-// q, out: [batch, heads, hd] fp32 contiguous; caches: [blocks, kv_heads, bs, hd] contiguous,
-// fp32 or bf16; tables: [batch, table_stride] int32; lens: [batch] int32. Addresses come as
-// integers: the caller (cpu_paged_attention.paged_decode) checks shapes and dtypes and passes
-// torch's intra-op thread count; the tables are checked here (returns 1: a length runs past its
-// table, 2: a block outside the cache; nothing is computed then). Bound once per cache dtype:
-// fp32, and bf16 as its raw 16-bit patterns.
-template <typename T>
-int64_t decode(uintptr_t q, uintptr_t kc, uintptr_t vc, uintptr_t tables, int64_t table_stride,
-               uintptr_t lens, uintptr_t out, int64_t batch, int64_t heads, int64_t kv_heads,
-               int64_t bs, int64_t hd, int64_t num_blocks, double scale, int threads) {
-  return paged_decode(reinterpret_cast<const float*>(q), reinterpret_cast<const T*>(kc),
-                      reinterpret_cast<const T*>(vc), reinterpret_cast<const int32_t*>(tables),
-                      table_stride, reinterpret_cast<const int32_t*>(lens),
-                      reinterpret_cast<float*>(out), batch, heads, kv_heads, bs, hd, num_blocks,
-                      static_cast<float>(scale), threads);
+// Registers the ops under namespace `ns` (a name no other library loaded in this process has:
+// the same source built twice must not register twice) and returns the namespace they live in,
+// the first one asked for when called again.
+static std::string register_ops(const std::string& ns) {
+  if (!registered.empty()) return registered;
+  // never freed: the registration lives as long as the process
+  auto* lib = new torch::Library(torch::Library::DEF, ns, std::nullopt, __FILE__, __LINE__);
+  lib->def("decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+           "Tensor context_lens, Tensor(a!) out, float scale) -> ()");
+  lib->impl("decode", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(decode)));
+  registered = ns;
+  return registered;
 }
 
-// The kernels release the GIL: the engine's step thread and the server's event loop run beside them.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  namespace py = pybind11;
-  m.def("decode_fp32", &decode<float>, py::call_guard<py::gil_scoped_release>());
-  m.def("decode_bf16", &decode<uint16_t>, py::call_guard<py::gil_scoped_release>());
-}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("register_ops", &register_ops); }

@@ -7,12 +7,17 @@
 // bf16 panels halve the bytes a step streams: each 16-column row of a panel is widened to fp32
 // in registers (a bf16 is the top half of an fp32): one shift and one mask per 16 weights.
 // Built as a PyTorch C++ extension by kernels/cpu_panel_gemm.py (at `make models`, at image build,
-// else at first use); threads come from the OpenMP runtime torch already loaded (same soname), so
-// the GEMM runs on torch's intra-op team.
+// else at first use) and called as a torch op (`register_ops`) on tensors it checks itself;
+// threads come from the OpenMP runtime torch already loaded (same soname), so the GEMM runs on
+// torch's intra-op team.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <immintrin.h>
 #include <pybind11/pybind11.h>
 #include <stdint.h>
+#include <torch/library.h>
 
+#include <string>
 #include <type_traits>
 
 namespace {
@@ -158,6 +163,46 @@ void panel_gemm(const float* x, int64_t ldx, const W* panels, float* y, int64_t 
   }
 }
 
+// y [m, n] fp32 contiguous (written) = x [m, k] fp32 (rows `x.stride(0)` apart, unit stride
+// along k) @ W^T, W packed as `panels` [ceil(n / 16), k, 16] contiguous, zero padded, fp32 or
+// bf16 (the raw 16-bit patterns, as torch stores bfloat16), n = `out_features`; every one a CPU
+// tensor, all checked here. Threads are torch's intra-op count (OpenMP's own default is per
+// calling thread, and the engine steps on a thread of its own); `allow_avx512` false keeps the
+// AVX2 tiles on an AVX-512 CPU (tests check both against their twin).
+void gemm(const at::Tensor& x, const at::Tensor& panels, int64_t out_features, const at::Tensor& y,
+          bool allow_avx512) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+                    "panel_linear needs 2-D fp32 or bf16 CPU input, got ", x.scalar_type(), " ",
+                    x.sizes(), " on ", x.device());
+  TORCH_CHECK_VALUE(x.size(1) == 0 || x.stride(1) == 1, "x needs unit stride along features");
+  const int64_t m = x.size(0), k = x.size(1), n = out_features;
+  const auto dtype = panels.scalar_type();
+  TORCH_CHECK_VALUE(panels.dim() == 3 && panels.size(2) == NR &&
+                        (dtype == at::kFloat || dtype == at::kBFloat16) &&
+                        panels.is_contiguous() && panels.device().is_cpu(),
+                    "panels must be contiguous fp32 or bf16 CPU [blocks, in, ", NR, "], got ",
+                    dtype, " ", panels.sizes());
+  TORCH_CHECK_VALUE(panels.size(1) == k, "input has ", k, " features, the weight takes ",
+                    panels.size(1));
+  TORCH_CHECK_VALUE(n >= 0 && panels.size(0) == (n + NR - 1) / NR, "panels of ",
+                    panels.size(0), " blocks cannot hold ", n, " output columns");
+  TORCH_CHECK_VALUE(y.dim() == 2 && y.size(0) == m && y.size(1) == n &&
+                        y.scalar_type() == at::kFloat && y.is_contiguous() && y.device().is_cpu(),
+                    "y must be a contiguous fp32 CPU [", m, ", ", n, "]");
+  if (m == 0 || n == 0) return;
+  const int threads = at::get_num_threads();
+  float* yp = y.data_ptr<float>();
+  if (dtype == at::kBFloat16) {
+    panel_gemm(x.data_ptr<float>(), x.stride(0), static_cast<const uint16_t*>(panels.data_ptr()),
+               yp, n, m, n, k, threads, allow_avx512);
+  } else {
+    panel_gemm(x.data_ptr<float>(), x.stride(0), panels.data_ptr<float>(), yp, n, m, n, k,
+               threads, allow_avx512);
+  }
+}
+
+std::string registered;  // this library's ops namespace, once registered
+
 }  // namespace
 
 // Columns per panel, so the Python side packs with the same width the kernel reads.
@@ -166,25 +211,22 @@ static int64_t panel_width() { return NR; }
 // Whether the GEMMs run their AVX-512 tiles here (else the AVX2/FMA ones).
 static bool has_avx512() { return kHasAvx512; }
 
-// x: m rows of k floats, row stride ldx; panels: [ceil(n / 16), k, 16] contiguous, zero padded,
-// fp32 or bf16 (the raw 16-bit patterns, as torch stores bfloat16); y: m rows of n floats, row
-// stride ldy. Addresses come as integers: the caller (cpu_panel_gemm.panel_linear) checks shapes,
-// dtypes and strides and passes torch's intra-op thread count (OpenMP's own default is per
-// calling thread, and the engine steps on a thread of its own). `allow_avx512` false keeps the
-// AVX2 tiles on an AVX-512 CPU (tests check both against their twin). Bound once per panel
-// dtype: fp32, and bf16 as its raw 16-bit patterns.
-template <typename W>
-void gemm(uintptr_t x, int64_t ldx, uintptr_t panels, uintptr_t y, int64_t ldy, int64_t m,
-          int64_t n, int64_t k, int threads, bool allow_avx512) {
-  panel_gemm(reinterpret_cast<const float*>(x), ldx, reinterpret_cast<const W*>(panels),
-             reinterpret_cast<float*>(y), ldy, m, n, k, threads, allow_avx512);
+// Registers the ops under namespace `ns` (a name no other library loaded in this process has:
+// the same source built twice must not register twice) and returns the namespace they live in,
+// the first one asked for when called again.
+static std::string register_ops(const std::string& ns) {
+  if (!registered.empty()) return registered;
+  // never freed: the registration lives as long as the process
+  auto* lib = new torch::Library(torch::Library::DEF, ns, std::nullopt, __FILE__, __LINE__);
+  lib->def("gemm(Tensor x, Tensor panels, int out_features, Tensor(a!) y, "
+           "bool allow_avx512) -> ()");
+  lib->impl("gemm", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(gemm)));
+  registered = ns;
+  return registered;
 }
 
-// The GEMMs release the GIL: the engine's step thread and the server's event loop run beside them.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  namespace py = pybind11;
   m.def("panel_width", &panel_width);
   m.def("has_avx512", &has_avx512);
-  m.def("gemm_fp32", &gemm<float>, py::call_guard<py::gil_scoped_release>());
-  m.def("gemm_bf16", &gemm<uint16_t>, py::call_guard<py::gil_scoped_release>());
+  m.def("register_ops", &register_ops);
 }

@@ -8,14 +8,18 @@
 // its tokens' pairs in slot order in fp32 before it is added to y once. A token's sums do not
 // depend on which tokens share its step. Tiles are AVX2/FMA, or AVX-512F where the CPU has it;
 // x, A, Bt and y are fp32 or bf16 (raw 16-bit patterns), sums fp32.
-// Built as a PyTorch C++ extension by kernels/cpu_topk_delta.py; `topk_delta_reference` there
-// is its twin.
+// Built as a PyTorch C++ extension by kernels/cpu_topk_delta.py and called as a torch op
+// (`register_ops`) on tensors it checks itself; `topk_delta_reference` there is its twin.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <immintrin.h>
 #include <pybind11/pybind11.h>
 #include <stdint.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -23,7 +27,13 @@ namespace {
 
 constexpr int64_t ROW_BLOCK = 16;  // A rows per shrink work item
 constexpr int64_t PAIR_BLOCK = 8;  // (token, slot) pairs per shrink work item
-constexpr int64_t MEMBER_FIELDS = 5;  // bt address, slot stride, width, output column, first A row
+
+// One member of a fused group: its Bt rows ([rank, width] per slot, `slot_stride` elements
+// apart), its first output column and its first row in A.
+struct Member {
+  const void* bt;
+  int64_t slot_stride, width, col, a_row;
+};
 
 inline float widen(float v) { return v; }
 inline float widen(uint16_t v) {
@@ -187,7 +197,7 @@ struct Chunk {
 template <typename X, typename W, typename Y>
 int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
               const float* weights, int64_t width, const W* a, int64_t a_slot_stride,
-              int64_t R, int64_t rows, int64_t slot_base, const int64_t* members,
+              int64_t R, int64_t rows, int64_t slot_base, const Member* members,
               int64_t n_members, int64_t rank, Y* y, int64_t ldy, int threads, bool wide) {
   // the (token, weight) pairs of each slot row, in token order, slots ascending
   std::vector<int64_t> start(rows + 1, 0);
@@ -225,7 +235,7 @@ int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
   std::vector<Chunk> chunks;
   int64_t D = 0;
   for (int64_t m = 0; m < n_members; ++m) {
-    const int64_t w = members[m * MEMBER_FIELDS + 2], col = members[m * MEMBER_FIELDS + 3];
+    const int64_t w = members[m].width, col = members[m].col;
     for (int64_t c = 0; c < w; c += chunk_cols) chunks.push_back({m, c, std::min(chunk_cols, w - c)});
     D = std::max(D, col + w);
   }
@@ -275,10 +285,10 @@ int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
 #pragma omp for schedule(static)
     for (int64_t ci = 0; ci < n_chunks; ++ci) {
       const Chunk& c = chunks[ci];
-      const int64_t* mem = members + c.member * MEMBER_FIELDS;
-      const W* bt_base = reinterpret_cast<const W*>(static_cast<uintptr_t>(mem[0]));
-      const int64_t bt_slot_stride = mem[1], ldb = mem[2], out_col = mem[3] + c.col;
-      const int64_t a_row = mem[4];
+      const Member& mem = members[c.member];
+      const W* bt_base = static_cast<const W*>(mem.bt);
+      const int64_t bt_slot_stride = mem.slot_stride, ldb = mem.width, out_col = mem.col + c.col;
+      const int64_t a_row = mem.a_row;
       for (int64_t t = 0; t < T; ++t)
         if (active[t]) std::memset(acc + t * D + out_col, 0, c.cols * sizeof(float));
       for (const int64_t s : used) {
@@ -322,44 +332,108 @@ int64_t delta(const X* x, int64_t ldx, int64_t d, int64_t T, const int64_t* ids,
 
 const bool kHasAvx512 = __builtin_cpu_supports("avx512f");
 
+bool fp32_or_bf16(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+}
+
+// y [T, >= every member's columns] (added into) += the routed delta of x [T, d] over the table
+// slot_ids [T, W] int64 / weights [T, W] fp32 (both contiguous; ids <= 0 and zero weights add
+// nothing), the slot rows A [rows, R, d] (slot id `slot_base` is row 0; R = members x rank) and
+// each member's Bt [rows, rank, width] with its first output column `cols[i]` (member i's A
+// rows start at i x rank). x, A/Bt and y are each fp32 or bf16, CPU, unit stride along their
+// last dimension, A's and each Bt's slot rows contiguous. Everything the loops read through is
+// checked here, ids included (one outside 0..rows-1 writes nothing); threads are torch's
+// intra-op count; `allow_avx512` false keeps the AVX2 tiles.
+void topk_delta(const at::Tensor& x, const at::Tensor& slot_ids, const at::Tensor& weights,
+                const at::Tensor& a, at::TensorList bts, at::IntArrayRef cols, int64_t slot_base,
+                const at::Tensor& y, bool allow_avx512) {
+  TORCH_CHECK_VALUE(a.dim() == 3 && fp32_or_bf16(a) && a.device().is_cpu() &&
+                        (a.size(2) == 0 || a.stride(2) == 1) && a.stride(1) == a.size(2),
+                    "A must be fp32 or bf16 CPU [S, n·r, d_in] with contiguous slot rows, got ",
+                    a.scalar_type(), " ", a.sizes());
+  const int64_t rows = a.size(0), R = a.size(1), d = a.size(2);
+  const int64_t n_members = static_cast<int64_t>(bts.size());
+  TORCH_CHECK_VALUE(n_members > 0 && static_cast<int64_t>(cols.size()) == n_members &&
+                        R % n_members == 0,
+                    "A has ", R, " rows per slot for ", n_members, " members and ", cols.size(),
+                    " columns");
+  const int64_t rank = R / n_members;
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == d && fp32_or_bf16(x) && x.device().is_cpu() &&
+                        (d == 0 || x.stride(1) == 1),
+                    "x must be fp32 or bf16 CPU [T, ", d, "] with unit stride, got ",
+                    x.scalar_type(), " ", x.sizes());
+  const int64_t T = x.size(0);
+  TORCH_CHECK_VALUE(y.dim() == 2 && y.size(0) == T && fp32_or_bf16(y) && y.device().is_cpu() &&
+                        (y.size(1) == 0 || y.stride(1) == 1),
+                    "y must be fp32 or bf16 CPU [", T, ", D] with unit stride, got ",
+                    y.scalar_type(), " ", y.sizes());
+  TORCH_CHECK_VALUE(slot_ids.dim() == 2 && slot_ids.size(0) == T &&
+                        slot_ids.sizes() == weights.sizes() &&
+                        slot_ids.scalar_type() == at::kLong &&
+                        weights.scalar_type() == at::kFloat &&
+                        slot_ids.is_contiguous() && weights.is_contiguous() &&
+                        slot_ids.device().is_cpu() && weights.device().is_cpu(),
+                    "slot_ids (int64) and weights (fp32) must both be contiguous CPU [", T,
+                    ", W], got ", slot_ids.sizes(), " and ", weights.sizes());
+  std::vector<Member> members(n_members);
+  for (int64_t i = 0; i < n_members; ++i) {
+    const at::Tensor& bt = bts[i];
+    TORCH_CHECK_VALUE(bt.dim() == 3 && bt.size(0) == rows && bt.size(1) == rank &&
+                          bt.scalar_type() == a.scalar_type() && bt.device().is_cpu() &&
+                          (bt.size(2) == 0 || bt.stride(2) == 1) && bt.stride(1) == bt.size(2),
+                      "Bt must be [", rows, ", ", rank, ", w] with contiguous slot rows and A's "
+                      "dtype, got ", bt.scalar_type(), " ", bt.sizes());
+    TORCH_CHECK_VALUE(cols[i] >= 0 && cols[i] + bt.size(2) <= y.size(1),
+                      "a member's columns lie past y's ", y.size(1));
+    members[i] = {bt.data_ptr(), bt.stride(0), bt.size(2), cols[i], i * rank};
+  }
+  const bool wide = allow_avx512 && kHasAvx512;
+  const int threads = at::get_num_threads();
+  const int64_t* id = slot_ids.data_ptr<int64_t>();
+  const float* w = weights.data_ptr<float>();
+  auto run = [&](auto xt, auto wt, auto yt) {
+    using X = decltype(xt);
+    using W = decltype(wt);
+    using Y = decltype(yt);
+    return delta(static_cast<const X*>(x.data_ptr()), x.stride(0), d, T, id, w, slot_ids.size(1),
+                 static_cast<const W*>(a.data_ptr()), a.stride(0), R, rows, slot_base,
+                 members.data(), n_members, rank, static_cast<Y*>(y.data_ptr()), y.stride(0),
+                 threads, wide);
+  };
+  // bf16 as its raw 16-bit patterns
+  auto by_y = [&](auto xt, auto wt) {
+    return y.scalar_type() == at::kBFloat16 ? run(xt, wt, uint16_t{}) : run(xt, wt, float{});
+  };
+  auto by_w = [&](auto xt) {
+    return a.scalar_type() == at::kBFloat16 ? by_y(xt, uint16_t{}) : by_y(xt, float{});
+  };
+  const int64_t bad =
+      x.scalar_type() == at::kBFloat16 ? by_w(uint16_t{}) : by_w(float{});
+  TORCH_CHECK_VALUE(bad == 0, "a slot id lies outside ", slot_base, "..", slot_base + rows - 1);
+}
+
+std::string registered;  // this library's ops namespace, once registered
+
 }  // namespace
 
 // Whether the tiles run AVX-512 here (else AVX2/FMA).
 static bool has_avx512() { return kHasAvx512; }
 
-// x: [T, d] row stride ldx; ids: [T, width] int64; weights: [T, width] fp32; a: slot row 0 of
-// a [rows, R, d] block (slot stride a_slot_stride elements); members: [n_members, 5] int64
-// (Bt address of slot row 0, slot stride, width = row stride, first output column, first A
-// row; Bt rows are [rank, width]); y: [T, >= every member's columns] row stride ldy. x, A/Bt
-// and y are each fp32 (0) or bf16 (1) as `dtypes` says: x + 2 * weights + 4 * y. Ids <= 0 and
-// zero weights add nothing. Returns 0, or 1 where an id's row lies outside 0..rows-1 (nothing
-// is computed then). The caller (cpu_topk_delta.GroupedDelta) checks shapes and strides.
-static int64_t topk_delta(uintptr_t x, int64_t ldx, int64_t d, int64_t T, uintptr_t ids,
-                          uintptr_t weights, int64_t width, uintptr_t a, int64_t a_slot_stride,
-                          int64_t R, int64_t rows, int64_t slot_base, uintptr_t members,
-                          int64_t n_members, int64_t rank, uintptr_t y, int64_t ldy,
-                          int64_t dtypes, int threads, bool allow_avx512) {
-  const bool wide = allow_avx512 && kHasAvx512;
-  const auto* id = reinterpret_cast<const int64_t*>(ids);
-  const auto* w = reinterpret_cast<const float*>(weights);
-  const auto* mem = reinterpret_cast<const int64_t*>(members);
-  auto run = [&](auto xt, auto wt, auto yt) {
-    using X = decltype(xt);
-    using W = decltype(wt);
-    using Y = decltype(yt);
-    return delta(reinterpret_cast<const X*>(x), ldx, d, T, id, w, width,
-                 reinterpret_cast<const W*>(a), a_slot_stride, R, rows, slot_base, mem,
-                 n_members, rank, reinterpret_cast<Y*>(y), ldy, threads, wide);
-  };
-  auto by_y = [&](auto xt, auto wt) {
-    return dtypes & 4 ? run(xt, wt, uint16_t{}) : run(xt, wt, float{});
-  };
-  auto by_w = [&](auto xt) { return dtypes & 2 ? by_y(xt, uint16_t{}) : by_y(xt, float{}); };
-  return dtypes & 1 ? by_w(uint16_t{}) : by_w(float{});
+// Registers the ops under namespace `ns` (a name no other library loaded in this process has:
+// the same source built twice must not register twice) and returns the namespace they live in,
+// the first one asked for when called again.
+static std::string register_ops(const std::string& ns) {
+  if (!registered.empty()) return registered;
+  // never freed: the registration lives as long as the process
+  auto* lib = new torch::Library(torch::Library::DEF, ns, std::nullopt, __FILE__, __LINE__);
+  lib->def("topk_delta(Tensor x, Tensor slot_ids, Tensor weights, Tensor a, Tensor[] bts, "
+           "int[] cols, int slot_base, Tensor(a!) y, bool allow_avx512) -> ()");
+  lib->impl("topk_delta", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(topk_delta)));
+  registered = ns;
+  return registered;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  namespace py = pybind11;
   m.def("has_avx512", &has_avx512);
-  m.def("topk_delta", &topk_delta, py::call_guard<py::gil_scoped_release>());
+  m.def("register_ops", &register_ops);
 }

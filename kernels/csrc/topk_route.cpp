@@ -9,12 +9,17 @@
 // tokens, the sums and cumulative histograms of routing entropy and top-1 weight, and per expert
 // the tokens that rank it first and that select it (the Python side otherwise spends ~30 small
 // ops per step on them).
-// Built as a PyTorch C++ extension by kernels/cpu_topk_route.py; `topk_route_reference` and
+// Built as a PyTorch C++ extension by kernels/cpu_topk_route.py and called as a torch op
+// (`register_ops`) on tensors it checks itself; `topk_route_reference` and
 // `route_stats_reference` there are its twins.
+#include <ATen/core/Tensor.h>
 #include <pybind11/pybind11.h>
 #include <stdint.h>
+#include <torch/library.h>
 
 #include <cmath>
+#include <optional>
+#include <string>
 
 namespace {
 
@@ -114,35 +119,94 @@ void route(const float* x, int64_t d, const float* gate_w, const float* gate_b, 
   }
 }
 
+// Whether `t` is a contiguous CPU tensor of `dtype` shaped `sizes`.
+bool is(const at::Tensor& t, at::ScalarType dtype, at::IntArrayRef sizes) {
+  return t.scalar_type() == dtype && t.sizes() == sizes && t.is_contiguous() && t.device().is_cpu();
+}
+
+// One layer's route of T tokens, written into row `layer` of a step's tables: logits [L, T, n]
+// fp32, experts [L, T, k] int64, slot_ids [L, T, W] int64 and slot_weights [L, T, W] fp32,
+// from x [T, d] fp32, the layer's gate_w [n, d] / gate_b [n] fp32 and expert_slots [n] int64.
+// With stats [L, 3 + n_ent + n_w + 2n] float64 (and the histograms' fp32 upper bounds
+// ent_edges [n_ent] / w_edges [n_w], given exactly when stats is), the layer's route statistics
+// are added into its row; with learned [T] uint8 (and static_ids [T, W] int64 / static_w [T, W]
+// fp32, all three or none), a token whose flag is 0 keeps its static rows and is left out of the
+// statistics. Every tensor is a contiguous CPU one, all checked here, and
+// 1 <= k <= min(n, W, 64).
+void route_into(const at::Tensor& x, const at::Tensor& gate_w, const at::Tensor& gate_b,
+                int64_t k, double temperature, const at::Tensor& expert_slots, int64_t layer,
+                const at::Tensor& logits, const at::Tensor& experts, const at::Tensor& slot_ids,
+                const at::Tensor& slot_weights, const std::optional<at::Tensor>& stats,
+                const std::optional<at::Tensor>& ent_edges,
+                const std::optional<at::Tensor>& w_edges, const std::optional<at::Tensor>& learned,
+                const std::optional<at::Tensor>& static_ids,
+                const std::optional<at::Tensor>& static_w) {
+  TORCH_CHECK_VALUE(gate_w.dim() == 2, "the gate weight must be [n, d], got ", gate_w.sizes());
+  const int64_t n = gate_w.size(0), d = gate_w.size(1);
+  TORCH_CHECK_VALUE(is(gate_w, at::kFloat, {n, d}) && is(gate_b, at::kFloat, {n}) &&
+                        is(expert_slots, at::kLong, {n}),
+                    "the gate must be contiguous fp32 CPU [", n, ", ", d, "] and [", n,
+                    "] with int64 expert_slots [", n, "]");
+  TORCH_CHECK_VALUE(x.dim() == 2 && is(x, at::kFloat, {x.size(0), d}),
+                    "route_into takes a contiguous fp32 CPU [T, ", d, "] input, got ",
+                    x.scalar_type(), " ", x.sizes());
+  TORCH_CHECK_VALUE(logits.dim() == 3 && slot_ids.dim() == 3,
+                    "route_into takes this router's `tables(T)`");
+  const int64_t L = logits.size(0), T = x.size(0), W = slot_ids.size(2);
+  TORCH_CHECK_VALUE(k >= 1 && k <= n && k <= W && k <= MAX_K, "top_k=", k,
+                    " must lie in 1..min(experts=", n, ", width=", W, ", ", MAX_K, ")");
+  TORCH_CHECK_VALUE(layer >= 0 && layer < L && is(logits, at::kFloat, {L, T, n}) &&
+                        is(experts, at::kLong, {L, T, k}) && is(slot_ids, at::kLong, {L, T, W}) &&
+                        is(slot_weights, at::kFloat, {L, T, W}),
+                    "route_into takes a layer < ", L, " and this router's `tables(", T, ")`");
+  Stats st{nullptr, nullptr, 0, nullptr, 0};
+  TORCH_CHECK_VALUE(stats.has_value() == ent_edges.has_value() &&
+                        stats.has_value() == w_edges.has_value(),
+                    "route_into takes this router's `tables(T)`: statistics exactly where the "
+                    "router has histogram edges");
+  if (stats.has_value()) {
+    const int64_t n_ent = ent_edges->numel(), n_w = w_edges->numel();
+    TORCH_CHECK_VALUE(is(*ent_edges, at::kFloat, {n_ent}) && is(*w_edges, at::kFloat, {n_w}) &&
+                          is(*stats, at::kDouble, {L, 3 + n_ent + n_w + 2 * n}),
+                      "route_into takes this router's `tables(T)`: statistics [", L, ", ",
+                      3 + n_ent + n_w + 2 * n, "] float64 for fp32 edges");
+    st = {stats->data_ptr<double>() + layer * stats->size(1), ent_edges->data_ptr<float>(), n_ent,
+          w_edges->data_ptr<float>(), n_w};
+  }
+  const bool keep = learned.has_value();
+  TORCH_CHECK_VALUE(keep == static_ids.has_value() && keep == static_w.has_value(),
+                    "static rows come as learned, ids and weights together");
+  TORCH_CHECK_VALUE(!keep || (is(*learned, at::kByte, {T}) && is(*static_ids, at::kLong, {T, W}) &&
+                              is(*static_w, at::kFloat, {T, W})),
+                    "static rows must be [", T, "] uint8 and [", T, ", ", W, "] int64 / fp32");
+  route(x.data_ptr<float>(), d, gate_w.data_ptr<float>(), gate_b.data_ptr<float>(),
+        logits.data_ptr<float>() + layer * T * n, T, n, k, static_cast<float>(temperature),
+        expert_slots.data_ptr<int64_t>(), slot_ids.data_ptr<int64_t>() + layer * T * W,
+        slot_weights.data_ptr<float>() + layer * T * W, W,
+        experts.data_ptr<int64_t>() + layer * T * k, st,
+        keep ? learned->data_ptr<uint8_t>() : nullptr,
+        keep ? static_ids->data_ptr<int64_t>() : nullptr,
+        keep ? static_w->data_ptr<float>() : nullptr);
+}
+
+std::string registered;  // this library's ops namespace, once registered
+
 }  // namespace
 
-// x: [T, d] fp32; gate_w: [n, d] fp32; gate_b: [n] fp32; expert_slots: [n] int64; outputs
-// logits [T, n] fp32, slot_ids [T, W] int64, weights [T, W] fp32 and experts [T, k] int64, all
-// contiguous; stats (0: none): one layer's [3 + n_ent + n_w + 2n] float64 row, added into, with
-// the histograms' fp32 upper bounds ent_edges [n_ent] and w_edges [n_w]; learned (0: every
-// token): [T] uint8, where 0 the token's slot_ids/weights rows are copied from static_ids [T, W]
-// int64 / static_w [T, W] fp32 and it is left out of stats. Addresses come as
-// integers: the caller (cpu_topk_route.TopKRouter) checks shapes, dtypes and
-// 1 <= k <= min(n, W, 64); returns 2 where k lies outside that, else 0.
-static int64_t route_fp32(uintptr_t x, int64_t d, uintptr_t gate_w, uintptr_t gate_b,
-                          uintptr_t logits, int64_t T, int64_t n, int64_t k, double temperature,
-                          uintptr_t expert_slots, uintptr_t slot_ids, uintptr_t weights,
-                          int64_t W, uintptr_t experts, uintptr_t stats, uintptr_t ent_edges,
-                          int64_t n_ent, uintptr_t w_edges, int64_t n_w, uintptr_t learned,
-                          uintptr_t static_ids, uintptr_t static_w) {
-  if (k < 1 || k > n || k > W || k > MAX_K) return 2;
-  const Stats s{reinterpret_cast<double*>(stats), reinterpret_cast<const float*>(ent_edges),
-                n_ent, reinterpret_cast<const float*>(w_edges), n_w};
-  route(reinterpret_cast<const float*>(x), d, reinterpret_cast<const float*>(gate_w),
-        reinterpret_cast<const float*>(gate_b), reinterpret_cast<float*>(logits), T, n, k,
-        static_cast<float>(temperature), reinterpret_cast<const int64_t*>(expert_slots),
-        reinterpret_cast<int64_t*>(slot_ids), reinterpret_cast<float*>(weights), W,
-        reinterpret_cast<int64_t*>(experts), s, reinterpret_cast<const uint8_t*>(learned),
-        reinterpret_cast<const int64_t*>(static_ids), reinterpret_cast<const float*>(static_w));
-  return 0;
+// Registers the ops under namespace `ns` (a name no other library loaded in this process has:
+// the same source built twice must not register twice) and returns the namespace they live in,
+// the first one asked for when called again.
+static std::string register_ops(const std::string& ns) {
+  if (!registered.empty()) return registered;
+  // never freed: the registration lives as long as the process
+  auto* lib = new torch::Library(torch::Library::DEF, ns, std::nullopt, __FILE__, __LINE__);
+  lib->def("route_into(Tensor x, Tensor gate_w, Tensor gate_b, int k, float temperature, "
+           "Tensor expert_slots, int layer, Tensor(a!) logits, Tensor(b!) experts, "
+           "Tensor(c!) slot_ids, Tensor(d!) slot_weights, Tensor(e!)? stats, Tensor? ent_edges, "
+           "Tensor? w_edges, Tensor? learned, Tensor? static_ids, Tensor? static_w) -> ()");
+  lib->impl("route_into", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(route_into)));
+  registered = ns;
+  return registered;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  namespace py = pybind11;
-  m.def("route_fp32", &route_fp32, py::call_guard<py::gil_scoped_release>());
-}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("register_ops", &register_ops); }

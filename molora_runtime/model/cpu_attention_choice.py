@@ -4,40 +4,39 @@ Two paths compute the same attention (`kernels.paged_attention` holds their twin
 kernel reading blocks in place (`kernels.cpu_paged_attention`) and the PyTorch path that gathers
 blocks into batched GEMMs (`paged_decode.gathered_decode`). Which is faster depends on the CPU
 (native bf16 GEMMs or not, vector width) and the cache's dtype and head layout, so the first
-decode of each shape times both at a few batch sizes (`kernels.gemm_chooser`), keeps the winner
-for the process and the table per machine kind (`kernels.gemm_choice_cache`), and logs it once.
-`MOLORA_CPU_ATTENTION` (`kernel`, `gathered`; default `auto`) forces one where it runs.
+decode of each shape has `kernels.chooser` time both at a few batch sizes, keep the winner for
+the process and the table per machine kind, and log it once. `MOLORA_CPU_ATTENTION` (`kernel`,
+`gathered`; default `auto`) forces one where it runs. This module only says what the two
+candidates are and how one is timed.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 
 import torch
 
-from kernels import cpu_paged_attention, gemm_choice_cache, gemm_chooser
+from kernels import chooser, cpu_paged_attention
 from kernels.paged_inputs import PagedDecodeInputs
-from molora_runtime.model.forced_choice import forced_choice
-
-log = logging.getLogger(__name__)
 
 ATTENTION_ENV = "MOLORA_CPU_ATTENTION"
 KINDS = ("kernel", "gathered")
 BATCHES = (1, 8, 32)  # decode batch sizes timed
 CONTEXT = 256  # context length of every timed sequence
+# the decode attention's decision, kept per cache shape for the process
+CHOOSER = chooser.Chooser(
+    "CPU decode attention", ATTENTION_ENV, KINDS, unit="us per layer by batch", size="batch",
+    logger=logging.getLogger(__name__),
+)  # fmt: skip
 
 # one layer's decode inputs -> out: the gathered PyTorch path
 DecodeFn = Callable[[PagedDecodeInputs], torch.Tensor]
 
-_chosen: dict[str, str] = {}
-_lock = threading.Lock()
-
 
 def forced_kind() -> str | None:
     """The kind `MOLORA_CPU_ATTENTION` forces, or None for `auto`; any other value is refused."""
-    return forced_choice(ATTENTION_ENV, KINDS)
+    return CHOOSER.forced()
 
 
 def shape_key(k_cache: torch.Tensor, heads: int) -> str:
@@ -48,9 +47,9 @@ def shape_key(k_cache: torch.Tensor, heads: int) -> str:
 
 def candidates(
     k_cache: torch.Tensor, heads: int, kinds: Sequence[str], gathered: DecodeFn
-) -> dict[str, gemm_chooser.Candidate]:
-    """Each kind as a `gemm_chooser` candidate: a decode of `b` random sequences of `CONTEXT`
-    positions over a cache shaped like `k_cache` (scattered blocks)."""
+) -> dict[str, chooser.Candidate]:
+    """Each kind as a `kernels.chooser` candidate: a decode of `b` random sequences of
+    `CONTEXT` positions over a cache shaped like `k_cache` (scattered blocks)."""
     _, kv_heads, block_size, hd = k_cache.shape
     width = -(-CONTEXT // block_size)
     gen = torch.Generator().manual_seed(0)
@@ -61,8 +60,8 @@ def candidates(
     blocks = torch.randperm(num_blocks, generator=gen).to(torch.int32)
     run: dict[str, DecodeFn] = {"kernel": cpu_paged_attention.paged_decode, "gathered": gathered}
 
-    def candidate(kind: str) -> gemm_chooser.Candidate:
-        def make(b: int) -> gemm_chooser.Runner:
+    def candidate(kind: str) -> chooser.Candidate:
+        def make(b: int) -> chooser.Runner:
             q = torch.randn(b, heads, hd, generator=gen).to(k_cache.dtype)
             tables = blocks[: b * width].view(b, width)
             lens = torch.full((b,), CONTEXT, dtype=torch.int32)
@@ -85,43 +84,16 @@ def runnable_kinds(k_cache: torch.Tensor) -> list[str]:
 
 
 def choose(k_cache: torch.Tensor, heads: int, gathered: DecodeFn) -> str:
-    """The kind that serves decodes over caches shaped like `k_cache` with `heads` query heads:
-    forced, decided earlier in this process, stored for this machine, or measured now
+    """The kind that serves decodes over caches shaped like `k_cache` with `heads` query heads
     (`gathered`: the PyTorch path, over padded block tables)."""
-    key = shape_key(k_cache, heads)
-    if key in _chosen:
-        return _chosen[key]
-    with _lock:
-        if key in _chosen:
-            return _chosen[key]
-        runnable = runnable_kinds(k_cache)
-        forced = forced_kind()
-        if forced is not None and forced in runnable:
-            _chosen[key] = forced
-            return forced
-        if forced is not None:
-            log.warning("%s=%s cannot run %s here; choosing by measurement",
-                        ATTENTION_ENV, forced, key)  # fmt: skip
-        if len(runnable) == 1:
-            _chosen[key] = runnable[0]
-            return runnable[0]
-        table = gemm_choice_cache.load(key)
-        source = "stored"
-        if table is None or not set(runnable) <= set(table):
-            with torch.no_grad():
-                table = gemm_chooser.measure(
-                    candidates(k_cache, heads, runnable, gathered), BATCHES
-                )
-            gemm_choice_cache.store(key, table)
-            source = "measured"
-        winner = gemm_chooser.pick(table, allowed=runnable)
-        _chosen[key] = winner
-    title = f"CPU decode attention for {key} ({source}, us per layer by batch)"
-    log.info("%s", gemm_chooser.format_table(title, table, winner))
-    return winner
+
+    def measure(kinds: Sequence[str]) -> chooser.Table:
+        with torch.no_grad():
+            return chooser.measure(candidates(k_cache, heads, kinds, gathered), BATCHES)
+
+    return CHOOSER.choose(shape_key(k_cache, heads), runnable_kinds(k_cache), measure)
 
 
 def forget() -> None:
     """Drop this process's decisions (tests, or a forced kind changed in the environment)."""
-    with _lock:
-        _chosen.clear()
+    CHOOSER.forget()

@@ -6,9 +6,9 @@ layout on each call; packing once at load (as PyTorch's inductor does for frozen
 saves that. Three kinds compute the same product: the panel GEMM of `kernels.cpu_panel_gemm`
 (fp32 or bf16 panels, AVX2/FMA), oneDNN's packed kernel (native AVX512-BF16/AMX where the CPU has
 them) and plain `F.linear`. Which is fastest depends on the CPU, the shape and the row count, so
-`pack_chosen` times them on each distinct shape (`kernels.gemm_chooser`), keeps the tables per
-machine kind (`kernels.gemm_choice_cache`) and logs each shape's table once. `MOLORA_CPU_GEMM`
-(`panel`, `onednn`, `plain`; default `auto`) forces one kind where it runs, for side-by-side runs.
+`pack_chosen` has `kernels.chooser` time them on each distinct shape, keep the tables per machine
+kind and log each shape's table once. `MOLORA_CPU_GEMM` (`panel`, `onednn`, `plain`; default
+`auto`) forces one kind where it runs, for side-by-side runs.
 
 Only the serving forward uses the packed copy: anything that needs autograd through the GEMM,
 any other device and any dtype oneDNN does not pack keeps `F.linear`. The plain weight stays
@@ -18,15 +18,13 @@ the source of truth (checkpoints, training, the embedding a tied LM head shares)
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 
 import torch
 from torch.nn import functional as F
 
-from kernels import cpu_panel_gemm, gemm_choice_cache, gemm_chooser
+from kernels import chooser, cpu_panel_gemm
 from kernels.cpu_panel_gemm import PanelWeight
-from molora_runtime.model.forced_choice import forced_choice
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +32,10 @@ log = logging.getLogger(__name__)
 PACK_FOR_TOKENS = 32
 GEMM_ENV = "MOLORA_CPU_GEMM"
 KINDS = ("panel", "onednn", "plain")
-BASE_ROWS = (*gemm_chooser.DECODE_ROWS, gemm_chooser.PREFILL_ROWS)
-HEAD_ROWS = gemm_chooser.DECODE_ROWS  # the LM head sees one row per sequence, prefill or not
-
-_chosen: dict[str, str] = {}  # shape key -> kind, decided once per process
-_choice_lock = threading.Lock()
+BASE_ROWS = (*chooser.DECODE_ROWS, chooser.PREFILL_ROWS)
+HEAD_ROWS = chooser.DECODE_ROWS  # the LM head sees one row per sequence, prefill or not
+# the base GEMMs' decision, kept per shape key for the process
+CHOOSER = chooser.Chooser("CPU GEMM", GEMM_ENV, KINDS, unit="us per GEMM by rows", logger=log)
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
@@ -102,7 +99,7 @@ def pack_as(weight: torch.Tensor, kind: str) -> PackedWeight | None:
 
 def forced_kind() -> str | None:
     """The kind `MOLORA_CPU_GEMM` forces, or None for `auto`; any other value is refused."""
-    return forced_choice(GEMM_ENV, KINDS)
+    return CHOOSER.forced()
 
 
 def shape_key(weight: torch.Tensor, rows: Sequence[int]) -> str:
@@ -110,15 +107,13 @@ def shape_key(weight: torch.Tensor, rows: Sequence[int]) -> str:
     return f"{dtype}:{weight.shape[0]}x{weight.shape[1]}:rows={','.join(map(str, rows))}"
 
 
-def gemm_candidates(
-    weight: torch.Tensor, kinds: Sequence[str]
-) -> dict[str, gemm_chooser.Candidate]:
-    """Each kind as a `gemm_chooser` candidate: a GEMM of `m` random rows on `weight`."""
+def gemm_candidates(weight: torch.Tensor, kinds: Sequence[str]) -> dict[str, chooser.Candidate]:
+    """Each kind as a `kernels.chooser` candidate: a GEMM of `m` random rows on `weight`."""
     packs = {kind: pack_as(weight, kind) for kind in kinds}
     plain = weight.detach()
 
-    def candidate(packed: PackedWeight | None) -> gemm_chooser.Candidate:
-        def make(m: int) -> gemm_chooser.Runner:
+    def candidate(packed: PackedWeight | None) -> chooser.Candidate:
+        def make(m: int) -> chooser.Runner:
             # a generator of its own: timing at load leaves torch's global RNG where it was
             gen = torch.Generator().manual_seed(m)
             x = torch.randn(m, weight.shape[1], generator=gen).to(weight.dtype)
@@ -154,54 +149,38 @@ def row_invariant(weight: torch.Tensor, kind: str, rows: Sequence[int]) -> bool:
 def choose_kind(
     weight: torch.Tensor, rows: Sequence[int] = BASE_ROWS, invariant: bool = False
 ) -> str:
-    """The kind `weight`'s shape runs fastest on here: forced, decided earlier in this process,
-    taken from this machine's stored table, or measured now (and stored); logged once. fp32
-    weights choose among row-invariant kinds only (`row_invariant`: a greedy fp32 request gets
-    the same tokens alone as in any batch); bf16 ones among all, since oneDNN's native bf16
-    kernels, the reason to serve in bf16, sum in an order that depends on the row count, unless
-    `invariant` asks for row invariance (speculative decoding: a verified row must get the
-    bits a plain decode of it gets)."""
-    runnable = runnable_kinds(weight)
-    forced = forced_kind()
-    if forced is not None:
-        if forced in runnable:
-            return forced
-        log.warning(
-            "%s=%s cannot run %s here; choosing by measurement",
-            GEMM_ENV,
-            forced,
-            shape_key(weight, rows),
-        )
+    """The kind `weight`'s shape runs fastest on here (`kernels.chooser`: forced, decided
+    earlier in this process, taken from this machine's stored table, or measured now and
+    stored; logged once). fp32 weights choose among row-invariant kinds only (`row_invariant`:
+    a greedy fp32 request gets the same tokens alone as in any batch); bf16 ones among all,
+    since oneDNN's native bf16 kernels, the reason to serve in bf16, sum in an order that
+    depends on the row count, unless `invariant` asks for row invariance (speculative decoding:
+    a verified row must get the bits a plain decode of it gets)."""
     key = shape_key(weight, rows)
     invariant = invariant or weight.dtype == torch.float32
-    chosen_key = f"{key}:invariant" if invariant else key
-    with _choice_lock:
-        if chosen_key in _chosen and _chosen[chosen_key] in runnable:
-            return _chosen[chosen_key]
-        kinds = runnable
-        if invariant:
-            kinds = [kind for kind in runnable if row_invariant(weight, kind, rows)]
-            if not kinds:  # no panel kernel and oneDNN varies: keep every kind rather than none
-                log.warning("no row-invariant GEMM for %s; choosing among all", key)
-                kinds = runnable
-            if weight.dtype == torch.bfloat16 and "panel" in kinds:
-                # oneDNN's bf16 passes the check above, yet a SmolLM2 row verified inside a
-                # draft got other logits than its plain decode (AVX512-BF16): panels only.
-                kinds = ["panel"]
-        table = gemm_choice_cache.load(key)
-        source = "stored"
-        if table is None or not set(kinds) <= set(table):
-            with torch.no_grad():
-                table = gemm_chooser.measure(gemm_candidates(weight, kinds), rows)
-            gemm_choice_cache.store(key, table)
-            source = "measured"
-        winner = gemm_chooser.pick(table, allowed=kinds)
-        _chosen[chosen_key] = winner
-    dropped = [kind for kind in runnable if kind not in kinds]
-    note = f"; not row-invariant here, left out: {', '.join(dropped)}" if dropped else ""
-    title = f"CPU GEMM for {key} ({source}, us per GEMM by rows{note})"
-    log.info("%s", gemm_chooser.format_table(title, table, winner))
-    return winner
+
+    def narrow(runnable: list[str]) -> list[str]:
+        if not invariant:
+            return runnable
+        kinds = [kind for kind in runnable if row_invariant(weight, kind, rows)]
+        if not kinds:  # no panel kernel and oneDNN varies: keep every kind rather than none
+            log.warning("no row-invariant GEMM for %s; choosing among all", key)
+            return runnable
+        if weight.dtype == torch.bfloat16 and "panel" in kinds:
+            # oneDNN's bf16 passes the check above, yet a SmolLM2 row verified inside a
+            # draft got other logits than its plain decode (AVX512-BF16): panels only.
+            return ["panel"]
+        return kinds
+
+    def measure(kinds: Sequence[str]) -> chooser.Table:
+        with torch.no_grad():
+            return chooser.measure(gemm_candidates(weight, kinds), rows)
+
+    return CHOOSER.choose(
+        key, runnable_kinds(weight), measure, narrow=narrow,
+        narrowed="not row-invariant here, left out",
+        memo_key=f"{key}:invariant" if invariant else key,
+    )  # fmt: skip
 
 
 def pack_chosen(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from adapter_store.rules import MAX_ABS_WEIGHT
+from kernels.stacked import SlotGate, routed_lora_stacked, routed_lora_stacked_group
 
 
 class SlotValueError(ValueError):
@@ -73,6 +74,18 @@ class LoRABuffers:
         return self.A.shape[2]
 
     @property
+    def columns(self) -> list[tuple[LoRABuffers, int]]:
+        """A lone projection is a group of one member at column 0 (`GroupBuffers.columns`),
+        so every backend reads both kinds of buffers alike."""
+        return [(self, 0)]
+
+    @property
+    def Bt(self) -> torch.Tensor:
+        """The stacked layout's `Bt [L, S, r, d_out]` (`GroupBuffers.Bt`)."""
+        assert self.stacked, "only the stacked layout holds Bt"
+        return self.B
+
+    @property
     def width(self) -> int:
         """Output columns of the projection."""
         return self.B.shape[3] if self.stacked else self.B.shape[2]
@@ -98,6 +111,25 @@ class LoRABuffers:
             Bt = self.B[layer, row : row + count].reshape(count * r, -1)
             views = self._views[key] = (A, Bt)
         return views
+
+    def stacked_delta(
+        self, y: torch.Tensor, x: torch.Tensor, layer: int, first: int, count: int, gate: SlotGate
+    ) -> torch.Tensor:
+        """`y` plus the stacked delta of `x` over slots first..first+count-1 of one layer
+        (`GroupBuffers.stacked_delta`): one shrink, one expand."""
+        A, Bt = self.stacked_pair(layer, first, count)
+        return routed_lora_stacked(x, A, Bt, gate, out=y)
+
+    def block_pair(self, layer: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`stacked_pair`: one member's expand has no other member's zero blocks
+        (`GroupBuffers.block_pair`)."""
+        return self.stacked_pair(layer, first, count)
+
+    def slot_rows(self, layer: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, int]]]:
+        """Stacked: one layer's `A [S, r, d_in]` and `Bt [S, r, d_out]` at column 0, every slot
+        (`GroupBuffers.slot_rows`)."""
+        assert self.stacked, "only the stacked layout keeps a layer's slots together"
+        return self.A[layer], [(self.B[layer], 0)]
 
     def clear_slot(self, slot: int) -> None:
         """Zero row `slot` of the buffers (a row index, not a slot id)."""
@@ -213,6 +245,20 @@ class GroupBuffers:
             ]
             views = self._views[key] = (A, pairs)
         return views
+
+    def stacked_delta(
+        self, y: torch.Tensor, x: torch.Tensor, layer: int, first: int, count: int, gate: SlotGate
+    ) -> torch.Tensor:
+        """`y` plus the stacked delta of `x` over slots first..first+count-1 of one layer
+        (`LoRABuffers.stacked_delta`): one shrink for the group, one expand per member."""
+        A, member_bt = self.slot_views(layer, first, count)
+        return routed_lora_stacked_group(x, A, member_bt, self.member_rank, gate, y)
+
+    def slot_rows(self, layer: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, int]]]:
+        """Stacked: one layer's shared `A [S, n·r, d_in]` and each targeted member's
+        `Bt [S, r, w]` with its first output column, every slot (the grouped kernel's view)."""
+        assert self.A is not None, "only the stacked group layout shares one A"
+        return self.A[layer], [(m.B[layer], col) for m, col in self.columns]
 
     def block_pair(self, layer: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`A_flat [count·n·r, d_in]` (a view) and the block-structured `Bt_flat [count·n·r, D]`

@@ -17,8 +17,9 @@ from kernel_cases import GROUP_SHAPES, assert_matches
 from kernels.device_plan import build_device_plan
 from kernels.reference import routed_lora_dense
 from kernels.stacked import routed_lora_stacked, slot_gate
+from molora_runtime.model.cpu_lora import PackedLoRA, StackedLoRA
 from molora_runtime.model.layers import FusedLinear, LoRALinear
-from molora_runtime.model.lora_backend import LoRABackend, ReferenceBackend, StackedBackend
+from molora_runtime.model.lora_backend import LoRABackend, ReferenceBackend
 from molora_runtime.model.lora_context import GateTable, LoRAContext
 from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
 
@@ -123,7 +124,7 @@ def test_fused_group_delta_matches_per_projection_twin(
             if hits[s][i]:
                 member.write(s, layer, A[i][s], B[i][s])
     fused.lora = group
-    for backend in (StackedBackend(packed=False), StackedBackend(packed=True)):
+    for backend in (StackedLoRA(), PackedLoRA()):
         ctx = context(backend)
         ctx.stacked_slots = (1, S - 1)
         for got, w in zip(fused(x, ctx), want, strict=True):
@@ -199,7 +200,7 @@ def test_group_block_pair_adds_what_the_per_member_expand_adds() -> None:
     want = routed_lora_stacked(
         x, A_flat, block, slot_gate(ids, w, 1, 3, group.rank), torch.zeros(7, 13)
     )
-    ctx = LoRAContext(ids, w, backend=StackedBackend(packed=False), stacked_slots=(1, 3))
+    ctx = LoRAContext(ids, w, backend=StackedLoRA(), stacked_slots=(1, 3))
     got = ctx.add_lora(torch.zeros(7, 13), x, group, 1)
     assert_matches(got, want)
     assert got[:, 6:8].abs().sum() == 0 and got[:, :6].abs().sum() > 0
@@ -217,7 +218,7 @@ def test_stacked_deltas_see_slots_written_after_their_views_were_cached(packed: 
     x = torch.randn(5, 10, generator=g)
     ids = torch.tensor([[1], [2], [3], [2], [1]])
     w = torch.ones(5, 1)
-    backend = StackedBackend(packed=packed)
+    backend = PackedLoRA() if packed else StackedLoRA()
 
     def deltas() -> tuple[torch.Tensor, torch.Tensor]:
         ctx = LoRAContext(ids, w, backend=backend, stacked_slots=(1, 3))

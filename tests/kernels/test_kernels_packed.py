@@ -1,7 +1,11 @@
 """The packed stacked backend equals its twin, the plain stacked backend (`kernels.stacked`),
-over random shapes; packed copies follow every write to the slot buffers."""
+over random shapes; packed copies follow every write to the slot buffers. The CPU backend is
+picked once by the chooser: among the stacked candidates, stored per probe shape, forced by
+`MOLORA_CPU_LORA`."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,8 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_cases import TOLERANCES
 
-from kernels import cpu_topk_delta
-from molora_runtime.model.lora_backend import StackedBackend, choose_backend
+from kernels import choice_cache, chooser, cpu_topk_delta
+from kernels.cpu_extension_build import CACHE_ENV
+from molora_runtime.model import cpu_lora_choice
+from molora_runtime.model.cpu_lora import GroupedLoRA, PackedLoRA, StackedLoRA
+from molora_runtime.model.lora_backend import choose_backend
 from molora_runtime.model.lora_context import LoRAContext
 from molora_runtime.model.packed_linear import pack_weight
 from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
@@ -21,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     pack_weight(torch.zeros(8, 8, dtype=BF16)) is None,
     reason="no bf16 packing (panels or oneDNN) here",
 )
-PLAIN, PACKED = StackedBackend(packed=False), StackedBackend(packed=True)
+PLAIN, PACKED = StackedLoRA(), PackedLoRA()
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -80,7 +87,7 @@ def test_packed_copies_follow_writes_and_clears() -> None:
     ctx.slot_ids[:, 0] = 2  # every token uses slot 2
     x = torch.randn(T, d_in).to(BF16)
 
-    def delta(backend: StackedBackend) -> torch.Tensor:
+    def delta(backend: StackedLoRA) -> torch.Tensor:
         return backend.add(torch.zeros(T, d_out, dtype=BF16), x, buf, 0, ctx).float()
 
     with torch.inference_mode():
@@ -118,6 +125,34 @@ def test_cpu_backend_is_one_of_the_stacked_candidates() -> None:
     group = GroupBuffers.stacked_group(5, 1, 8, 64, [64, 32, 32], [True] * 3, BF16, CPU)
     chosen = choose_backend(CPU, group)
     names = ("stacked", "stacked-packed", *(("grouped",) if cpu_topk_delta.available() else ()))
-    assert isinstance(chosen, StackedBackend) and chosen.name in names
-    assert chosen.grouped_static == (chosen.name == "grouped")
+    assert isinstance(chosen, StackedLoRA) and chosen.name in names
+    assert isinstance(chosen, GroupedLoRA) == (chosen.name == "grouped")
+    # where the grouped kernel runs, every CPU backend hands it the learned tables
+    assert (chosen.grouped is not None) == cpu_topk_delta.available()
     assert choose_backend(torch.device("meta")).name == "reference"
+
+
+def test_the_cpu_choice_is_measured_once_stored_and_can_be_forced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv(cpu_lora_choice.LORA_ENV, raising=False)
+    cpu_lora_choice.CHOOSER.forget()
+    group = GroupBuffers.stacked_group(5, 1, 8, 64, [64, 32], [True, True], BF16, CPU, 1)
+    key = cpu_lora_choice.probe_key(group)
+    assert choice_cache.load(key) is None
+    chosen = choose_backend(CPU, group)
+    table = choice_cache.load(key)
+    assert table is not None and set(table) == set(cpu_lora_choice.backends())
+    assert chosen.name == chooser.pick(table)
+    rigged = {name: {cpu_lora_choice.PROBE_TOKENS: 1e-3} for name in table}
+    rigged["stacked-packed"] = {cpu_lora_choice.PROBE_TOKENS: 1e-6}
+    choice_cache.store(key, rigged)
+    cpu_lora_choice.CHOOSER.forget()  # a new process: the store decides, nothing is timed
+    assert type(choose_backend(CPU, group)) is PackedLoRA
+    monkeypatch.setenv(cpu_lora_choice.LORA_ENV, "stacked")
+    assert type(choose_backend(CPU, group)) is StackedLoRA
+    monkeypatch.setenv(cpu_lora_choice.LORA_ENV, "fastest")
+    with pytest.raises(ValueError, match="MOLORA_CPU_LORA='fastest'"):
+        choose_backend(CPU, group)
+    cpu_lora_choice.CHOOSER.forget()

@@ -14,10 +14,10 @@ from kernel_cases import assert_matches
 
 from kernels.reference import routed_lora_dense
 from molora_runtime.lora.routing import stacked_range
+from molora_runtime.model.cpu_lora import PackedLoRA, StackedLoRA
 from molora_runtime.model.lora_backend import (
     LoRABackend,
     ReferenceBackend,
-    StackedBackend,
     TritonBackend,
 )
 from molora_runtime.model.lora_context import GateTable, LoRAContext
@@ -152,8 +152,8 @@ def test_pooled_backend_matches_the_padded_definition(
     weights = torch.rand(T, W, generator=g) * 2 - 0.5
     inner = {
         "reference": ReferenceBackend(),
-        "stacked": StackedBackend(packed=False),
-        "stacked-packed": StackedBackend(packed=True),
+        "stacked": StackedLoRA(),
+        "stacked-packed": PackedLoRA(),
     }[backend]
     got, table_ids, table_w = run(
         inner, adapters, x, ids, weights, seed if learned else None, dtype
@@ -165,7 +165,7 @@ def test_a_step_that_touches_one_pool_skips_the_others() -> None:
     """The stacked range of a step inside one pool gives the other pools no context at all."""
     pools = layout_pools([(2, 2), (8, 1)])
     ctx = LoRAContext(torch.tensor([[1], [2]]), torch.ones(2, 1), stacked_slots=(1, 2))
-    backend = PooledBackend(StackedBackend(packed=False))
+    backend = PooledBackend(StackedLoRA())
     small = backend._pool_context(ctx, pools[0])
     assert small is not None and small.stacked_slots == (1, 2)
     assert backend._pool_context(ctx, pools[1]) is None

@@ -84,3 +84,28 @@ def test_group_expand_differentiates_like_its_twin() -> None:
         grads.append((xg.grad, ag.grad))
     for got, want in zip(*grads, strict=True):
         torch.testing.assert_close(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    **GROUP_SHAPES,
+    count=st.integers(1, 5),
+    width=st.integers(1, 40),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
+def test_a_lone_projection_through_the_group_path_is_bit_for_bit_its_twin(
+    seed: int, T: int, count: int, r: int, d_in: int, width: int, dtype: torch.dtype
+) -> None:
+    """The group form with one member runs the same shrink, selection and expand as the
+    one-projection delta, so it gives exactly its bits."""
+    g = torch.Generator().manual_seed(seed)
+    A_flat = (torch.randn(count * r, d_in, generator=g) / d_in**0.5).to(dtype)
+    Bt_flat = (torch.randn(count * r, width, generator=g) / r**0.5).to(dtype)
+    x = torch.randn(T, d_in, generator=g).to(dtype)
+    slot_ids = torch.randint(-1, count + 3, (T, 2), generator=g)
+    gate = slot_gate(slot_ids, torch.rand(T, 2, generator=g), 1, count, r, dtype)
+    base = torch.randn(T, width, generator=g).to(dtype)
+    with torch.inference_mode():
+        want = routed_lora_stacked(x, A_flat, Bt_flat, gate, base.clone())
+        got = routed_lora_stacked_group(x, A_flat, [(Bt_flat, 0)], r, gate, base.clone())
+    assert torch.equal(got, want)

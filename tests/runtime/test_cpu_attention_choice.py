@@ -6,13 +6,14 @@ is honoured and a misspelled one refused."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from kernels import cpu_paged_attention, gemm_choice_cache
+from kernels import choice_cache, cpu_paged_attention
 from kernels.cpu_extension_build import CACHE_ENV
 from kernels.paged_attention import paged_decode_attention_reference
 from kernels.paged_inputs import PagedDecodeInputs
@@ -24,10 +25,12 @@ KERNEL = cpu_paged_attention.available()  # built (or found) in the user's cache
 
 
 @pytest.fixture(autouse=True)
-def fresh_choices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def fresh_choices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.delenv(choice.ATTENTION_ENV, raising=False)
-    monkeypatch.setattr(choice, "_chosen", {})
+    choice.forget()
+    yield
+    choice.forget()  # picks made on this test's rigged tables stay with it
 
 
 def _problem(dtype: torch.dtype, seed: int = 0):
@@ -77,7 +80,7 @@ def test_the_stored_table_decides(faster: str, caplog: pytest.LogCaptureFixture)
     slow = {b: 1e-3 for b in choice.BATCHES}
     quick = {b: 1e-4 for b in choice.BATCHES}
     other = "gathered" if faster == "kernel" else "kernel"
-    gemm_choice_cache.store(choice.shape_key(k, 9), {faster: quick, other: slow})
+    choice_cache.store(choice.shape_key(k, 9), {faster: quick, other: slow})
     with caplog.at_level(logging.INFO, logger=choice.__name__):
         assert choice.choose(k, 9, paged_decode_tables) == faster
     assert "(stored" in caplog.text and faster in caplog.text
@@ -87,9 +90,9 @@ def test_the_stored_table_decides(faster: str, caplog: pytest.LogCaptureFixture)
 def test_a_shape_without_a_table_is_measured_and_stored() -> None:
     _, k, *_ = _problem(torch.float32)
     key = choice.shape_key(k, 9)
-    assert gemm_choice_cache.load(key) is None
+    assert choice_cache.load(key) is None
     kind = choice.choose(k, 9, paged_decode_tables)
-    table = gemm_choice_cache.load(key)
+    table = choice_cache.load(key)
     assert table is not None and set(table) == {"kernel", "gathered"}
     assert all(set(times) == set(choice.BATCHES) for times in table.values())
     assert kind in table

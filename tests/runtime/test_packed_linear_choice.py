@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from kernels import gemm_choice_cache
+from kernels import choice_cache, chooser
 from kernels.cpu_extension_build import CACHE_ENV
 from kernels.cpu_panel_gemm import PanelWeight, panel_linear_reference
 from molora_runtime.model import packed_linear as pl
 
 
 @pytest.fixture(autouse=True)
-def fresh_choices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def fresh_choices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.delenv(pl.GEMM_ENV, raising=False)
-    monkeypatch.setattr(pl, "_chosen", {})
+    pl.CHOOSER.forget()
+    yield
+    pl.CHOOSER.forget()  # picks made on this test's rigged tables stay with it
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -67,17 +70,17 @@ def test_a_shape_is_measured_once_stored_and_then_taken_from_the_store(
     with caplog.at_level(logging.INFO, logger=pl.__name__):
         kind = pl.choose_kind(weight)
     assert f"CPU GEMM for {key} (measured" in caplog.text
-    stored = gemm_choice_cache.load(key)
+    stored = choice_cache.load(key)
     assert stored is not None and set(stored) == set(allowed)
     assert all(set(times) == set(pl.BASE_ROWS) for times in stored.values())
-    assert kind == pl.gemm_chooser.pick(stored)
+    assert kind == chooser.pick(stored)
 
     # a new process (no in-memory choice) follows the stored table, whatever it says
     winner = next(k for k in reversed(allowed) if k != kind) if len(allowed) > 1 else kind
     rigged = {k: dict.fromkeys(pl.BASE_ROWS, 1e-3) for k in stored}
     rigged[winner] = dict.fromkeys(pl.BASE_ROWS, 1e-6)
-    gemm_choice_cache.store(key, rigged)
-    monkeypatch.setattr(pl, "_chosen", {})
+    choice_cache.store(key, rigged)
+    pl.CHOOSER.forget()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=pl.__name__):
         assert pl.choose_kind(weight) == winner
@@ -92,12 +95,12 @@ def test_a_stored_table_without_a_kind_that_now_runs_is_measured_again(
     weight = torch.randn(40, 24)
     key = pl.shape_key(weight, pl.BASE_ROWS)
     allowed = _allowed(weight)
-    gemm_choice_cache.store(key, {allowed[-1]: dict.fromkeys(pl.BASE_ROWS, 1e-6)})
+    choice_cache.store(key, {allowed[-1]: dict.fromkeys(pl.BASE_ROWS, 1e-6)})
     with caplog.at_level(logging.INFO, logger=pl.__name__):
         pl.choose_kind(weight)
     if len(allowed) > 1:
         assert "(measured" in caplog.text
-    assert set(gemm_choice_cache.load(key) or {}) == set(allowed)
+    assert set(choice_cache.load(key) or {}) == set(allowed)
 
 
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (72, 40)])
@@ -130,7 +133,9 @@ def test_a_forced_kind_is_used_where_it_runs(
         packed = pl.pack_chosen(weight)
         expected = {"panel": PanelWeight, "onednn": torch.Tensor, "plain": type(None)}[kind]
         assert isinstance(packed, expected), kind
-    assert not list(Path(gemm_choice_cache.cache_root()).glob("gemm-choices-*"))  # nothing timed
+    assert not list(
+        Path(choice_cache.cache_root()).glob(f"{choice_cache.FILE_PREFIX}*")
+    )  # nothing timed
 
 
 def test_a_forced_kind_that_cannot_run_falls_back_to_measuring_with_a_warning(
@@ -153,7 +158,7 @@ def test_a_misspelled_forced_kind_is_refused(monkeypatch: pytest.MonkeyPatch) ->
 def test_weights_the_chooser_does_not_cover_keep_onednn_or_plain() -> None:
     half = torch.randn(16, 16, dtype=torch.float16)
     assert pl.pack_chosen(half) is None or isinstance(pl.pack_chosen(half), torch.Tensor)
-    assert not list(Path(gemm_choice_cache.cache_root()).glob("gemm-choices-*"))
+    assert not list(Path(choice_cache.cache_root()).glob(f"{choice_cache.FILE_PREFIX}*"))
 
 
 def test_measuring_leaves_the_global_rng_where_it_was() -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from molora_runtime.engine.types import SamplingParams
-from molora_runtime.model.lora_backend import StackedBackend
+from molora_runtime.model.cpu_lora import PackedLoRA, StackedLoRA
 from molora_runtime.model.packed_linear import pack_weight
 from tests.runtime.rt_util import (
     assert_same_generations,
@@ -26,9 +26,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _run(tiny_llama: Path, tiny_adapters: dict[str, Path], backend: StackedBackend) -> dict:
+def _run(tiny_llama: Path, tiny_adapters: dict[str, Path], backend: StackedLoRA) -> dict:
     engine = build_engine(tiny_llama, tiny_adapters, dtype="bfloat16", hot_set={"num_slots": 3})
-    assert isinstance(engine.hot_set.backend, StackedBackend)  # chosen at start, by timing
+    assert isinstance(engine.hot_set.backend, StackedLoRA)  # chosen at start, by timing
     engine.hot_set.backend = backend
     prompts = random_prompts(6, 256, [5, 9, 3, 12, 7, 4], seed=7)
     routes = ["a", "b", "c", "a:0.6,b:0.4", None, "c"]
@@ -43,8 +43,8 @@ def _run(tiny_llama: Path, tiny_adapters: dict[str, Path], backend: StackedBacke
 def test_packed_and_plain_lora_backends_serve_the_same_tokens(
     tiny_llama: Path, tiny_adapters: dict[str, Path]
 ) -> None:
-    packed = StackedBackend(packed=True)
+    packed = PackedLoRA()
     served = _run(tiny_llama, tiny_adapters, packed)
     assert packed._pairs, "the packed backend never built a packed slot range"
-    plain = _run(tiny_llama, tiny_adapters, StackedBackend(packed=False))
+    plain = _run(tiny_llama, tiny_adapters, StackedLoRA())
     assert_same_generations(served, plain, tolerance=0.05)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import cpu_panel_gemm, gemm_chooser
+from kernels import choice_cache, chooser, cpu_panel_gemm
 from kernels.cpu_extension_build import CACHE_ENV
 from kernels.cpu_panel_gemm import PanelWeight
 from molora_runtime.engine.types import SamplingParams
@@ -81,6 +81,7 @@ def test_cpu_engine_runs_on_panels_and_matches_the_plain_path(
     assert calls, "the CPU engine never ran the panel GEMM"
 
     monkeypatch.setenv(cpu_panel_gemm.SWITCH_ENV, "0")
+    packed_linear.CHOOSER.forget()  # the forced panel picks held for the process
     plain, model = _serve(tiny_llama, tiny_adapters, dtype)
     assert not any(isinstance(p, PanelWeight) for p in _base_packs(model))
     assert_same_generations(panel, plain, tolerance)
@@ -97,7 +98,7 @@ def test_cpu_engine_runs_each_shape_on_the_kind_measured_fastest(
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.delenv(packed_linear.GEMM_ENV, raising=False)
-    monkeypatch.setattr(packed_linear, "_chosen", {})
+    packed_linear.CHOOSER.forget()
     with caplog.at_level(logging.INFO):
         _, model = _serve(tiny_llama, tiny_adapters, dtype)
     weights = [*(m.weight for m in _base_modules(model)), model._head_weight()]
@@ -105,9 +106,9 @@ def test_cpu_engine_runs_each_shape_on_the_kind_measured_fastest(
     for i, (weight, packed) in enumerate(zip(weights, packs, strict=True)):
         rows = packed_linear.HEAD_ROWS if i == len(weights) - 1 else packed_linear.BASE_ROWS
         key = packed_linear.shape_key(weight, rows)
-        table = packed_linear.gemm_choice_cache.load(key)
+        table = choice_cache.load(key)
         assert table is not None, key
-        kind = gemm_chooser.pick(table, allowed=packed_linear.runnable_kinds(weight))
+        kind = chooser.pick(table, allowed=packed_linear.runnable_kinds(weight))
         expected = {"panel": PanelWeight, "onednn": torch.Tensor, "plain": type(None)}[kind]
         assert isinstance(packed, expected), (key, kind, type(packed))
         assert caplog.text.count(f"CPU GEMM for {key} (measured") == 1

@@ -16,7 +16,13 @@ import torch
 from kernels import cpu_topk_delta
 from kernels.cpu_topk_delta import GroupedDelta
 from molora_runtime.engine.types import SamplingParams
-from molora_runtime.model.lora_backend import StackedBackend
+from molora_runtime.model.cpu_lora import (
+    GroupedDeltas,
+    GroupedLoRA,
+    PackedLoRA,
+    StackedLoRA,
+)
+from molora_runtime.model.rank_pools import PooledBackend
 from molora_runtime.routes import LearnedRoute
 from tests.runtime.rt_util import (
     assert_same_generations,
@@ -48,9 +54,11 @@ def _serve(
     engine = factory(dtype="float32", **kwargs)
     backend = engine.hot_set.backend
     inner = getattr(backend, "inner", backend)  # rank pools wrap the engine's backend
-    assert isinstance(inner, StackedBackend)
+    assert isinstance(inner, StackedLoRA)
     assert inner.grouped, "a CPU engine where the kernel runs chooses it at start"
-    inner.grouped, inner.grouped_static = grouped, static
+    kernel = GroupedDeltas()
+    chosen = GroupedLoRA(kernel) if static else StackedLoRA(kernel if grouped else None)
+    engine.hot_set.backend = PooledBackend(chosen) if backend is not inner else chosen
     start = len(calls)  # the start-up timing of the backends calls the kernel too
     prompts = random_prompts(5, 256, [6, 11, 3, 8, 5], seed=11)
     sampling = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
@@ -86,10 +94,9 @@ def test_learned_routes_serve_the_same_tokens_on_the_kernel(
 
 def _logits(factory: Callable[..., Any], dtype: str, grouped: bool, route: Any) -> torch.Tensor:
     engine = factory(dtype=dtype, hot_set={"num_slots": 3})
-    backend = engine.hot_set.backend
     # learned tables on the kernel, or all on the packed stacked delta (whatever the start-up
     # timing chose: the comparison is between these two)
-    backend.grouped, backend.grouped_static, backend.packed = grouped, False, True
+    engine.hot_set.backend = PackedLoRA(GroupedDeltas() if grouped else None)
     prompt = random_prompts(1, 256, [24], seed=3)[0]
     return engine_prefill_logits(engine, route, prompt).float()
 

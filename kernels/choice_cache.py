@@ -1,10 +1,11 @@
-"""Measured GEMM tables kept on disk per machine kind, so a restart does not time them again.
+"""Measured choice tables kept on disk per machine kind, so a restart does not time them again.
 
 A table holds for one CPU model with one set of flags, one torch version and one thread count:
 those make the file's name (a hash) and are stored in it; any change starts a new file. The file
 lives in the kernel cache (private to the user, 0700) and is written whole and renamed into
-place. It only ranks candidates that all compute the same product, so a damaged or edited file
+place. It only ranks candidates that all compute the same result, so a damaged or edited file
 can at worst slow a shape down, never change a result; one that does not parse is measured anew.
+Every decision of `kernels.chooser` (GEMM, attention, LoRA) shares the one file, by shape key.
 """
 
 from __future__ import annotations
@@ -21,16 +22,19 @@ import torch
 from pydantic import BaseModel, ValidationError
 
 from kernels.cpu_extension_build import cache_root, private_dir
-from kernels.gemm_chooser import Table
 
 log = logging.getLogger(__name__)
+
+# candidate -> size (rows, batch, tokens) -> median seconds of one call
+Table = dict[str, dict[int, float]]
+FILE_PREFIX = "cpu-choices-"
 
 _lock = threading.Lock()
 
 
 class ChoiceFile(BaseModel):
     """The machine a file's tables hold for, and the tables: shape key -> candidate -> seconds
-    by row count."""
+    by size."""
 
     machine: dict[str, str]
     tables: dict[str, dict[str, dict[int, float]]] = {}
@@ -59,8 +63,9 @@ def machine() -> dict[str, str]:
 
 
 def path_for(fingerprint: dict[str, str]) -> Path:
+    """This machine kind's file in the kernel cache."""
     key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_root() / f"gemm-choices-{key}.json"
+    return cache_root() / f"{FILE_PREFIX}{key}.json"
 
 
 def _read(path: Path, fingerprint: dict[str, str]) -> ChoiceFile:
@@ -69,7 +74,7 @@ def _read(path: Path, fingerprint: dict[str, str]) -> ChoiceFile:
     except FileNotFoundError:
         return ChoiceFile(machine=fingerprint)
     except (OSError, ValidationError, ValueError) as exc:
-        log.warning("ignoring the unreadable GEMM choice file %s: %s", path, exc)
+        log.warning("ignoring the unreadable choice file %s: %s", path, exc)
         return ChoiceFile(machine=fingerprint)
     return found if found.machine == fingerprint else ChoiceFile(machine=fingerprint)
 
@@ -97,4 +102,4 @@ def store(key: str, table: Table) -> None:
                 f.write(current.model_dump_json(indent=1))
             os.replace(partial, path)
         except (OSError, RuntimeError) as exc:
-            log.warning("GEMM choice not cached: %s", exc)
+            log.warning("choice not cached: %s", exc)
