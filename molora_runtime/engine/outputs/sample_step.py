@@ -9,40 +9,21 @@ from functools import partial
 
 import torch
 
-from molora_runtime.engine.outputs.endings import Endings, Outputs
-from molora_runtime.engine.outputs.text_stream import TextStream
+from molora_runtime.engine.outputs.endings import Outputs
+from molora_runtime.engine.outputs.token_step import TokenStep
 from molora_runtime.engine.route_stats.attribution import attribution, attributions, slot_names
-from molora_runtime.engine.route_stats.gate_summary import GateSummaries
 from molora_runtime.engine.runner.step_batch import StepBatch
 from molora_runtime.engine.sampling.isolation import sample_isolated
 from molora_runtime.engine.sampling.logits_processing import sample_rows, take_rows
-from molora_runtime.engine.scheduling.scheduler import Scheduler
 from molora_runtime.engine.sequence import Sequence
 from molora_runtime.engine.types import TokenAttribution, TokenLogprob
-from molora_runtime.lora.hotset import HotSet
 from molora_runtime.model.lora_context import LoRAContext
 
 Picks = list[tuple[int, int]]  # (index into the sampled sequences, its token)
 
 
-class SampleStep:
+class SampleStep(TokenStep):
     """Samples, attributes and emits the batch's sampled rows, each sequence failing alone."""
-
-    def __init__(
-        self,
-        eos_ids: set[int],
-        hot_set: HotSet,
-        scheduler: Scheduler,
-        summaries: GateSummaries,
-        text: TextStream,
-        endings: Endings,
-    ) -> None:
-        self.eos_ids = eos_ids
-        self.hot_set = hot_set
-        self.scheduler = scheduler
-        self.summaries = summaries
-        self.text = text
-        self.endings = endings
 
     def run(
         self, batch: StepBatch, logits: torch.Tensor, ctx: LoRAContext | None, outputs: Outputs

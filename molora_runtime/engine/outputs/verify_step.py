@@ -10,6 +10,7 @@ import torch
 
 from molora_runtime.engine.outputs.endings import Endings, Outputs
 from molora_runtime.engine.outputs.text_stream import TextStream
+from molora_runtime.engine.outputs.token_step import TokenStep
 from molora_runtime.engine.route_stats.attribution import attribution, slot_names
 from molora_runtime.engine.route_stats.gate_summary import GateSummaries
 from molora_runtime.engine.sampling.logits_processing import verify_row
@@ -20,7 +21,7 @@ from molora_runtime.lora.hotset import HotSet
 from molora_runtime.model.lora_context import LoRAContext
 
 
-class VerifyStep:
+class VerifyStep(TokenStep):
     """Verifies every draft of one forward, each sequence failing alone."""
 
     def __init__(
@@ -33,13 +34,8 @@ class VerifyStep:
         text: TextStream,
         endings: Endings,
     ) -> None:
-        self.eos_ids = eos_ids
-        self.hot_set = hot_set
-        self.scheduler = scheduler
+        super().__init__(eos_ids, hot_set, scheduler, summaries, text, endings)
         self.drafter = drafter
-        self.summaries = summaries
-        self.text = text
-        self.endings = endings
 
     def run(
         self,
