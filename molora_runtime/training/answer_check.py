@@ -11,7 +11,6 @@ somewhere are run again. That keeps a check set large enough to resolve a 98% sh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,10 +19,8 @@ from molora_runtime.model.decoder import CausalLM
 from molora_runtime.training.batching import IGNORE
 from molora_runtime.training.data import Example, domain_examples
 from molora_runtime.training.experts import Gates, TrainableGates, learned_context
+from molora_runtime.training.grown_gates import GrownGates
 from molora_runtime.training.router import TokenBatch
-
-if TYPE_CHECKING:
-    from molora_runtime.training.grow import GrownGates
 
 # Shares of the quantile bound's bias shift tried, loosest first (1.0, the bound, always holds).
 RELAX_SCALES = (0.0, 0.25, 0.5, 0.625, 0.75, 0.875)

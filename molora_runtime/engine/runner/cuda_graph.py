@@ -10,16 +10,12 @@ static-shape step runs eagerly, which is how the tests prove it equals the dynam
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from molora_runtime.engine.runner.step_batch import StepBatch
+from molora_runtime.engine.runner.step_model import StepModel
 from molora_runtime.model.attention_meta import CacheAttention
 from molora_runtime.model.lora_context import LoRAContext
-
-if TYPE_CHECKING:  # the model runner builds the StepModel and then this runner over it
-    from molora_runtime.engine.runner.model_runner import StepModel
 
 
 def batch_buckets(max_batch: int) -> list[int]:

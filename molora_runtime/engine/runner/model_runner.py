@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +19,7 @@ from molora_runtime.delegate import Delegate
 from molora_runtime.engine.runner.cuda_graph import CudaGraphRunner
 from molora_runtime.engine.runner.kv_budget import kv_num_blocks
 from molora_runtime.engine.runner.step_batch import StepBatch
+from molora_runtime.engine.runner.step_model import StepModel
 from molora_runtime.engine.runner.step_result import StepResult
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.lora.routing import RouteSegment, build_lora_context
@@ -29,20 +29,6 @@ from molora_runtime.model.decoder import CausalLM
 from molora_runtime.model.lora_context import LoRAContext
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepModel:
-    """What a step runs on: the model, its paged KV cache, the hot-set (slot buffers, gate
-    table), the route table's width (adapters per token) and their device. The eager forward and
-    its CUDA-graph twin both take this one object, so the two always run the same model over the
-    same KV cache and slot buffers."""
-
-    model: CausalLM
-    kv: KVCache
-    hot_set: HotSet
-    width: int
-    device: torch.device
 
 
 class ModelRunner:
