@@ -28,6 +28,7 @@ from molora_runtime.engine.types import GenerationRequest, SamplingParams
 from molora_runtime.lora.composition import CompositionConfig, save_composition
 from molora_runtime.lora.routing import RouteSegment, build_lora_context
 from molora_runtime.lora.source import DirectorySource
+from molora_runtime.model.arch import load_arch
 from molora_runtime.model.attention_meta import step_attention
 from molora_runtime.model.model_paths import resolve_model_path
 
@@ -173,14 +174,13 @@ def main() -> None:
             max_num_batched_tokens=4096,
             hot_set=HotSetConfig(num_slots=4, max_rank=args.rank),
         )
-        engine = LLMEngine(config, DirectorySource(adapters, {}))
+        arch = load_arch(model_dir)
         comps = {
-            f"moe-top{k}": make_composition(
-                work, engine.arch.num_layers, engine.arch.hidden_size, k
-            )
+            f"moe-top{k}": make_composition(work, arch.num_layers, arch.hidden_size, k)
             for k in (1, 2)
         }
-        engine.hot_set.source = DirectorySource(adapters, comps)
+        # Compositions are served names from the start: the engine checks routes against them.
+        engine = LLMEngine(config, DirectorySource(adapters, comps))
         # Cases are interleaved round by round and each keeps the median step time, so a
         # neighbour's load on this shared machine spreads over all cases instead of one.
         cases = route_cases(engine.arch.vocab_size)
