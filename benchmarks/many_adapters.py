@@ -1,13 +1,14 @@
 """Many adapters at the endpoint, side by side: MoLoRA `serve run` vs vLLM's OpenAI server.
 
 The same folder of N PEFT adapters (SmolLM2-135M-Instruct, LoRA on q_proj/v_proj, rank 8, or
-ranks 8/16/64 mixed with `--ranks 8 16 64`: then MoLoRA's slots are rank pools in the bytes of vLLM's
-8 slots padded to rank 64) is what both servers serve: vLLM (`make vllm-env`,
-threads bound to every core) registers every folder with `--lora-modules` (`--max-loras 8
---max-cpu-loras 64`); MoLoRA runs as `make serve` runs it (the router serves HTTP) with 8 hot-set
-slots and the folder as a `peft:` store. One streaming client sends the same seeded trace to
-both: `--requests` chat requests of 64 tokens, greedy, `ignore_eos`, at concurrency `--concurrency`,
-each naming an adapter drawn Zipf(`--zipf`) over the N. Per cell: tok/s, TTFT p50/p99, ITL p99,
+ranks 8/16/64 mixed with `--ranks 8 16 64`: then MoLoRA's slots are rank pools in the bytes of
+vLLM's slots padded to rank 64) is what both servers serve: vLLM (`make vllm-env`, threads bound
+to every core) registers every folder with `--lora-modules` (`--max-loras 8 --max-cpu-loras 64`,
+`--max-loras` to change); MoLoRA runs as `make serve` runs it (the router serves HTTP; hot-set
+slots `auto`, on CPU two per sequence of a step, `--slots` to change) with the folder as a
+`peft:` store. One streaming client sends the same seeded trace to both: `--requests` chat
+requests of 64 tokens, greedy, `ignore_eos`, at concurrency `--concurrency`, each naming an
+adapter drawn Zipf(`--zipf`) over the N. Per cell: tok/s, TTFT p50/p99, ITL p99,
 CPU ms per output token of every server process, and for MoLoRA the adapter loads per request
 by tier (slot, host, disk, store) from its admin stats. Rounds run in reversed order every other
 round; the table pairs each side's best round.
@@ -125,29 +126,31 @@ def zipf_trace(n: int, requests: int, s: float, seed: int) -> list[str]:
 # ---- servers --------------------------------------------------------------------------------
 
 
-def hot_set(ranks: list[int]) -> dict[str, Any]:
-    """MoLoRA's hot-set: vLLM's `--max-loras` slots for one rank; for mixed ranks, rank pools in
-    the bytes vLLM's slots take padded to the largest rank (the same number of slots per rank)."""
+def hot_set(ranks: list[int], slots: int | str, max_loras: int) -> dict[str, Any]:
+    """MoLoRA's hot-set: `slots` (`auto`: as `make serve` sizes it) for one rank; for mixed
+    ranks, rank pools in the bytes vLLM's `max_loras` slots take padded to the largest rank (the
+    same number of slots per rank)."""
     if len(set(ranks)) == 1:
-        return {"num_slots": SLOTS, "max_rank": ranks[0]}
-    per_rank = SLOTS * max(ranks) // sum(set(ranks))
+        return {"num_slots": slots, "max_rank": ranks[0]}
+    per_rank = max_loras * max(ranks) // sum(set(ranks))
     return {"rank_pools": [{"rank": r, "slots": per_rank} for r in sorted(set(ranks))]}
 
 
-def molora_config(store: Path, dtype: str, ranks: list[int], path: Path) -> Path:
+def molora_config(store: Path, dtype: str, hot: dict[str, Any], path: Path) -> Path:
     """serve_config.yaml as `make serve` runs it, on the benchmark's limits and the peft store."""
     cfg = bench_config(max_num_seqs=MAX_NUM_SEQS, max_queue_len=512, dtype=dtype,
                        max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=1024)  # fmt: skip
     args = cfg["applications"][0]["args"]
-    args["engine"]["hot_set"] = hot_set(ranks)
+    args["engine"]["hot_set"] = hot
     args["store"] = {"url": f"peft:{store}", "cache_dir": str(path.parent / "molora-cache")}
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
-def vllm_args(store: Path, names: list[str], max_rank: int) -> tuple[str, ...]:
+def vllm_args(store: Path, names: list[str], max_rank: int, max_loras: int) -> tuple[str, ...]:
     modules = [f"{n}={store / n}" for n in names]
-    return ("--enable-lora", "--max-loras", str(SLOTS), "--max-cpu-loras", str(CPU_LORAS),
+    cpu_loras = max(CPU_LORAS, max_loras)
+    return ("--enable-lora", "--max-loras", str(max_loras), "--max-cpu-loras", str(cpu_loras),
             "--max-lora-rank", str(max_rank), "--lora-modules", *modules)  # fmt: skip
 
 
@@ -209,17 +212,19 @@ def drive(port: int, trace: list[str], conc: int, proc: Any, molora: bool) -> di
 
 
 def run_server(server: str, store: Path, names: list[str], trace: list[str], dtype: str,
-               ranks: list[int], conc: int, work: Path, vllm_python: Path) -> dict[str, Any]:  # fmt: skip
+               ranks: list[int], slots: int | str, max_loras: int, conc: int, work: Path,
+               vllm_python: Path) -> dict[str, Any]:  # fmt: skip
     """One server's cell: start on the store, time the trace, stop."""
     started = time.monotonic()
     log = work / f"{server}_{len(names)}_{dtype}.log"
     if server == "vllm":
         proc = start_vllm(vllm_python, resolve_model_path("smollm2-135m-instruct"), log,
                           VLLM_PORT, dtype=dtype, max_model_len=MAX_MODEL_LEN,
-                          max_num_seqs=MAX_NUM_SEQS, extra=vllm_args(store, names, max(ranks)))  # fmt: skip
+                          max_num_seqs=MAX_NUM_SEQS, extra=vllm_args(store, names, max(ranks), max_loras))  # fmt: skip
         port = VLLM_PORT
     else:
-        config = molora_config(store, dtype, ranks, work / f"molora_{dtype}.yaml")
+        hot = hot_set(ranks, slots, max_loras)
+        config = molora_config(store, dtype, hot, work / f"molora_{dtype}.yaml")
         proc = start_molora(config, log)
         port = MOLORA_PORT
     try:
@@ -258,6 +263,10 @@ def summarize(cells: list[dict[str, Any]]) -> list[str]:
                 f"{loads.get('slot_hit', '')} | {loads.get('store_fetches', '')} | {ratio} |"
             )
     return table
+
+
+def _slots(text: str) -> int | str:
+    return text if text == "auto" else int(text)
 
 
 def _s(ms: float | None) -> str:
@@ -299,6 +308,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--zipf", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--slots", type=_slots, default="auto",
+                    help="MoLoRA's hot_set.num_slots (default auto, as make serve sizes it)")  # fmt: skip
+    ap.add_argument("--max-loras", type=int, default=SLOTS, help="vLLM's --max-loras")
     ap.add_argument("--vllm-max-n", type=int, default=1000,
                     help="vLLM registers every adapter on its command line; above this N it "
                     "is skipped with that reason")  # fmt: skip
@@ -339,7 +351,8 @@ def main(argv: list[str] | None = None) -> None:
                     if server in cell["skipped"]:
                         continue
                     rows[server] = run_server(server, store, names, trace, dtype, args.ranks,
-                                              args.concurrency, work, vllm_python)  # fmt: skip
+                                              args.slots, args.max_loras, args.concurrency, work,
+                                              vllm_python)  # fmt: skip
                     print(json.dumps({"n": n, "dtype": dtype, "server": server, **rows[server]}),
                           flush=True)  # fmt: skip
                 cell["rounds"].append({"order": order, **rows})
@@ -365,10 +378,10 @@ def main(argv: list[str] | None = None) -> None:
                 "max_tokens": 64,
                 "sampling": "greedy, ignore_eos, streaming chat",
                 "trace": f"Zipf({args.zipf}) over N, seed {args.seed}",
-                "vllm": f"--max-loras {SLOTS} --max-cpu-loras {CPU_LORAS}, every adapter in "
-                "--lora-modules",
-                "molora": f"serve run as make serve runs it, hot set {hot_set(args.ranks)}, "
-                "peft: store",
+                "vllm": f"--max-loras {args.max_loras} --max-cpu-loras "
+                f"{max(CPU_LORAS, args.max_loras)}, every adapter in --lora-modules",
+                "molora": "serve run as make serve runs it, hot set "
+                f"{hot_set(args.ranks, args.slots, args.max_loras)}, peft: store",
             },
             "cells": cells,
             "table": table,

@@ -35,8 +35,17 @@ class RankPool(StrictModel):
 class HotSetConfig(StrictModel):
     """Static adapter slots kept on the device; sized once so the decode step can be captured."""
 
-    num_slots: int = Field(
-        8, ge=1, le=1024, description="adapter slots (slot 0, 'no adapter', is extra)"
+    num_slots: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        "auto",
+        description="adapter slots (slot 0, 'no adapter', is extra), the most adapters one "
+        "step serves; auto: on CPU, where the slots are host memory, two per sequence a step "
+        "runs (at least 8) within slot_bytes; on CUDA 8",
+    )
+    slot_bytes: ByteSize = Field(
+        2 * 2**30,
+        ge=0,
+        description="num_slots auto on CPU: the slot buffers stay within this many bytes; an "
+        "integer or e.g. '2GiB'",
     )
     max_rank: int = Field(16, ge=1, le=256, description="ranks are zero-padded up to this")
     rank_pools: list[RankPool] = Field(

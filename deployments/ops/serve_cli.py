@@ -96,7 +96,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="a prepared alias (e.g. smollm2-135m-instruct) or an HF folder")
     p.add_argument("--lora-modules", nargs="+", action=LoraModule, default={}, metavar="NAME=PATH")
     p.add_argument("--enable-lora", action="store_true", help="accepted for vLLM; always on")
-    p.add_argument("--max-loras", type=int, help="hot-set slots per replica (hot_set.num_slots)")
+    p.add_argument(
+        "--max-loras", type=int, help="hot-set slots per replica (hot_set.num_slots; default auto)"
+    )
     p.add_argument("--max-lora-rank", type=int, help="largest adapter rank (hot_set.max_rank)")
     p.add_argument(
         "--lora-rank-pools",
