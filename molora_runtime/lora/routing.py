@@ -99,7 +99,8 @@ def build_lora_context(
     used = set(host_slots[host_slots > 0].tolist())
     for r in rows:
         used.update(r.experts)
-    ctx.lora_layers = hot_set.slots.layers_of(used)
+    ctx.lora_cells = hot_set.slots.cells_of(used)
+    ctx.lora_layers = frozenset(layer for _, layer in ctx.lora_cells)
     if hot_set.backend.stacked:
         ctx.stacked_slots = stacked_range(used)
     plans = {r.plan for r in rows if r.plan is not None}

@@ -102,13 +102,19 @@ class SlotBufferSet:
             rows = pool.slots + 1 - base
             part = PoolBuffers(model, targets, pool.rank, rows, base, stacked, dtype, device)
             self.parts.append(part)
+        # module -> ids of the buffers objects its layers hand the backend (`LoRAContext.add_lora`)
+        self._callers: dict[str, set[int]] = {}
         for linear in model.lora_linears():
             linear.lora = self._attach([p.buffers.get(linear.name) for p in self.parts])
+            if linear.lora is not None:
+                self._callers.setdefault(linear.name, set()).add(id(linear.lora))
         for fused in model.fused_groups():
             fused.lora = self._attach([p.groups.get(fused.names) for p in self.parts])
+            for name in fused.names if fused.lora is not None else ():
+                self._callers.setdefault(name, set()).add(id(fused.lora))
         self.total_slots = config.num_slots + 1  # incl. the zero slot
-        # slot -> layers any of its modules holds weights for (an unlisted slot holds none)
-        self._layers: dict[int, frozenset[int]] = {}
+        # slot -> (buffers id, layer) cells it holds weights for (an unlisted slot holds none)
+        self._cells: dict[int, frozenset[tuple[int, int]]] = {}
         log.info(
             "LoRA slots: %s, %.1f MB",
             ", ".join(f"{p.slots} x rank {p.rank}" for p in self.pools),
@@ -160,7 +166,7 @@ class SlotBufferSet:
         all-zero and the load fails with the reason."""
         pool, part = self.pool_of(slot)
         row = pool.local(slot) - part.slot_base
-        self._layers.pop(slot, None)
+        self._cells.pop(slot, None)
         with torch.no_grad():
             try:
                 for module, buf in part.buffers.items():
@@ -178,17 +184,21 @@ class SlotBufferSet:
             except AdapterLoadError:
                 self.clear(slot)
                 raise
-        self._layers[slot] = frozenset(
-            layer for module in part.buffers for layer in weights.modules.get(module, {})
+        self._cells[slot] = frozenset(
+            (caller, layer)
+            for module in part.buffers
+            for layer in weights.modules.get(module, {})
+            for caller in self._callers.get(module, ())
         )
 
-    def layers_of(self, slots: Iterable[int]) -> frozenset[int]:
-        """Layers where at least one of `slots` holds weights: elsewhere their delta is 0."""
-        return frozenset().union(*(self._layers.get(s, frozenset()) for s in slots))
+    def cells_of(self, slots: Iterable[int]) -> frozenset[tuple[int, int]]:
+        """(buffers id, layer) cells where at least one of `slots` holds weights: elsewhere
+        their delta is exactly 0 (an adapter on q/v leaves the MLP's projections alone)."""
+        return frozenset().union(*(self._cells.get(s, frozenset()) for s in slots))
 
     def clear(self, slot: int) -> None:
         pool, part = self.pool_of(slot)
-        self._layers.pop(slot, None)
+        self._cells.pop(slot, None)
         with torch.no_grad():
             for buf in part.buffers.values():
                 buf.clear_slot(pool.local(slot) - part.slot_base)

@@ -70,6 +70,9 @@ class LoRAContext:
     # layers where some slot this step can touch holds weights (None: every layer); elsewhere
     # every delta is exactly 0, so no projection computes one
     lora_layers: frozenset[int] | None = None
+    # (buffers id, layer) cells some slot this step can touch holds weights for (None: every
+    # cell); a projection whose cell is not here adds exactly 0, so it computes nothing
+    lora_cells: frozenset[tuple[int, int]] | None = None
     # every learned token on one composition (host-known): the layer's gate takes the fast path
     learned_plan: LearnedPlan | None = None
     gated: bool = False  # a learned gate writes rows of this table (kept by a rank pool's view)
@@ -93,6 +96,8 @@ class LoRAContext:
     def add_lora(self, y: torch.Tensor, x: torch.Tensor, buffers: Any, layer: int) -> torch.Tensor:
         """`y` plus the routed delta of `x` over `buffers` (in place where autograd allows)."""
         if self.lora_layers is not None and layer not in self.lora_layers:
+            return y
+        if self.lora_cells is not None and (id(buffers), layer) not in self.lora_cells:
             return y
         assert self.backend is not None, "a serving or training context names its backend"
         return self.backend.add(y, x, buffers, layer, self)

@@ -174,3 +174,56 @@ def test_layer_subset_adapter_equals_peft_and_skips_idle_layers(
     both = [*alone, RouteSegment(SingleRoute(adapter="a"), torch.tensor([7]))]
     ctx = build_lora_context(both, hot_set, 2, torch.device("cpu"))
     assert ctx is not None and ctx.lora_layers == frozenset({0, 1})
+
+
+def test_module_subset_adapter_equals_peft_and_skips_untargeted_projections(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """An adapter on q/v only beside one on every module: PEFT's tokens, and a step touching
+    only the first makes no backend call for the projections it leaves alone (the MLP, o, k)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from molora_runtime.lora.routing import RouteSegment, build_lora_context
+    from molora_runtime.routes import SingleRoute
+    from tests.runtime.rt_util import build_engine, make_peft_adapter
+
+    folder = make_peft_adapter(
+        tiny_llama, tmp_path / "qv", r=4, alpha=8, seed=23, target_modules=["q_proj", "v_proj"]
+    )
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    pm = PeftModel.from_pretrained(base, str(folder), adapter_name="qv")
+    pm.load_adapter(str(tiny_adapters["a"]), adapter_name="a")
+    pm.eval()
+    engine = build_engine(tiny_llama, {"qv": folder, "a": tiny_adapters["a"]})
+    routes = ["qv", "a", None, "qv"]
+    prompts = random_prompts(len(routes), 256, [8], seed=23)
+    expected = peft_tokens(pm, prompts, [r or BASE for r in routes], 10, None)
+    got = run_to_completion(
+        engine,
+        [request(f"q{i}", p, r, 10) for i, (p, r) in enumerate(zip(prompts, routes, strict=True))],
+    )
+    for i, route in enumerate(routes):
+        assert got[f"q{i}"]["tokens"] == expected[i], f"route {route}"
+
+    qv_only = [RouteSegment(SingleRoute(adapter="qv"), torch.tensor([5, 6]))]
+    ctx = build_lora_context(qv_only, engine.hot_set, 2, torch.device("cpu"))
+    both = [*qv_only, RouteSegment(SingleRoute(adapter="a"), torch.tensor([7]))]
+    wide = build_lora_context(both, engine.hot_set, 2, torch.device("cpu"))
+    assert ctx is not None and ctx.lora_cells is not None
+    assert wide is not None and wide.lora_cells is not None
+    assert ctx.lora_cells < wide.lora_cells  # the q/v adapter's cells: a strict subset
+    callers = [m.lora for m in [*engine.model.lora_linears(), *engine.model.fused_groups()]]
+    called: list[int] = []
+
+    class Counting:
+        def add(self, y, x, buffers, layer, c):
+            called.append(id(buffers))
+            return y
+
+    ctx.backend = Counting()
+    for layer in range(engine.model.arch.num_layers):
+        for buffers in {id(b): b for b in callers if b is not None}.values():
+            ctx.add_lora(torch.zeros(2, 4), torch.ones(2, 4), buffers, layer)
+    assert called and len(called) == len(ctx.lora_cells)
+    assert len(ctx.lora_cells) < len(wide.lora_cells)
