@@ -5,10 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from adapter_store.versions import open_registry
 from deployments.config import ServeConfig
+from molora_runtime.lora.slot_sizing import sized
+from molora_runtime.model.arch import load_arch
+from molora_runtime.model.model_paths import resolve_model_path
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "deployments" / "default_store"
@@ -36,14 +40,18 @@ def test_every_version_verifies_and_fits_the_shipped_hot_set() -> None:
     composition = registry.latest("composition", "molora")
     assert registry.verify(composition) == []
     assert set(composition.adapters) <= set(adapters), "composition pins a missing adapter"
-    assert len(composition.adapters) <= hot_set.num_slots
+    engine = shipped_config().engine
+    arch = load_arch(resolve_model_path(engine.model))
+    # fp32: the most bytes a slot can take, so the fewest slots `auto` can mean here
+    slots = sized(hot_set, arch, torch.float32, engine.device, engine.max_num_seqs).num_slots
+    assert isinstance(slots, int) and len(composition.adapters) <= slots
     # every named route of the shipped config pins stored adapters and fits the hot set
     routes = shipped_config().expose.routes
     assert "digits" in routes
     for name, route in routes.items():
         refs = route.adapters()
         assert set(refs) <= set(adapters), f"route {name} pins a missing adapter"
-        assert len(refs) <= hot_set.num_slots
+        assert len(refs) <= slots
 
 
 def test_learned_composition_answers_a_mixed_request() -> None:
