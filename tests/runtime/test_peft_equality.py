@@ -134,28 +134,23 @@ def test_regex_rank_and_alpha_patterns_equal_peft(tiny_llama: Path, tmp_path: Pa
     assert got["x"]["tokens"] == peft_tokens(pm, [prompt], ["rx"], 8, None)[0]
 
 
-def test_layer_subset_adapter_equals_peft_and_skips_idle_layers(
-    tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path
-) -> None:
-    """An adapter trained on layer 1 only (`layers_to_transform`) beside one on every layer and
-    the base model: PEFT's tokens, and a step touching only the first adds no delta on layer 0."""
+def _subset_engine_equals_peft(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], name: str, folder: Path, seed: int
+):
+    """An engine serving `folder` as `name` beside the all-module adapter `a`, checked to give
+    PEFT's tokens on `name`, `a` and the base model, mixed in one batch."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from molora_runtime.lora.routing import RouteSegment, build_lora_context
-    from molora_runtime.routes import SingleRoute
-    from tests.runtime.rt_util import build_engine, make_peft_adapter
+    from tests.runtime.rt_util import build_engine
 
-    folder = make_peft_adapter(
-        tiny_llama, tmp_path / "l1", r=4, alpha=8, seed=21, layers_to_transform=[1]
-    )
     base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
-    pm = PeftModel.from_pretrained(base, str(folder), adapter_name="l1")
+    pm = PeftModel.from_pretrained(base, str(folder), adapter_name=name)
     pm.load_adapter(str(tiny_adapters["a"]), adapter_name="a")
     pm.eval()
-    engine = build_engine(tiny_llama, {"l1": folder, "a": tiny_adapters["a"]})
-    routes = ["l1", "a", None, "l1"]
-    prompts = random_prompts(len(routes), 256, [8], seed=21)
+    engine = build_engine(tiny_llama, {name: folder, "a": tiny_adapters["a"]})
+    routes = [name, "a", None, name]
+    prompts = random_prompts(len(routes), 256, [8], seed=seed)
     expected = peft_tokens(pm, prompts, [r or BASE for r in routes], 10, None)
     got = run_to_completion(
         engine,
@@ -164,6 +159,22 @@ def test_layer_subset_adapter_equals_peft_and_skips_idle_layers(
     for i, route in enumerate(routes):
         assert got[f"q{i}"]["tokens"] == expected[i], f"route {route}"
     assert expected[0] != peft_tokens(pm, [prompts[0]], [BASE], 10, None)[0]
+    return engine
+
+
+def test_layer_subset_adapter_equals_peft_and_skips_idle_layers(
+    tiny_llama: Path, tiny_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """An adapter trained on layer 1 only (`layers_to_transform`) beside one on every layer and
+    the base model: PEFT's tokens, and a step touching only the first adds no delta on layer 0."""
+    from molora_runtime.lora.routing import RouteSegment, build_lora_context
+    from molora_runtime.routes import SingleRoute
+    from tests.runtime.rt_util import make_peft_adapter
+
+    folder = make_peft_adapter(
+        tiny_llama, tmp_path / "l1", r=4, alpha=8, seed=21, layers_to_transform=[1]
+    )
+    engine = _subset_engine_equals_peft(tiny_llama, tiny_adapters, "l1", folder, seed=21)
 
     hot_set = engine.hot_set
     alone = [RouteSegment(SingleRoute(adapter="l1"), torch.tensor([5, 6]))]
@@ -181,30 +192,14 @@ def test_module_subset_adapter_equals_peft_and_skips_untargeted_projections(
 ) -> None:
     """An adapter on q/v only beside one on every module: PEFT's tokens, and a step touching
     only the first makes no backend call for the projections it leaves alone (the MLP, o, k)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     from molora_runtime.lora.routing import RouteSegment, build_lora_context
     from molora_runtime.routes import SingleRoute
-    from tests.runtime.rt_util import build_engine, make_peft_adapter
+    from tests.runtime.rt_util import make_peft_adapter
 
     folder = make_peft_adapter(
         tiny_llama, tmp_path / "qv", r=4, alpha=8, seed=23, target_modules=["q_proj", "v_proj"]
     )
-    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
-    pm = PeftModel.from_pretrained(base, str(folder), adapter_name="qv")
-    pm.load_adapter(str(tiny_adapters["a"]), adapter_name="a")
-    pm.eval()
-    engine = build_engine(tiny_llama, {"qv": folder, "a": tiny_adapters["a"]})
-    routes = ["qv", "a", None, "qv"]
-    prompts = random_prompts(len(routes), 256, [8], seed=23)
-    expected = peft_tokens(pm, prompts, [r or BASE for r in routes], 10, None)
-    got = run_to_completion(
-        engine,
-        [request(f"q{i}", p, r, 10) for i, (p, r) in enumerate(zip(prompts, routes, strict=True))],
-    )
-    for i, route in enumerate(routes):
-        assert got[f"q{i}"]["tokens"] == expected[i], f"route {route}"
+    engine = _subset_engine_equals_peft(tiny_llama, tiny_adapters, "qv", folder, seed=23)
 
     qv_only = [RouteSegment(SingleRoute(adapter="qv"), torch.tensor([5, 6]))]
     ctx = build_lora_context(qv_only, engine.hot_set, 2, torch.device("cpu"))
