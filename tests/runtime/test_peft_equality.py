@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from molora_runtime.engine.engine import LLMEngine
 from tests.runtime.rt_util import random_prompts, request, run_to_completion
 
 BASE = "__base__"
@@ -136,7 +137,7 @@ def test_regex_rank_and_alpha_patterns_equal_peft(tiny_llama: Path, tmp_path: Pa
 
 def _subset_engine_equals_peft(
     tiny_llama: Path, tiny_adapters: dict[str, Path], name: str, folder: Path, seed: int
-):
+) -> LLMEngine:
     """An engine serving `folder` as `name` beside the all-module adapter `a`, checked to give
     PEFT's tokens on `name`, `a` and the base model, mixed in one batch."""
     from peft import PeftModel
