@@ -59,7 +59,9 @@ def hotset_factory() -> Callable[[AdapterStoreSource], HotSet]:
     """A builder of real HotSets on the 135M model (empty slots: every load is real)."""
     model = load_model(model_dir())
     config = HotSetConfig(num_slots=2, max_rank=16, target_modules=TARGETS, host_bytes=0)
-    return lambda source: HotSet(model, config, source, torch.device("cpu"), torch.float32)
+    return lambda source: HotSet(
+        model, config, source, torch.device("cpu"), torch.float32, max_num_seqs=1
+    )
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from molora_runtime.lora.peft_adapter import AdapterWeights
 from molora_runtime.lora.pinned_lru import PinnedLRU
 from molora_runtime.lora.rank_placement import adapter_rank, fits_at_once, fitting, pool_occupancy
 from molora_runtime.lora.slot_set import SlotBufferSet
-from molora_runtime.lora.slot_sizing import MIN_CPU_SLOTS, sized
+from molora_runtime.lora.slot_sizing import sized
 from molora_runtime.lora.source import AdapterSource
 from molora_runtime.lora.tiers import Residency, StageTimes, TierCounts, TierReport, residency_view
 from molora_runtime.model.arch import ModelArch
@@ -54,7 +54,8 @@ class HotSet:
         device: torch.device,
         dtype: torch.dtype,
         served_names: list[str] | None = None,
-        max_num_seqs: int = MIN_CPU_SLOTS,
+        *,
+        max_num_seqs: int,
     ) -> None:
         """`max_num_seqs`: the sequences one step runs, what `num_slots: auto` sizes for."""
         self.arch: ModelArch = model.arch

@@ -115,6 +115,8 @@ class SlotBufferSet:
         self.total_slots = config.num_slots + 1  # incl. the zero slot
         # slot -> (buffers id, layer) cells it holds weights for (an unlisted slot holds none)
         self._cells: dict[int, frozenset[tuple[int, int]]] = {}
+        # `cells_of` per set of slots, until a slot changes (decode steps repeat their set)
+        self._union: dict[frozenset[int], frozenset[tuple[int, int]]] = {}
         log.info(
             "LoRA slots: %s, %.1f MB",
             ", ".join(f"{p.slots} x rank {p.rank}" for p in self.pools),
@@ -166,7 +168,7 @@ class SlotBufferSet:
         all-zero and the load fails with the reason."""
         pool, part = self.pool_of(slot)
         row = pool.local(slot) - part.slot_base
-        self._cells.pop(slot, None)
+        self._forget(slot)
         with torch.no_grad():
             try:
                 for module, buf in part.buffers.items():
@@ -184,6 +186,7 @@ class SlotBufferSet:
             except AdapterLoadError:
                 self.clear(slot)
                 raise
+        self._union.clear()
         self._cells[slot] = frozenset(
             (caller, layer)
             for module in part.buffers
@@ -194,11 +197,20 @@ class SlotBufferSet:
     def cells_of(self, slots: Iterable[int]) -> frozenset[tuple[int, int]]:
         """(buffers id, layer) cells where at least one of `slots` holds weights: elsewhere
         their delta is exactly 0 (an adapter on q/v leaves the MLP's projections alone)."""
-        return frozenset().union(*(self._cells.get(s, frozenset()) for s in slots))
+        key = frozenset(slots)
+        cells = self._union.get(key)
+        if cells is None:
+            cells = frozenset().union(*(self._cells.get(s, frozenset()) for s in key))
+            self._union[key] = cells
+        return cells
+
+    def _forget(self, slot: int) -> None:
+        self._cells.pop(slot, None)
+        self._union.clear()
 
     def clear(self, slot: int) -> None:
         pool, part = self.pool_of(slot)
-        self._cells.pop(slot, None)
+        self._forget(slot)
         with torch.no_grad():
             for buf in part.buffers.values():
                 buf.clear_slot(pool.local(slot) - part.slot_base)

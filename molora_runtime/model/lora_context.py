@@ -95,9 +95,10 @@ class LoRAContext:
 
     def add_lora(self, y: torch.Tensor, x: torch.Tensor, buffers: Any, layer: int) -> torch.Tensor:
         """`y` plus the routed delta of `x` over `buffers` (in place where autograd allows)."""
-        if self.lora_layers is not None and layer not in self.lora_layers:
-            return y
-        if self.lora_cells is not None and (id(buffers), layer) not in self.lora_cells:
+        if self.lora_cells is not None:
+            if (id(buffers), layer) not in self.lora_cells:
+                return y
+        elif self.lora_layers is not None and layer not in self.lora_layers:
             return y
         assert self.backend is not None, "a serving or training context names its backend"
         return self.backend.add(y, x, buffers, layer, self)

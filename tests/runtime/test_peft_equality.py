@@ -223,3 +223,9 @@ def test_module_subset_adapter_equals_peft_and_skips_untargeted_projections(
             ctx.add_lora(torch.zeros(2, 4), torch.ones(2, 4), buffers, layer)
     assert called and len(called) == len(ctx.lora_cells)
     assert len(ctx.lora_cells) < len(wide.lora_cells)
+    # a slot cleared after its cells were asked for holds none (the step's union is not kept)
+    slots = engine.hot_set.slots
+    qv_slot = int(ctx.slot_ids[0, 0])
+    assert slots.cells_of({qv_slot}) == ctx.lora_cells
+    slots.clear(qv_slot)
+    assert slots.cells_of({qv_slot}) == frozenset()

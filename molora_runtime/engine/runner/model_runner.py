@@ -58,8 +58,9 @@ class ModelRunner:
         kv = KVCache(arch.num_layers, blocks, bs, arch.num_kv_heads, arch.head_dim, dtype, device)
         self.max_seq_len = min(max_model_len, blocks * bs)  # one sequence's reach
         hot_set = HotSet(
-            model, config.hot_set, source, device, dtype, served_names, config.max_num_seqs
-        )
+            model, config.hot_set, source, device, dtype, served_names,
+            max_num_seqs=config.max_num_seqs,
+        )  # fmt: skip
         self.step = StepModel(model, kv, hot_set, config.hot_set.max_adapters_per_token, device)
         self.graph_runner: CudaGraphRunner | None = None
         if config.enable_cuda_graph and device.type == "cuda":
