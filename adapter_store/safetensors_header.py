@@ -43,81 +43,88 @@ def _looks_pickled(head: bytes) -> bool:
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """Tensor name → info; raises InvalidInputError naming the file and the defect."""
-    size = path.stat().st_size
     with path.open("rb") as fh:
-        head = fh.read(9)
-        fh.seek(8)
-        if _looks_pickled(head):
-            raise InvalidInputError(
-                f"{path.name} is a pickle/torch.save file, not safetensors: pickles are refused"
-            )
-        if len(head) < 8:
-            raise InvalidInputError(f"{path.name} is not a safetensors file (too short)")
-        (n,) = struct.unpack("<Q", head[:8])
-        if n > MAX_HEADER_BYTES or 8 + n > size:
-            raise InvalidInputError(
-                f"{path.name} is not a valid safetensors file (bad header size)"
-            )
-        try:
-            raw = json.loads(fh.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidInputError(f"{path.name}: safetensors header is not JSON: {exc}") from exc
+        return read_header_from(fh, path.name, path.stat().st_size)
+
+
+def read_header_from(fh: BinaryIO, name: str, size: int) -> dict[str, TensorInfo]:
+    """`read_header` over an open file (or bytes in memory) of `size` bytes called `name`."""
+    fh.seek(0)
+    head = fh.read(9)
+    fh.seek(8)
+    if _looks_pickled(head):
+        raise InvalidInputError(
+            f"{name} is a pickle/torch.save file, not safetensors: pickles are refused"
+        )
+    if len(head) < 8:
+        raise InvalidInputError(f"{name} is not a safetensors file (too short)")
+    (n,) = struct.unpack("<Q", head[:8])
+    if n > MAX_HEADER_BYTES or 8 + n > size:
+        raise InvalidInputError(f"{name} is not a valid safetensors file (bad header size)")
+    try:
+        raw = json.loads(fh.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInputError(f"{name}: safetensors header is not JSON: {exc}") from exc
     if not isinstance(raw, dict):
-        raise InvalidInputError(f"{path.name}: safetensors header is not an object")
+        raise InvalidInputError(f"{name}: safetensors header is not an object")
     raw.pop("__metadata__", None)
     tensors: dict[str, TensorInfo] = {}
     data_len = size - 8 - n
-    for name, info in raw.items():
+    for key, info in raw.items():
         try:
             t = TensorInfo.model_validate(info)
         except ValueError as exc:
-            raise InvalidInputError(f"{path.name}: bad header entry for {name!r}: {exc}") from exc
+            raise InvalidInputError(f"{name}: bad header entry for {key!r}: {exc}") from exc
         begin, end = t.data_offsets
         if t.dtype not in DTYPE_BYTES:
-            raise InvalidInputError(f"{path.name}: tensor {name!r} has unknown dtype {t.dtype}")
+            raise InvalidInputError(f"{name}: tensor {key!r} has unknown dtype {t.dtype}")
         nbytes = math.prod(t.shape) * DTYPE_BYTES[t.dtype]
         if not 0 <= begin <= end <= data_len or end - begin != nbytes:
             raise InvalidInputError(
-                f"{path.name}: tensor {name!r} lies outside the file or has the wrong byte size "
+                f"{name}: tensor {key!r} lies outside the file or has the wrong byte size "
                 "(truncated or corrupted file?)"
             )
-        tensors[name] = t
-    _check_disjoint(path, tensors)
+        tensors[key] = t
+    _check_disjoint(name, tensors)
     return tensors
 
 
-def _check_disjoint(path: Path, tensors: dict[str, TensorInfo]) -> None:
+def _check_disjoint(name: str, tensors: dict[str, TensorInfo]) -> None:
     """No two tensors may share bytes: one write would change the other."""
-    spans = sorted((t.data_offsets, name) for name, t in tensors.items())
+    spans = sorted((t.data_offsets, key) for key, t in tensors.items())
     reach, holder = 0, ""
-    for (begin, end), name in spans:
+    for (begin, end), key in spans:
         if begin == end:
             continue
         if begin < reach:
             raise InvalidInputError(
-                f"{path.name}: tensors {holder!r} and {name!r} overlap in the file (byte "
+                f"{name}: tensors {holder!r} and {key!r} overlap in the file (byte "
                 "ranges must be disjoint)"
             )
-        reach, holder = end, name
+        reach, holder = end, key
 
 
-def max_abs_values(path: Path) -> dict[str, float]:
-    """Largest |value| of each float tensor of `path` (NaN or Inf give a non-finite entry); the
-    file is opened once, each tensor read at its offset."""
-    header = read_header(path)
+def max_abs_values_from(
+    fh: BinaryIO, name: str, size: int, header: dict[str, TensorInfo] | None = None
+) -> dict[str, float]:
+    """Largest |value| of each float tensor (NaN or Inf give a non-finite entry) of an open file
+    (or bytes in memory) of `size` bytes called `name`, whose header the caller may have read
+    already; each tensor is read at its offset."""
+    if header is None:
+        header = read_header_from(fh, name, size)
+    fh.seek(0)
+    (n,) = struct.unpack("<Q", fh.read(8))
     out: dict[str, float] = {}
-    with path.open("rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        for name, info in header.items():
-            if info.dtype not in FLOAT_DTYPES:
-                continue
-            arr = _float_view(fh, 8 + n, info)
-            if arr.size == 0:
-                out[name] = 0.0
-            elif not np.isfinite(arr).all():
-                out[name] = float("inf")
-            else:
-                out[name] = float(np.abs(arr).max())
+    for key, info in header.items():
+        if info.dtype not in FLOAT_DTYPES:
+            continue
+        arr = _float_view(fh, 8 + n, info)
+        if arr.size == 0:
+            out[key] = 0.0
+        elif not np.isfinite(arr).all():
+            out[key] = float("inf")
+        else:
+            out[key] = float(np.abs(arr).max())
     return out
 
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel
 
@@ -22,7 +22,12 @@ from adapter_store.errors import InvalidInputError, RuleError
 from adapter_store.layout import MANIFEST
 from adapter_store.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, json_depth
 from adapter_store.peft_config import ADAPTER_CONFIG, ADAPTER_WEIGHTS, PICKLE_SUFFIXES
-from adapter_store.safetensors_header import max_abs_values, nonfinite_tensors, read_header
+from adapter_store.safetensors_header import (
+    max_abs_values_from,
+    nonfinite_tensors,
+    read_header,
+    read_header_from,
+)
 
 README = "README.md"
 DEFAULT_MAX_BYTES = 2 * 1024**3
@@ -122,15 +127,28 @@ def validate_adapter(
     saying what and where."""
     folder = Path(folder)
     files = _check_files(folder, [ADAPTER_CONFIG, ADAPTER_WEIGHTS], [README], max_bytes)
+    weights = folder / ADAPTER_WEIGHTS
+    with weights.open("rb") as fh:
+        info = check_adapter_contents(
+            (folder / ADAPTER_CONFIG).read_bytes(), fh, weights.stat().st_size, base_config
+        )
+    return info.model_copy(update={"files": files})
+
+
+def check_adapter_contents(
+    config: bytes, weights: BinaryIO, weights_size: int, base_config: dict[str, Any] | None = None
+) -> AdapterInfo:
+    """The rulebook over an adapter's `adapter_config.json` bytes and its weights file (open,
+    or in memory), for a caller that has read the files once already; `files` is left empty."""
     try:
-        cfg = peft_config.read_peft_config_text((folder / ADAPTER_CONFIG).read_text())
-        header = read_header(folder / ADAPTER_WEIGHTS)
+        cfg = peft_config.read_peft_config_text(config.decode())
+        header = read_header_from(weights, ADAPTER_WEIGHTS, weights_size)
         entries = [rules.TensorEntry(k, t.dtype, tuple(t.shape)) for k, t in header.items()]
         base = base_model.base_shapes(base_config) if base_config is not None else None
         plan = rules.check_adapter(cfg, entries, base)
     except (RuleError, UnicodeDecodeError) as exc:
         raise InvalidInputError(str(exc)) from exc
-    peaks = max_abs_values(folder / ADAPTER_WEIGHTS)
+    peaks = max_abs_values_from(weights, ADAPTER_WEIGHTS, weights_size, header)
     try:
         for key_a, key_b, _, scale in plan.pairs.values():
             rules.check_values(key_a, peaks[key_a])
@@ -138,7 +156,7 @@ def validate_adapter(
     except RuleError as exc:
         raise InvalidInputError(f"{ADAPTER_WEIGHTS}: {exc}") from None
     return AdapterInfo(
-        files=files,
+        files=[],
         base_model=cfg.base_model_name_or_path,
         base_model_fingerprint=config_fingerprint(base_config) if base_config is not None else None,
         base_model_identity=base_model.base_identity(base_config)

@@ -126,6 +126,14 @@ class StoreConfig(StrictModel):
         "or e.g. '10GiB'",
     )
     refresh_s: float = Field(10.0, gt=0, description="how long the ingress caches the registry")
+    reload_share: float = Field(
+        0.02,
+        gt=0,
+        le=1,
+        description="the most of one core a router's background catalog reload may take: a "
+        "store whose listing takes longer than refresh_s x this is re-listed less often "
+        "(changes made through the API apply at once either way)",
+    )
 
     @field_validator("url")
     @classmethod

@@ -30,6 +30,7 @@ class LocalBackend:
     def __init__(self, root: str | Path, *, create: bool = False) -> None:
         self.root = Path(root).expanduser().absolute()
         self.url = str(self.root)
+        self._inside = os.path.join(self.url, "")
         if create:
             self.root.mkdir(parents=True, exist_ok=True)
 
@@ -38,10 +39,10 @@ class LocalBackend:
             raise StoreUnavailableError(f"store directory {self.root} does not exist")
 
     def _path(self, key: str) -> Path:
-        path = (self.root / key).absolute()
-        if ".." in Path(key).parts or not path.is_relative_to(self.root):
+        joined = os.path.join(self.url, key)
+        if ".." in key.split("/") or not (joined == self.url or joined.startswith(self._inside)):
             raise InvalidInputError(f"key {key!r} escapes the store root")
-        return path
+        return Path(joined)
 
     def read_bytes(self, key: str) -> bytes:
         self._check_root()
@@ -137,21 +138,20 @@ class LocalBackend:
         """Files directly under `prefix` (a folder key ending in '/'), by name, from `lstat`."""
         self._check_root()
         base = self._path(prefix)
-        if base.is_symlink() or not base.is_dir():
+        return {} if base.is_symlink() else _files_in(base)
+
+    def list_folder_stats(self, prefix: str) -> dict[str, dict[str, ObjectStat]]:
+        """`list_stats` of every folder directly under `prefix`, by folder name (a symlinked
+        folder is left out)."""
+        self._check_root()
+        base = self._path(prefix)
+        try:
+            entries = os.scandir(base)
+        except (FileNotFoundError, NotADirectoryError):
             return {}
-        out = {}
-        for path in base.iterdir():
-            info = path.lstat()
-            if stat.S_ISDIR(info.st_mode) or path.name.startswith(".tmp-"):
-                continue
-            plain = stat.S_ISREG(info.st_mode) and info.st_nlink == 1
-            out[path.name] = ObjectStat(
-                size=info.st_size,
-                tag=f"{info.st_ino}-{info.st_mtime_ns}-{info.st_size}",
-                modified=datetime.fromtimestamp(info.st_mtime, UTC),
-                plain=plain,
-            )
-        return out
+        with entries:
+            folders = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+        return {name: _files_in(base / name) for name in folders}
 
     def exists(self, key: str) -> bool:
         self._check_root()
@@ -172,3 +172,30 @@ class LocalBackend:
 
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
+
+
+def _files_in(folder: Path) -> dict[str, ObjectStat]:
+    """The files directly in `folder` by name, one `scandir` (a catalog reload lists every
+    folder of a store)."""
+    out = {}
+    try:
+        entries = os.scandir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    with entries:
+        for entry in entries:
+            if entry.name.startswith(".tmp-"):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed while listed
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            out[entry.name] = ObjectStat(
+                size=info.st_size,
+                tag=f"{info.st_ino}-{info.st_mtime_ns}-{info.st_size}",
+                modified=datetime.fromtimestamp(info.st_mtime, UTC),
+                plain=stat.S_ISREG(info.st_mode) and info.st_nlink == 1,
+            )
+    return out

@@ -4,7 +4,8 @@ This is Ray Serve LLM's `dynamic_lora_loading_path` layout: `<prefix>/<name>/ada
 and `adapter_model.safetensors` (a `README.md` is kept; other files are never read). Each
 folder is one adapter whose only version is a hash of its files' sha256s. Its manifest is
 derived the first time the folder is seen (files fetched, checked by the push rulebook, hashed)
-and kept while the listing shows the same sizes and tags, so the registry, the verified cache
+and kept while the listing shows the same sizes and tags (each file read once: the rulebook and
+the hash see the same bytes), so the registry, the verified cache
 and every reader work unchanged over the virtual keys
 
     adapters/<name>/<version>/manifest.json           derived, never stored
@@ -17,11 +18,13 @@ Every write is refused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -29,15 +32,15 @@ from adapter_store.backends.base import Backend, ObjectMissingError, ObjectStat,
 from adapter_store.backends.readonly import refuse_write
 from adapter_store.errors import InvalidInputError
 from adapter_store.layout import MANIFEST
-from adapter_store.manifest import AdapterManifest, dump_manifest
+from adapter_store.manifest import AdapterManifest, FileEntry, dump_manifest
 from adapter_store.names import NAME_RE
-from adapter_store.staging import file_entries
+from adapter_store.staging import HashingWriter
 from adapter_store.validate import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     DEFAULT_MAX_BYTES,
     README,
-    validate_adapter,
+    check_adapter_contents,
 )
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,8 @@ log = logging.getLogger(__name__)
 BLOB_DIR = "u-peft-folder"
 USED_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS, README)
 VERSION_CHARS = 16
+DERIVE_WORKERS = 8  # folders a catalog load derives at once
+SPOOL_BYTES = 64 * 2**20  # a folder's file is read into memory up to this size, then to disk
 BAD_NAME = (
     "the folder name is not an adapter name (1-64 lowercase letters, digits, '.', '_' or '-'); "
     "rename the folder"
@@ -54,6 +59,8 @@ WHY = "a folder of PEFT adapters, served as they are"
 
 class StatBackend(Backend, Protocol):
     def list_stats(self, prefix: str) -> dict[str, ObjectStat]: ...
+
+    def list_folder_stats(self, prefix: str) -> dict[str, dict[str, ObjectStat]]: ...
 
 
 Stamp = tuple[tuple[str, int, str], ...]
@@ -85,7 +92,10 @@ class PeftFolderBackend:
         """The manifest of folder `name` as it is now (None: no such servable adapter)."""
         if not NAME_RE.fullmatch(name) or name in {".", ".."}:
             return None
-        stats = self._stats(name)
+        return self._manifest_of(name, self._stats(name))
+
+    def _manifest_of(self, name: str, stats: dict[str, ObjectStat]) -> AdapterManifest | None:
+        """The manifest of folder `name` whose used files are listed as `stats`."""
         if not stats:
             return None
         stamp = tuple(sorted((f, s.size, s.tag) for f, s in stats.items()))
@@ -105,6 +115,20 @@ class PeftFolderBackend:
             self._derived[name] = (stamp, manifest, problem)
         return manifest
 
+    def _manifests_of(
+        self, listed: dict[str, dict[str, ObjectStat]]
+    ) -> list[AdapterManifest | None]:
+        """`_manifest_of` every listed folder, by name; the folders not derived yet (a first
+        load, edited folders) are derived DERIVE_WORKERS at a time, as over S3 each one is
+        several round trips."""
+        names = sorted(listed)
+        with self._lock:
+            fresh = [n for n in names if n not in self._derived]
+        if len(fresh) > 1:
+            with ThreadPoolExecutor(min(DERIVE_WORKERS, len(fresh))) as pool:
+                list(pool.map(lambda n: self._manifest_of(n, listed[n]), fresh))
+        return [self._manifest_of(n, listed[n]) for n in names]
+
     def _stats(self, name: str) -> dict[str, ObjectStat]:
         """The folder's used files as listed, reused for `stats_ttl_s` (one catalog load asks
         about a folder several times)."""
@@ -118,6 +142,21 @@ class PeftFolderBackend:
         with self._lock:
             self._listed[name] = (now, stats)
         return stats
+
+    def _list_all(self) -> dict[str, dict[str, ObjectStat]]:
+        """Every folder's used files from one listing of the prefix (kept for `stats_ttl_s` as
+        `_stats` keeps one folder's); a folder whose name is no adapter name is a problem."""
+        now = time.monotonic()
+        listed = self.inner.list_folder_stats("")
+        out = {}
+        with self._lock:
+            for name, files in listed.items():
+                if not NAME_RE.fullmatch(name) or name in {".", ".."}:
+                    self._derived[name] = ((), None, BAD_NAME)
+                    continue
+                out[name] = {f: s for f, s in files.items() if f in USED_FILES}
+                self._listed[name] = (now, out[name])
+        return out
 
     def problems(self) -> dict[str, str]:
         """Why each folder seen so far is left out (folder name -> reason)."""
@@ -136,17 +175,32 @@ class PeftFolderBackend:
         total = sum(s.size for s in stats.values())
         if total > self.max_bytes:
             return None, f"holds {total} bytes, over the {self.max_bytes}-byte limit"
-        with tempfile.TemporaryDirectory(prefix="molora-peft-") as tmp:
-            folder = Path(tmp)
-            for f, s in stats.items():
-                self.inner.download_to(f"{name}/{f}", folder / f, size=s.size)
+        # Each file is read once, hashed as it arrives: the rulebook and the hash see the same
+        # bytes, held in memory up to SPOOL_BYTES and in a temp file beyond.
+        sinks: dict[str, HashingWriter] = {}
+        with contextlib.ExitStack() as stack:
+            for f in stats:
+                spool = stack.enter_context(
+                    tempfile.SpooledTemporaryFile(SPOOL_BYTES, prefix="molora-peft-")
+                )
+                sinks[f] = HashingWriter(spool)
+                self.inner.download(f"{name}/{f}", sinks[f])  # type: ignore[arg-type]
+            total = sum(sink.size for sink in sinks.values())
+            if total > self.max_bytes:
+                return None, f"holds {total} bytes, over the {self.max_bytes}-byte limit"
+            config, weights = sinks[ADAPTER_CONFIG].out, sinks[ADAPTER_WEIGHTS].out
+            assert config is not None and weights is not None
+            config.seek(0)
             try:
-                info = validate_adapter(folder, None, self.max_bytes)
+                info = check_adapter_contents(config.read(), weights, sinks[ADAPTER_WEIGHTS].size)
             except InvalidInputError as exc:
                 return None, str(exc)
-            if not info.base_model:
-                return None, f"{ADAPTER_CONFIG} names no base_model_name_or_path"
-            entries, _ = file_entries(info.files)
+        if not info.base_model:
+            return None, f"{ADAPTER_CONFIG} names no base_model_name_or_path"
+        entries = [
+            FileEntry(path=f, sha256=sink.digest.hexdigest(), size=sink.size)
+            for f, sink in sorted(sinks.items())
+        ]
         manifest = AdapterManifest(
             name=name,
             version=content_version([(e.path, e.sha256) for e in entries]),
@@ -213,10 +267,10 @@ class PeftFolderBackend:
         if not prefix.startswith("adapters/"):
             return []
         named = prefix[len("adapters/") :].split("/", 1)[0]
-        names = [named] if named else self.list_children("adapters/")
+        # A catalog load (no name) reads the whole store from one listing.
+        manifests = [self.current(named)] if named else self._manifests_of(self._list_all())
         keys = []
-        for name in names:
-            manifest = self.current(name)
+        for manifest in manifests:
             if manifest is not None:
                 keys += [k for k in self._keys(manifest) if k.startswith(prefix)]
         return sorted(keys)

@@ -217,6 +217,21 @@ class S3Backend:
             if obj["Key"] != full
         }
 
+    def list_folder_stats(self, prefix: str) -> dict[str, dict[str, ObjectStat]]:
+        """`list_stats` of every folder directly under `prefix`, by folder name, from one
+        recursive listing (a LIST per thousand objects, not one per folder)."""
+        full = self._key(prefix)
+        out: dict[str, dict[str, ObjectStat]] = {}
+        for page in self._pages(Prefix=full):
+            for obj in page.get("Contents", []):
+                folder, sep, leaf = obj["Key"][len(full) :].partition("/")
+                if not sep or not leaf or "/" in leaf:
+                    continue  # not a file directly inside a folder
+                out.setdefault(folder, {})[leaf] = ObjectStat(
+                    size=obj["Size"], tag=obj.get("ETag", ""), modified=obj["LastModified"]
+                )
+        return out
+
     def exists(self, key: str) -> bool:
         try:
             self._guard(

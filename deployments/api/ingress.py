@@ -63,7 +63,11 @@ class Router:
         self.cfg = ServeConfig.model_validate(config)
         self.model = model
         loader = CatalogLoader(self.cfg.store)
-        self.catalog = CatalogCache(lambda: asyncio.to_thread(loader), self.cfg.store.refresh_s)
+        self.catalog = CatalogCache(
+            lambda: asyncio.to_thread(loader),
+            self.cfg.store.refresh_s,
+            max_share=self.cfg.store.reload_share,
+        )
         self.epoch = CatalogWatch(self.catalog, epoch, uuid.uuid4().hex, reader=loader)
         self.upstream = Upstream(model, uuid.uuid4().hex, None)
         if self.cfg.server.stream_channels:

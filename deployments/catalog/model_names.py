@@ -278,9 +278,10 @@ NameKey = tuple[str, str]  # ("adapter" | "composition", store name)
 
 
 class CatalogCache:
-    """The router's catalog, reloaded in the background every `ttl_s`: a request reads the last
-    good catalog and never waits on the store, whatever the store holds (only the first load,
-    a forced reload and `refresh` wait). A failed reload keeps serving the last good catalog.
+    """The router's catalog, reloaded in the background every `ttl_s` (or less often, so that
+    reloading takes at most `max_share` of a core): a request reads the last good catalog and
+    never waits on the store, whatever the store holds (only the first load, a forced reload
+    and `refresh` wait). A failed reload keeps serving the last good catalog.
 
     A change names what it touched (deployments/catalog/epoch.py), so `apply` installs single
     names re-read on their own beside the full reloads. Each installed name remembers when the
@@ -288,9 +289,12 @@ class CatalogCache:
     that started before a change's re-read (and may have listed the name before the write)
     cannot bring the old state back when it finishes after it."""
 
-    def __init__(self, load: Callable[[], Awaitable[Catalog]], ttl_s: float) -> None:
+    def __init__(
+        self, load: Callable[[], Awaitable[Catalog]], ttl_s: float, max_share: float = 1.0
+    ) -> None:
         self._load = load
         self._ttl = ttl_s
+        self._max_share = max_share
         self._catalog: Catalog | None = None
         self._lock = asyncio.Lock()
         self._reloader: asyncio.Task[None] | None = None
@@ -314,9 +318,14 @@ class CatalogCache:
             assert self._catalog is not None
             return self._catalog
 
+    def reload_period(self) -> float:
+        """Seconds between background reloads: `ttl_s`, or longer where the last load took more
+        than `max_share` of that time (a store of 10,000 folders lists in about a second)."""
+        return max(self._ttl, self.load_s / self._max_share)
+
     async def _reload_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._ttl)
+            await asyncio.sleep(self.reload_period())
             try:
                 await self.refresh()
             except asyncio.CancelledError:

@@ -150,3 +150,27 @@ async def test_the_price_of_a_load_is_known() -> None:
         assert 0.05 <= cache.load_s < 5
     finally:
         cache.close()
+
+
+async def test_a_slow_listing_is_reloaded_less_often() -> None:
+    """A store whose listing takes a second (10,000 folders) is not re-listed every `ttl_s`:
+    the background reload keeps to its share of a core."""
+    loads = 0
+
+    async def load() -> Catalog:
+        nonlocal loads
+        loads += 1
+        await asyncio.sleep(0.05)
+        return Catalog(adapters={"a": AdapterEntry(name="a")})
+
+    cache = CatalogCache(load, ttl_s=0.01, max_share=0.25)
+    try:
+        await cache.get()
+        assert cache.reload_period() >= 0.2  # 0.05 s a load at most a quarter of the time
+        await asyncio.sleep(0.45)
+        assert loads <= 3
+    finally:
+        cache.close()
+    quick = CatalogCache(load, ttl_s=10.0, max_share=0.25)
+    quick.load_s = 0.05
+    assert quick.reload_period() == 10.0  # a cheap listing keeps its period

@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_store_cli import run
 
 from adapter_store import (
     AdapterStoreSource,
@@ -22,6 +21,7 @@ from adapter_store.backends.local import LocalBackend
 from adapter_store.backends.peft_folder import USED_FILES, PeftFolderBackend, content_version
 from adapter_store.errors import IntegrityError, ReadOnlyStoreError
 from adapter_store.validate import sha256_file
+from tests.store.test_store_cli import run
 
 FILES = ("adapter_config.json", "adapter_model.safetensors")
 
@@ -176,3 +176,51 @@ def test_a_layered_store_writes_only_its_top(
     assert (source.adapter_path("gamma") / FILES[1]).is_file()
     with pytest.raises(ReadOnlyStoreError):
         open_registry(f"ro:{store_url}").yank("adapter", "alpha", "v1")
+
+
+@pytest.mark.parametrize("spool_bytes", [64 * 2**20, 1024], ids=["in-memory", "spilled"])
+def test_a_folder_is_read_once_to_check_and_hash_it(
+    tmp_path: Path, adapters_dir: Path, monkeypatch: pytest.MonkeyPatch, spool_bytes: int
+) -> None:
+    """Deriving a folder's manifest reads each file once (the rulebook and the hash see the
+    same bytes), in memory or, past the spool size, through a temp file: the same version."""
+    from adapter_store.backends import peft_folder
+
+    monkeypatch.setattr(peft_folder, "SPOOL_BYTES", spool_bytes)
+    shutil.copytree(adapters_dir / "alpha", tmp_path / "peft" / "alpha")
+    inner = LocalBackend(tmp_path / "peft")
+    reads: list[str] = []
+    real = inner.download
+
+    def counting(key, out, progress=None, size=None):  # type: ignore[no-untyped-def]
+        reads.append(key)
+        real(key, out, progress, size)
+
+    monkeypatch.setattr(inner, "download", counting)
+    manifest = PeftFolderBackend(inner).current("alpha")
+    assert manifest is not None
+    assert manifest.version == folder_version(adapters_dir / "alpha")
+    used = sorted(f"alpha/{f}" for f in USED_FILES if (adapters_dir / "alpha" / f).is_file())
+    assert sorted(reads) == used
+
+
+def test_a_catalog_load_lists_the_store_once(
+    peft_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog load (every folder, as a router's reload makes it) lists the folders' files in
+    one listing of the prefix, not one per folder (over S3: a LIST per thousand objects)."""
+    registry = open_registry(peft_url)
+    inner = registry.backend.inner
+    calls: list[str] = []
+    for method in ("list_stats", "list_folder_stats"):
+        real = getattr(inner, method)
+
+        def counting(prefix, real=real, method=method):  # type: ignore[no-untyped-def]
+            calls.append(method)
+            return real(prefix)
+
+        monkeypatch.setattr(inner, method, counting)
+    served = [m.name for m, _ in registry.catalog_live("adapter")]
+    assert served == ["alpha", "beta"]
+    assert calls == ["list_folder_stats"]
+    assert "not an adapter name" in registry.backend.problems()["Upper_Case"]
