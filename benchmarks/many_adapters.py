@@ -243,13 +243,16 @@ def summarize(cells: list[dict[str, Any]]) -> list[str]:
     table = [head, "|" + "---|" * 10]
     for cell in cells:
         best = cell["best"]
+        n = cell["n"]
+        if cell.get("store_folders", n) > n:
+            n = f"{n} (of {cell['store_folders']} in the store)"
         vllm_tps = (best.get("vllm") or {}).get("tok_per_s")
         for server in ("vllm", "molora"):
             row = best.get(server)
             if row is None:
                 skipped = cell.get("skipped", {}).get(server)
                 if skipped:
-                    table.append(f"| {cell['n']} | {cell['ranks']} | {cell['dtype']} | "
+                    table.append(f"| {n} | {cell['ranks']} | {cell['dtype']} | "
                                  f"{server} | skipped: {skipped} | | | | | |")  # fmt: skip
                 continue
             loads = row.get("loads_per_request") or {}
@@ -258,7 +261,7 @@ def summarize(cells: list[dict[str, Any]]) -> list[str]:
                 ratio = f"**{row['tok_per_s'] / vllm_tps:.2f}**"
             ttft = f"{_s(row['ttft_p50_ms'])} / {_s(row['ttft_p99_ms'])}"
             table.append(
-                f"| {cell['n']} | {cell['ranks']} | {cell['dtype']} | {server} | "
+                f"| {n} | {cell['ranks']} | {cell['dtype']} | {server} | "
                 f"{row['tok_per_s']} | {ttft} | {row['itl_p99_ms']} | "
                 f"{loads.get('slot_hit', '')} | {loads.get('store_fetches', '')} | {ratio} |"
             )
@@ -303,6 +306,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", nargs="+", type=int, default=[8, 100, 1000, 10000])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--ranks", nargs="+", type=int, default=[8], help="e.g. 8 16 64 (mixed)")
+    ap.add_argument("--store-n", type=int, default=0,
+                    help="the store holds this many folders (when more than N) while requests "
+                    "still draw from the first N: what a store's size alone costs")  # fmt: skip
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--zipf", type=float, default=1.0)
@@ -331,11 +337,13 @@ def main(argv: list[str] | None = None) -> None:
     vllm_python = Path(args.vllm_python)
     cells = []
     for n in args.n:
-        store = make_store(work, model_dir, n, args.ranks)
+        folders = max(n, args.store_n)
+        store = make_store(work, model_dir, folders, args.ranks)
         names = adapter_names(n)
         trace = zipf_trace(n, args.requests, args.zipf, args.seed)
         for dtype in args.dtypes:
-            cell: dict[str, Any] = {"n": n, "ranks": "/".join(map(str, args.ranks)),
+            cell: dict[str, Any] = {"n": n, "store_folders": folders,
+                                    "ranks": "/".join(map(str, args.ranks)),
                                     "dtype": dtype, "distinct_in_trace": len(set(trace)),
                                     "rounds": [], "skipped": {}}  # fmt: skip
             if args.skip_vllm:
