@@ -4,9 +4,9 @@ This is Ray Serve LLM's `dynamic_lora_loading_path` layout: `<prefix>/<name>/ada
 and `adapter_model.safetensors` (a `README.md` is kept; other files are never read). Each
 folder is one adapter whose only version is a hash of its files' sha256s. Its manifest is
 derived the first time the folder is seen (files fetched, checked by the push rulebook, hashed)
-and kept while the listing shows the same sizes and tags (each file read once: the rulebook and
-the hash see the same bytes), so the registry, the verified cache
-and every reader work unchanged over the virtual keys
+and kept while the listing shows the same sizes and tags (each file is read once: the rulebook
+and the hash see the same bytes), so the registry, the verified cache and every reader work
+unchanged over the virtual keys
 
     adapters/<name>/<version>/manifest.json           derived, never stored
     adapters/<name>/<version>/u-peft-folder/<file>    = <prefix>/<name>/<file>
@@ -118,9 +118,8 @@ class PeftFolderBackend:
     def _manifests_of(
         self, listed: dict[str, dict[str, ObjectStat]]
     ) -> list[AdapterManifest | None]:
-        """`_manifest_of` every listed folder, by name; the folders not derived yet (a first
-        load, edited folders) are derived DERIVE_WORKERS at a time, as over S3 each one is
-        several round trips."""
+        """`_manifest_of` every listed folder, by name; folders never derived (a first load) are
+        derived DERIVE_WORKERS at a time, as over S3 each one is several round trips."""
         names = sorted(listed)
         with self._lock:
             fresh = [n for n in names if n not in self._derived]
