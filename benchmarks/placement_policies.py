@@ -11,7 +11,8 @@ itself knows without a lag: how many requests it has in flight on each.
   plus its own placements of the last `placement_memory_s`, its in-flight count as the load,
   `max_ongoing_requests` as the capacity, the reported slots and host tier, the reported rank
   pools less its recent placements: none, as the padded layout reports none, unless the
-  simulator's what-if has replicas report their one padded pool) and calls
+  simulator's what-if has replicas report their one padded pool), the router's
+  `DemandTracker` share of the request's adapter (counted once per request) and calls
   `deployments.placement.affinity.place`.
 - `random` and `least_loaded` know nothing of adapters.
 - `rendezvous`: the adapter's rendezvous home always, the next home only when it is full.
@@ -36,7 +37,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from deployments.placement.affinity import ReplicaView, place, rendezvous_order
+from deployments.placement.affinity import ReplicaView, adapter_key, place, rendezvous_order
+from deployments.placement.demand import DemandTracker
 from deployments.placement.rank_fit import PoolView, occupy, parse_pools
 
 
@@ -100,6 +102,7 @@ class Ours(Policy):
         placement_memory_s: float = 5.0,
         stats_period_s: float = 0.5,
         catalog_ranks: Mapping[str, int] | None = None,
+        demand_half_life_s: float | None = 60.0,
     ) -> None:
         super().__init__(replica_ids, capacity, seed)
         self.load_bound = load_bound
@@ -109,6 +112,7 @@ class Ours(Policy):
         self.catalog_ranks = dict(catalog_ranks or {})
         self.recent: dict[str, dict[str, float]] = {rid: {} for rid in self.ids}
         self.outcomes: Counter[str] = Counter()
+        self.demand = DemandTracker(demand_half_life_s) if demand_half_life_s else None
 
     def _hot_set(self, rid: str, now: float) -> frozenset[str]:
         recent = self.recent[rid]
@@ -126,6 +130,11 @@ class Ours(Policy):
             if pools and name in self.catalog_ranks:
                 pools = occupy(pools, self.catalog_ranks[name])
         return pools
+
+    def on_arrival(self, adapter: str, now: float) -> None:
+        """Counted once per request, as the router counts a request id once."""
+        if self.demand is not None:
+            self.demand.observe([adapter_key([adapter])], now)
 
     def views(self, now: float) -> list[ReplicaView]:
         out = []
@@ -146,7 +155,15 @@ class Ours(Policy):
 
     def rank(self, adapter: str, now: float) -> list[str]:
         ranks = {adapter: self.catalog_ranks[adapter]} if adapter in self.catalog_ranks else {}
-        decision = place([adapter], self.views(now), self.load_bound, self.load_bound_ratio, ranks)
+        share = self.demand.share(adapter_key([adapter])) if self.demand is not None else None
+        decision = place(
+            [adapter],
+            self.views(now),
+            self.load_bound,
+            self.load_bound_ratio,
+            ranks,
+            share=share,
+        )
         self.recent[decision.ranked[0]][adapter] = now
         self.outcomes[decision.outcome] += 1
         return decision.ranked

@@ -9,8 +9,10 @@ request router drives it, against baselines on the same arrivals, in a minute of
 
 Each simulated replica models the engine's admission (molora_runtime/engine/scheduling/scheduler.py):
 FIFO, up to `max_num_seqs` running; a request starts only when its adapter is in a slot; a slot
-holding an adapter of a running request is pinned, others are evicted least recently used; an
-adapter in neither slot nor host tier is fetched in the background (`fetch_workers` at once:
+holding an adapter of a running request is held, others are evicted in the hot-set's own order
+(the class `HotSet` keeps, molora_runtime/lora/pinned_lfu.py: fewest recent uses, then least
+recently used); the host tier is the product's `PinnedLRU`; an adapter in neither slot nor
+host tier is fetched in the background (`fetch_workers` at once:
 store -> disk cache -> parse into the host tier) while later requests may pass it; the host ->
 slot copy runs inside the step. A replica takes at most `max_ongoing_requests`; when every
 replica is full the request waits at the router. The router sees hot-sets, host tiers and
@@ -26,10 +28,13 @@ Reported per policy and phase: slot loads (host -> slot copies) and store fetche
 slot hit rate on arrival, TTFT p50/p99, imbalance (max / mean of tokens served per replica) and,
 for every adapter whose demand in a phase exceeds one replica, how many replicas served it.
 Next to them: misses per minute of all slots pooled as one cache on the same trace: Belady's
-offline optimum, which no policy beats, and LRU, which a placement beats only by keeping rarely
-used adapters from evicting others (the hot-sets themselves evict LRU). The full run also
-reruns every policy on two more traffic seeds and with distinct adapters free in the step
-model, and ours with replicas reporting their evictable slots (a what-if of the replica side).
+offline optimum, which no policy beats; LRU; and the misses any online cache of that many slots
+must expect when each request draws its adapter from the phase's popularity (the independent
+reference model: a hit is at most the most requested adapters' share), a bound no placement
+and no eviction rule gets under on average. The full run also reruns every policy on two more
+traffic seeds, with distinct adapters free in the step model and with the hot-sets evicting
+least recently used (the rule before), and ours with replicas reporting their evictable slots
+(a what-if of the replica side).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -64,9 +69,12 @@ from benchmarks.placement_traffic import (
     Traffic,
     TrafficConfig,
     cache_bounds,
+    irm_bound,
     make_traffic,
 )
 from benchmarks.report import RESULTS_DIR, write_json
+from molora_runtime.lora.pinned_lfu import slot_order
+from molora_runtime.lora.pinned_lru import PinnedLRU
 
 RESULTS = RESULTS_DIR / "placement_sim.json"
 DECODE_RESULTS = RESULTS_DIR / "runtime_decode.json"
@@ -195,6 +203,11 @@ class SimConfig(BaseModel):
         description="what-if: replicas report their padded slots as one rank pool row "
         "(free, evictable), as pooled replicas do; today the padded layout reports none",
     )
+    slot_eviction: Literal["product", "lru"] = Field(
+        "product",
+        description="the hot-set's slot eviction: product = the class HotSet keeps "
+        "(molora_runtime/lora/pinned_lfu.py); lru = PinnedLRU, the rule before it",
+    )
     host_adapters: int = Field(64, ge=1, description="parsed adapters kept in host memory")
     disk_adapters: int = Field(256, ge=1, description="adapters in the disk cache")
     max_num_seqs: int = Field(32, ge=1)
@@ -238,15 +251,21 @@ class Request:
     done: float | None = None
 
 
+def slot_eviction(kind: str, num_slots: int) -> PinnedLRU[str, int]:
+    """The hot-set's own eviction order (`product`: what `HotSet` keeps) or plain `lru`
+    (name -> slot index, unused here)."""
+    return slot_order(num_slots) if kind == "product" else PinnedLRU()
+
+
 @dataclass(eq=False)
 class Replica:
-    """One engine: slots (LRU, pinned while running), host tier, disk cache, queue, batch."""
+    """One engine: slots (the hot-set's eviction class; held while running), host tier (the
+    host tier's class, `PinnedLRU`), disk cache, queue, batch."""
 
     rid: str
     workers: list[float]
-    slots: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    pins: Counter[str] = field(default_factory=Counter)
-    host: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    slots: PinnedLRU[str, int]
+    host: PinnedLRU[str, None] = field(default_factory=PinnedLRU)
     disk: OrderedDict[str, None] = field(default_factory=OrderedDict)
     loading: set[str] = field(default_factory=set)
     waiting: deque[Request] = field(default_factory=deque)
@@ -273,10 +292,10 @@ class Replica:
         """Its routing stats; `padded_pool_rank` set: also its slots as one rank pool row
         (rank, slots, free, evictable), which the padded layout does not report today."""
         if self._sets[0] != self.version:
-            self._sets = (self.version, frozenset(self.slots), frozenset(self.host))
+            self._sets = (self.version, frozenset(self.slots.keys()), frozenset(self.host.keys()))
         pools: tuple[tuple[int, int, int, int], ...] = ()
         if padded_pool_rank is not None:
-            evictable = sum(1 for name in self.slots if not self.pins[name])
+            evictable = sum(1 for name in self.slots if self.slots.evictable(name))
             pools = ((padded_pool_rank, num_slots, num_slots - len(self.slots), evictable),)
         return Snapshot(
             hot_set=self._sets[1],
@@ -296,6 +315,18 @@ def lru_put(lru: OrderedDict[str, None], name: str, cap: int) -> None:
         lru.popitem(last=False)
 
 
+def host_put(host: PinnedLRU[str, None], name: str, cap: int) -> None:
+    """Keep a parsed adapter as `HostTier._keep` does, its budget counted in adapters."""
+    if name in host:
+        return
+    host.put(name, None)
+    while len(host) > cap:
+        victim = next(host.victims(keep=[name]), None)
+        if victim is None:
+            break
+        host.pop(victim)
+
+
 ARRIVE, STEP, FETCHED, REPORT = range(4)
 
 
@@ -312,13 +343,19 @@ class Simulator:
     ) -> None:
         self.cfg, self.traffic, self.policy = cfg, traffic, policy
         self.step, self.costs = step, costs
-        self.replicas = {rid: Replica(rid, [0.0] * cfg.fetch_workers) for rid in policy.ids}
+        self.replicas = {
+            rid: Replica(
+                rid, [0.0] * cfg.fetch_workers, slot_eviction(cfg.slot_eviction, cfg.slots)
+            )
+            for rid in policy.ids
+        }
         self.events: list[tuple[float, int, int, Any]] = []
         self.seq = itertools.count()
         self.router_queue: deque[Request] = deque()
         self.requests: list[Request] = []
         self.unfinished = 0
         self.loads: dict[str, Counter[str]] = {}
+        self.slot_samples: list[tuple[int, int]] = []
         self.starts = [p.start_s for p in traffic.phases]
         self.end_s = traffic.phases[-1].end_s
 
@@ -381,18 +418,19 @@ class Simulator:
             q = r.waiting.popleft()
             name = q.adapter
             if name in r.slots:
-                r.slots.move_to_end(name)
+                r.slots.get(name)
             elif name in r.host:
-                if len(r.slots) >= self.cfg.slots:
-                    victim = next((n for n in r.slots if not r.pins[n]), None)
-                    if victim is None:  # every slot held by a running request: wait
-                        held.append(q)
-                        if len(held) >= 8:
-                            break
-                        continue
-                    del r.slots[victim]
-                r.slots[name] = None
-                r.host.move_to_end(name)
+                full = len(r.slots) >= self.cfg.slots
+                if full and next(r.slots.victims(keep=[name]), None) is None:
+                    held.append(q)  # every slot held by a running request: wait
+                    if len(held) >= 8:
+                        break
+                    continue
+                r.slots.get(name)  # the hot-set's lookup (HotSet.ensure): one use, a miss
+                if full:
+                    r.slots.pop(next(r.slots.victims(keep=[name])))
+                r.slots.put(name, 0)
+                r.host.get(name)
                 r.version += 1
                 copy_s += self.costs.copy_s(q.rank)
                 self.count(now, "slot_loads")
@@ -402,7 +440,7 @@ class Simulator:
                 if len(held) >= 8:
                     break
                 continue
-            r.pins[name] += 1
+            r.slots.hold(name)
             r.running.append(q)
         for q in reversed(held):
             r.waiting.appendleft(q)
@@ -447,7 +485,7 @@ class Simulator:
         r.stepping = False
         for q in finished:
             r.running.remove(q)
-            r.pins[q.adapter] -= 1
+            r.slots.unhold(q.adapter)
             q.done = t
             self.unfinished -= 1
             self.policy.on_complete(r.rid)
@@ -459,15 +497,23 @@ class Simulator:
     def fetched(self, r: Replica, name: str, t: float) -> None:
         r.loading.discard(name)
         lru_put(r.disk, name, self.cfg.disk_adapters)
-        lru_put(r.host, name, self.cfg.host_adapters)
+        host_put(r.host, name, self.cfg.host_adapters)
         r.version += 1
         if not r.stepping:
             self.start_step(r, t)
 
     def report(self, t: float) -> None:
+        if self.phase_at(t) in MEASURED_PHASES:
+            self.sample_slots()
         pool_rank = self.cfg.max_rank if self.cfg.report_padded_pool else None
         snaps = {rid: r.snapshot(self.cfg.slots, pool_rank) for rid, r in self.replicas.items()}
         self.policy.on_report(snaps, t)
+
+    def sample_slots(self) -> None:
+        """Slots held by running requests, and distinct adapters over all replicas' slots."""
+        names = [n for r in self.replicas.values() for n in r.slots]
+        held = sum(r.slots.held(n) for r in self.replicas.values() for n in r.slots)
+        self.slot_samples.append((held, len(set(names))))
 
     # -- run --------------------------------------------------------------------------------
 
@@ -556,8 +602,29 @@ class Simulator:
                 rid: sum(r.tokens[p.name] for p in phases) for rid, r in self.replicas.items()
             },
             "flash": self.spread(self.traffic.flash_adapter, "flash"),
+            "slots_held_mean": round(float(np.mean([h for h, _ in self.slot_samples])), 1)
+            if self.slot_samples
+            else None,
+            "distinct_resident_mean": round(float(np.mean([d for _, d in self.slot_samples])), 1)
+            if self.slot_samples
+            else None,
             "policy_info": self.policy.info(),
         }
+
+
+def pooled_misses_per_min(traffic: Traffic, order: PinnedLRU[str, int], slots: int) -> float:
+    """Misses per minute over the measured phases of all slots as one cache (nothing held,
+    no adapter twice) evicting in `order`: the hot-set's own rule without replicas."""
+    missed = 0
+    for a in traffic.arrivals:
+        if order.get(a.adapter) is not None:
+            continue
+        missed += a.phase in MEASURED_PHASES
+        if len(order) >= slots:
+            order.pop(next(order.victims(keep=[a.adapter])))
+        order.put(a.adapter, 0)
+    minutes = sum(p.minutes for p in traffic.phases if p.name in MEASURED_PHASES)
+    return round(missed / minutes, 1)
 
 
 def make_policy(
@@ -638,6 +705,10 @@ def evaluate(results: dict[str, dict[str, Any]], bounds: dict[str, float]) -> di
         out["loads_target_met"] = versus[best]["met"]
         out["target_slot_loads_per_min"] = round((1 - LOAD_TARGET) * loads[best], 1)
         out["below_pooled_lru"] = out["target_slot_loads_per_min"] < bounds["pooled_lru_per_min"]
+        if "irm_online_per_min" in bounds:
+            out["below_irm_online_bound"] = (
+                out["target_slot_loads_per_min"] < bounds["irm_online_per_min"]
+            )
         as_fast = [
             n for n in versus if results[n]["measured"]["ttft_p99_ms"] <= ours["ttft_p99_ms"]
         ]
@@ -660,8 +731,9 @@ def tables(
 ) -> str:
     head = (
         "| policy | slot loads/min | store fetches/min | slot hit | TTFT p50 ms | TTFT p99 ms "
-        "| imbalance | flash adapter: replicas (max share) | hot adapters confined |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
+        "| imbalance | flash adapter: replicas (max share) | hot adapters confined "
+        "| slots held by running requests | distinct adapters in slots |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
     for name, res in results.items():
@@ -671,7 +743,8 @@ def tables(
             f"| {name} | {m['slot_loads_per_min']} | {m['store_fetches_per_min']} "
             f"| {m['slot_hit']} | {m['ttft_p50_ms']} | {m['ttft_p99_ms']} | {m['imbalance']} "
             f"| {f['replicas']} ({f['max_replica_share']}) "
-            f"| {confined} of {len(res['hot_adapters'])} |"
+            f"| {confined} of {len(res['hot_adapters'])} "
+            f"| {res['slots_held_mean']} | {res['distinct_resident_mean']} |"
         )
     phase_head = (
         "\n| policy | phase | slot loads/min | store fetches/min | slot hit | TTFT p50 ms "
@@ -686,9 +759,16 @@ def tables(
     lines = [head + "\n".join(rows), phase_head + "\n".join(phase_rows), ""]
     lines.append(
         f"misses/min of all {bounds['slots']} slots as one cache on this trace: "
-        f"pooled LRU {bounds['pooled_lru_per_min']}, Belady (offline optimum) "
+        f"pooled LRU {bounds['pooled_lru_per_min']}, pooled under the hot-set's own eviction "
+        f"{bounds.get('pooled_hot_set_order_per_min')}, Belady (offline optimum) "
         f"{bounds['belady_per_min']}, each phase's top adapters with hindsight "
         f"{bounds['static_hindsight_per_min']}"
+        + (
+            f", any online cache's expected misses under the trace's own popularity "
+            f"{bounds['irm_online_per_min']}"
+            if "irm_online_per_min" in bounds
+            else ""
+        )
     )
     if "best_other_by_slot_loads" in targets:
         best = targets["best_other_by_slot_loads"]
@@ -698,6 +778,11 @@ def tables(
             f"{v['fewer_slot_loads']:.0%} fewer slot loads/min (target >= {LOAD_TARGET:.0%}, "
             f"i.e. <= {targets['target_slot_loads_per_min']}"
             + (", below the pooled LRU" if targets["below_pooled_lru"] else "")
+            + (
+                ", below any online cache's expected misses"
+                if targets.get("below_irm_online_bound")
+                else ""
+            )
             + f"), P99 TTFT x{v['p99_ratio']} -> {'met' if v['met'] else 'NOT met'}"
         )
         fast = targets.get("best_at_equal_or_lower_p99")
@@ -719,9 +804,12 @@ def tables(
     return "\n".join(lines)
 
 
-def sensitivity_table(rows: dict[str, dict[str, Any]]) -> str:
+def sensitivity_table(
+    rows: dict[str, dict[str, Any]],
+    title: str = "free distinct adapters (c = 0, rate recalibrated to the same load):",
+) -> str:
     out = [
-        "\nfree distinct adapters (c = 0, rate recalibrated to the same load):\n",
+        f"\n{title}\n",
         "| policy | slot loads/min | store fetches/min | slot hit | TTFT p50 ms | TTFT p99 ms |",
         "|---|---|---|---|---|---|",
     ]
@@ -810,7 +898,15 @@ def extra_runs(
             seeds[str(seed)]["ours_what_if"] = summarize(res)
     free = step.model_copy(update={"per_adapter_ms": 0.0})
     _, cap0, rate0, res0 = run_all(cfg, free, costs, policies)
+    lru = cfg.model_copy(update={"slot_eviction": "lru"})
+    res_lru = {name: run_policy(name, lru, traffic, step, costs) for name in policies}
     return {
+        "hot_sets_evicting_lru": {
+            "what": "every policy on the same trace with the hot-sets' slots evicting least "
+            "recently used (PinnedLRU, the rule before PinnedLFU)",
+            "measured": {name: r["measured"] for name, r in res_lru.items()},
+            "flash_replicas": {name: r["flash"]["replicas"] for name, r in res_lru.items()},
+        },
         "what_if_padded_pool_report": what_if,
         "other_seeds": seeds or None,
         "sensitivity_free_adapters": {
@@ -857,6 +953,12 @@ def main(argv: list[str] | None = None) -> int:
     step, costs = measured_step_model(), measured_tier_costs()
     traffic, capacity, rate, results = run_all(cfg, step, costs, args.policies)
     bounds = cache_bounds(traffic, cfg.replicas * cfg.slots, MEASURED_PHASES)
+    bounds["pooled_hot_set_order_per_min"] = pooled_misses_per_min(
+        traffic, slot_order(cfg.replicas * cfg.slots), cfg.replicas * cfg.slots
+    )
+    bounds["irm_online_per_min"] = irm_bound(
+        cfg.traffic, traffic, cfg.replicas * cfg.slots, MEASURED_PHASES
+    )
     targets = evaluate(results, bounds)
     print(tables(results, targets, bounds))
     extras: dict[str, Any] = {}
@@ -867,6 +969,12 @@ def main(argv: list[str] | None = None) -> int:
         if extras["other_seeds"]:
             print(seeds_table(extras["other_seeds"]))
         print(sensitivity_table(extras["sensitivity_free_adapters"]["measured"]))
+        print(
+            sensitivity_table(
+                extras["hot_sets_evicting_lru"]["measured"],
+                "hot-sets evicting least recently used (PinnedLRU), same trace:",
+            )
+        )
     out = args.out or (RESULTS.with_name("placement_sim_quick.json") if args.quick else RESULTS)
     write_json(
         out,

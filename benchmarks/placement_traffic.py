@@ -182,3 +182,31 @@ def cache_bounds(traffic: Traffic, slots: int, phases: tuple[str, ...]) -> dict[
         "pooled_lru_per_min": round(pooled / minutes, 1),
         "static_hindsight_per_min": round(static / minutes, 1),
     }
+
+
+def phase_popularity(cfg: TrafficConfig, phase: str) -> np.ndarray:
+    """The request probabilities of a phase, most requested first (the order's permutation,
+    which only names the adapters, does not change them)."""
+    weights = zipf_weights(cfg.adapters, cfg.zipf_s)
+    if phase == "flash":
+        weights = (1 - cfg.flash_share) * weights
+        weights[min(cfg.flash_popularity, cfg.adapters - 1)] += cfg.flash_share
+    return np.sort(weights)[::-1]
+
+
+def irm_bound(cfg: TrafficConfig, traffic: Traffic, slots: int, phases: tuple[str, ...]) -> float:
+    """Misses per minute over `phases` that any online cache of `slots` adapters must expect.
+
+    Within a phase each request draws its adapter independently of the past, so whatever a
+    cache holds when it arrives, it hits with probability at most the `slots` most requested
+    adapters' share (the independent reference model; its optimum keeps those). The bound is
+    that, times the phase's requests; it ignores the loads when popularity turns over, slots
+    held by running requests and copies of one adapter on several replicas, so every
+    placement's slot loads lie above it in expectation."""
+    counts = Counter(a.phase for a in traffic.arrivals if a.phase in phases)
+    minutes = sum(p.minutes for p in traffic.phases if p.name in phases)
+    missed = 0.0
+    for phase, n in counts.items():
+        top = float(phase_popularity(cfg, phase)[:slots].sum())
+        missed += n * (1 - top)
+    return round(missed / minutes, 1)

@@ -1,7 +1,8 @@
 """`benchmarks.placement_sim` drives the real placement code and five baselines over simulated
 replicas on a fake clock: the quick run prints the table, writes one JSON, serves every request
 and spreads the flash-crowd adapter over more than one replica (no timing asserted). The
-baselines and the bounded-load rule get small checks of their own."""
+baselines and the bounded-load rule get small checks of their own; the hot-sets evict with the
+product's own class (`slot_eviction: product`), and `lru` is the rule before it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from benchmarks import placement_sim
 from benchmarks.placement_policies import POLICIES, LlmD, MinCostFlow, Ours, Snapshot
 from deployments.placement.affinity import ReplicaView, load_limits, place
+from molora_runtime.lora.pinned_lfu import PinnedLFU, slot_order
+from molora_runtime.lora.pinned_lru import PinnedLRU
 
 PHASES = {"steady", "flash", "recovery", "shift"}
 
@@ -44,6 +47,11 @@ def test_quick_run_prints_the_table_writes_the_json_and_holds_the_invariants(
     assert result["tier_costs"]["source"]["file"] == "benchmarks/results/store_pull.json"
     bounds = result["cache_bounds"]
     assert bounds["belady_per_min"] <= bounds["pooled_lru_per_min"]
+    # No online cache expects fewer misses than the trace's own top-128 share leaves.
+    assert bounds["irm_online_per_min"] < bounds["pooled_hot_set_order_per_min"]
+    assert bounds["irm_online_per_min"] < bounds["pooled_lru_per_min"]
+    for res in result["results"].values():
+        assert 0 < res["slots_held_mean"] <= 128 and 0 < res["distinct_resident_mean"] <= 128
     assert result["machine_info"]["cpus"]
 
 
@@ -96,3 +104,10 @@ def test_llm_d_prefers_residency_and_then_the_shorter_queue() -> None:
         now=0.0,
     )
     assert policy.rank("a", now=0.0) == ["r1", "r2", "r0"]
+
+
+def test_simulated_hot_sets_evict_with_the_product_class_or_lru() -> None:
+    product = placement_sim.slot_eviction("product", 16)
+    assert isinstance(product, PinnedLFU) and product.window == slot_order(16).window
+    lru = placement_sim.slot_eviction("lru", 16)
+    assert type(lru) is PinnedLRU

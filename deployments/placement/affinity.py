@@ -9,6 +9,10 @@ replica holds yet, are broken by rendezvous (highest-random-weight) hashing of t
 over replica ids: every adapter set has a stable home, different sets spread over replicas, and
 hot-sets shard instead of every replica loading everything. When the home is overloaded the
 set spills to the next replica in its rendezvous order, which then warms up as a second home.
+Where the router counts each set's share of recent requests (deployments/placement/demand.py),
+a cold set (well under one replica's part of the traffic) stays with its holder up to twice the
+bound: its spill would cost a load and an eviction to move one request, while a hot set's
+requests, spread by load over the replicas holding it, balance the load without loads.
 
 With rank pools (`hot_set.rank_pools`) and the adapters' ranks known, the pools decide room
 (deployments/placement/rank_fit.py): a replica that could not hold the adapters at all is never
@@ -26,6 +30,8 @@ from typing import Literal
 from deployments.placement.rank_fit import EVICT, FREE, Fit, PoolView, fit
 
 Outcome = Literal["affinity", "host", "spill", "new", "base"]
+COLD_SHARE = 0.5  # a set under half of one replica's part of the traffic is cold
+COLD_BOUND_FACTOR = 2.0  # a cold set's holder keeps it up to twice the load bound
 
 
 def adapter_key(adapters: Iterable[str]) -> str:
@@ -126,17 +132,36 @@ def place(
     load_bound: int = 4,
     load_bound_ratio: float = 0.25,
     ranks: Mapping[str, int] | None = None,
+    share: float | None = None,
+    cold_share: float = COLD_SHARE,
+    cold_bound_factor: float = COLD_BOUND_FACTOR,
 ) -> Placement:
     """Rank replicas for a request needing `adapters` (empty = base model); `ranks` gives
-    the adapters' ranks where known (by name without version)."""
+    the adapters' ranks where known (by name without version). `share`, where known, is the
+    set's fraction of recent requests (deployments/placement/demand.py): a set under
+    `cold_share` of one replica's part of the traffic (share x replicas) is cold, and a
+    replica that holds it (slot or host tier) stays eligible up to `cold_bound_factor`
+    times the load bound: spilling a cold set loads a copy and evicts another set to move
+    one request's load, which the hot sets, spread by load over their holders, move
+    cheaper."""
     if not replicas:
         return Placement(ranked=[], outcome="new")
     wanted = frozenset(adapters)
     key = adapter_key(wanted)
     hrw = {rid: i for i, rid in enumerate(rendezvous_order(key, [r.replica_id for r in replicas]))}
     limits = load_limits(replicas, load_bound, load_bound_ratio)
+    cold = share is not None and share * len(replicas) < cold_share
+    cold_limits = (
+        load_limits(
+            replicas, round(load_bound * cold_bound_factor), load_bound_ratio * cold_bound_factor
+        )
+        if cold
+        else limits
+    )
 
     def eligible(r: ReplicaView) -> bool:
+        if cold and (r.overlap(wanted) > 0 or r.host_overlap(wanted) > 0):
+            return not r.full() and r.load <= cold_limits[r.replica_id]
         return not r.full() and r.load <= limits[r.replica_id]
 
     if not wanted:

@@ -7,6 +7,8 @@ evictable slots and the ranks of the adapters they hold; with the catalog's rank
 (`rank_hints`) the router knows a request's ranks and counts its own recent placements
 against the pools too. Ray probes the ranks in order and falls back to the next
 rank when a replica rejects (full), so overload spills instead of queueing at the home.
+The router also counts each adapter set's share of its recent requests (`DemandTracker`, one
+count per request id), which tells placement a cold set from a hot one.
 
 A call that names `target_replica` (a router's stream channel, deployments/replica/stream_channel.py)
 goes to that replica only, under either policy.
@@ -23,7 +25,8 @@ from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequ
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from deployments.catalog import rank_hints
-from deployments.placement.affinity import ReplicaView, base_name, place
+from deployments.placement.affinity import ReplicaView, adapter_key, base_name, place
+from deployments.placement.demand import DemandTracker
 from deployments.placement.rank_fit import PoolView, occupy, parse_pools
 from deployments.telemetry import metrics
 
@@ -64,6 +67,7 @@ class AdapterAffinityRouter(RequestRouter):
         load_bound: int = 4,
         load_bound_ratio: float = 0.25,
         placement_memory_s: float = 5.0,
+        demand_half_life_s: float = 60.0,
         **_: Any,
     ) -> None:
         self._load_bound = load_bound
@@ -72,6 +76,7 @@ class AdapterAffinityRouter(RequestRouter):
         self._inflight: dict[ReplicaID, int] = defaultdict(int)
         self._recent: dict[ReplicaID, dict[str, float]] = defaultdict(dict)
         self._counted: OrderedDict[str, None] = OrderedDict()
+        self._demand = DemandTracker(demand_half_life_s)
 
     # -- views ------------------------------------------------------------------------------
 
@@ -152,6 +157,9 @@ class AdapterAffinityRouter(RequestRouter):
             # Every rank is offered in one pass, so a further pass must back off, not spin.
             pending_request.routing_context.should_backoff = True
         adapters = request_adapters(pending_request)
+        key = adapter_key(adapters)
+        if self._first_pass(pending_request):  # base requests count in the total
+            self._demand.observe([key] if adapters else [], time.monotonic())
         recent = {n for r in candidate_replicas for n in self._recent.get(r.replica_id, {})}
         ranks = self.ranks(candidate_replicas, {base_name(a) for a in adapters} | recent)
         decision = place(
@@ -160,6 +168,7 @@ class AdapterAffinityRouter(RequestRouter):
             self._load_bound,
             self._load_bound_ratio,
             ranks,
+            share=self._demand.share(key) if adapters else None,
         )
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         ranked = [by_id[rid] for rid in decision.ranked]
@@ -169,6 +178,13 @@ class AdapterAffinityRouter(RequestRouter):
                 self._recent[ranked[0].replica_id][name] = now
         self._count(pending_request, decision.outcome)
         return [[r] for r in ranked]
+
+    def _first_pass(self, pending_request: PendingRequest | None) -> bool:
+        """Whether this is the request's first placement (a retry is not counted again)."""
+        return (
+            pending_request is not None
+            and pending_request.metadata.internal_request_id not in self._counted
+        )
 
     def _count(self, pending_request: PendingRequest | None, outcome: str) -> None:
         if pending_request is None:

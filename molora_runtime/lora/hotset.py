@@ -1,8 +1,9 @@
 """The hot-set: a fixed number of adapter slots in static device buffers.
 
 Loading an adapter copies its tensors into a slot in place (`SlotBufferSet`), so buffer
-addresses never change and a captured decode graph stays valid. Slots are reused least recently
-used first; an adapter held by a running request or pinned is never evicted (`PinnedLRU`).
+addresses never change and a captured decode graph stays valid. Slots are reused least
+frequently used first, with aging, least recently used among equals (`PinnedLFU`); an adapter
+held by a running request or pinned is never evicted.
 Weights come from the `AdapterLoader` (store -> disk -> host memory, off the step), learned
 compositions' gates from `GateSlots`, and the layers add their deltas through the LoRA backend
 chosen here, once per engine.
@@ -23,7 +24,7 @@ from molora_runtime.lora.gate_table import CompositionInfo, GateSlots
 from molora_runtime.lora.host_tier import HostTier
 from molora_runtime.lora.loader import AdapterLoader
 from molora_runtime.lora.peft_adapter import AdapterWeights
-from molora_runtime.lora.pinned_lru import PinnedLRU
+from molora_runtime.lora.pinned_lfu import PinnedLFU, slot_order
 from molora_runtime.lora.rank_placement import adapter_rank, fits_at_once, fitting, pool_occupancy
 from molora_runtime.lora.slot_set import SlotBufferSet
 from molora_runtime.lora.slot_sizing import sized
@@ -75,7 +76,7 @@ class HotSet:
             config.num_slots, device,
         )  # fmt: skip
         self._names: list[str | None] = [None] * (config.num_slots + 1)  # 0: the zero slot
-        self._lru: PinnedLRU[str, int] = PinnedLRU()  # resident name -> slot
+        self._lru: PinnedLFU[str, int] = slot_order(config.num_slots)  # resident name -> slot
         # Bumped on every slot write, so a holder can tell its weights are still the same.
         self._generations = [0] * (config.num_slots + 1)
         self._generation = 0
@@ -275,8 +276,9 @@ class HotSet:
         return None
 
     def _victim(self, keep: set[str], rank: int) -> int:
-        """A slot for an adapter of `rank`: an empty one, else the least recently used
-        evictable one of the smallest pool that fits `rank` and has one."""
+        """A slot for an adapter of `rank`: an empty one, else the first victim in eviction
+        order (fewest recent uses, then least recently used) of the smallest pool that fits
+        `rank` and has one."""
         free = self._free_slot(rank)
         if free is not None:
             return free

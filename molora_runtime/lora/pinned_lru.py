@@ -1,9 +1,10 @@
-"""Least-recently-used order with pins and holds: the eviction rule of every in-memory tier.
+"""Least-recently-used order with pins and holds: the eviction rule of the in-memory tiers.
 
-The adapter slots, the composition gate slots and the host tier of parsed adapters all keep
-their entries in use order and give up the least recently used one that nobody pinned and no
-running request holds. This is that rule, once; each tier keeps its own payload (a slot
-index, a parsed adapter) and its own capacity (a slot count, a byte budget).
+The composition gate slots and the host tier of parsed adapters keep their entries in use
+order and give up the least recently used one that nobody pinned and no running request
+holds; each tier keeps its own payload (a slot index, a parsed adapter) and its own capacity
+(a slot count, a byte budget). The adapter slots keep the same pins and holds but order their
+victims by recent uses (`PinnedLFU`, molora_runtime/lora/pinned_lfu.py, a subclass).
 """
 
 from __future__ import annotations

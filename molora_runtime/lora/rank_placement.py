@@ -1,9 +1,10 @@
 """Which rank pool an adapter's slot comes from, and whether a set of adapters fits at once.
 
 An adapter of rank r fits every pool of rank >= r. It takes a free slot of the smallest pool
-that fits it, then a free slot of a larger one, and only then evicts (least recently used) in
-the smallest pool with a victim: a free slot is never left empty while another adapter is
-evicted. Pools nest by rank, so "fits at once" is Hall's condition over rank thresholds.
+that fits it, then a free slot of a larger one, and only then evicts (the hot-set's eviction
+order) in the smallest pool with a victim: a free slot is never left empty while another
+adapter is evicted. Pools nest by rank, so "fits at once" is Hall's condition over rank
+thresholds.
 """
 
 from __future__ import annotations

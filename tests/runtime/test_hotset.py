@@ -12,19 +12,32 @@ from molora_runtime.routes import LearnedRoute, MixRoute
 from tests.runtime.rt_util import make_composition, random_prompts, request, run_to_completion
 
 
-def test_lru_eviction_order(tiny_engine_factory) -> None:
+def test_eviction_order_fewest_uses_then_least_recent(tiny_engine_factory) -> None:
     engine = tiny_engine_factory(hot_set={"num_slots": 2})
     hot = engine.hot_set
     hot.ensure(["a"])
     hot.ensure(["b"])
-    hot.ensure(["a"])  # a is now the most recently used
-    hot.ensure(["c"])  # evicts b, the least recently used
+    hot.ensure(["a"])  # a: two uses, b: one
+    hot.ensure(["c"])  # evicts b, the fewest uses
     assert hot.loaded() == ["a", "c"]
-    hot.ensure(["b"])  # evicts a
-    assert hot.loaded() == ["b", "c"]
+    hot.ensure(["b"])  # b's uses count while it was out: two, as a; c has one and goes
+    assert hot.loaded() == ["a", "b"]
     stats = engine.stats()
     assert (stats.hot_set_evictions, stats.hot_set_loads, stats.hot_set_hits) == (2, 4, 1)
     assert stats.free_slots == 0 and stats.num_slots == 2
+
+
+def test_a_popular_adapter_keeps_its_slot_through_a_run_of_tail_adapters(
+    tiny_engine_factory,
+) -> None:
+    engine = tiny_engine_factory(hot_set={"num_slots": 2})
+    hot = engine.hot_set
+    for _ in range(3):
+        hot.ensure(["a"])  # a: three uses
+    for tail in ["b", "c", "b", "c"]:
+        hot.ensure([tail])  # least recently used would evict `a` at the first c
+        assert hot.loaded() == ["a", tail]
+    assert engine.stats().hot_set_evictions == 3
 
 
 def test_lru_through_requests(tiny_engine_factory) -> None:
