@@ -150,8 +150,8 @@ class LocalBackend:
         except (FileNotFoundError, NotADirectoryError):
             return {}
         with entries:
-            folders = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
-        return {name: _files_in(base / name) for name in folders}
+            folders = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        return {os.path.basename(path): _files_in(path) for path in folders}
 
     def exists(self, key: str) -> bool:
         self._check_root()
@@ -174,7 +174,7 @@ class LocalBackend:
         return self._path(key)
 
 
-def _files_in(folder: Path) -> dict[str, ObjectStat]:
+def _files_in(folder: str | Path) -> dict[str, ObjectStat]:
     """The files directly in `folder` by name, one `scandir` (a catalog reload lists every
     folder of a store)."""
     out = {}
