@@ -117,15 +117,17 @@ class LocalBackend:
             self.download(key, out, progress, size)
 
     def list_keys(self, prefix: str) -> list[str]:
+        """Every file under `prefix`, as keys (a catalog load lists a whole store at once)."""
         self._check_root()
         base = self._path(prefix)
         if not base.is_dir():
             return []
-        return sorted(
-            p.relative_to(self.root).as_posix()
-            for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".tmp-")
-        )
+        start = len(self._inside)
+        keys = []
+        for folder, _, files in os.walk(base):
+            inside = os.path.join(folder, "")[start:]
+            keys += [inside + f for f in files if not f.startswith(".tmp-")]
+        return sorted(keys)
 
     def list_children(self, prefix: str) -> list[str]:
         self._check_root()
