@@ -6,6 +6,7 @@ These objects are the single source of truth: `serve_config.yaml` (through
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -119,14 +120,16 @@ class HotSetConfig(StrictModel):
 
 
 class SpeculativeConfig(StrictModel):
-    """Draft-free speculative decoding (vLLM's `--speculative-config` JSON): each decode proposes
-    up to `num_speculative_tokens` tokens found in the sequence's own history, and one forward
-    verifies them under the request's route, so outputs stay those of plain decoding."""
+    """Speculative decoding (vLLM's `--speculative-config` JSON): each decode proposes up to
+    `num_speculative_tokens` tokens (found in the sequence's own history, or rolled out by a
+    learned draft head), and one forward verifies them under the request's route, so outputs
+    stay those of plain decoding."""
 
-    method: Literal["ngram", "suffix"] = Field(
+    method: Literal["ngram", "suffix", "eagle"] = Field(
         "ngram",
         description="ngram: the latest earlier match of the last n tokens in prompt + output "
-        "(vLLM's prompt lookup); suffix: the longest such match, so longer contexts win",
+        "(vLLM's prompt lookup); suffix: the longest such match, so longer contexts win; eagle: "
+        "a learned draft head (`model`) over the target's last hidden state",
     )
     num_speculative_tokens: int = Field(4, ge=1, le=16, description="draft tokens per step")
     prompt_lookup_min: int = Field(2, ge=1, le=16, description="shortest n-gram matched")
@@ -145,7 +148,16 @@ class SpeculativeConfig(StrictModel):
         "keeps the fastest bf16 kernels, whose outputs already vary with batching",
     )
     model: str | None = Field(
-        None, description="accepted for vLLM compatibility; only draft-free methods exist"
+        None,
+        max_length=4096,
+        description="eagle: the folder of the shared draft head (`molora train draft`: "
+        "draft_head.safetensors + draft_head.json); refused for ngram and suffix",
+    )
+    draft_heads: dict[Annotated[str, Field(min_length=1, max_length=256)], str] = Field(
+        default_factory=dict,
+        max_length=1024,
+        description="eagle: adapter (or composition) name -> the folder of a head tuned on its "
+        "outputs; a request on that one adapter drafts with it, every other route with `model`",
     )
 
     @model_validator(mode="before")
@@ -163,10 +175,22 @@ class SpeculativeConfig(StrictModel):
     def _lookup_order(self) -> SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min must be <= prompt_lookup_max")
-        if self.model is not None:
-            raise ValueError(
-                "a draft model is not supported; use method 'ngram' or 'suffix' (draft-free)"
-            )
+        if self.method != "eagle":
+            if self.model is not None or self.draft_heads:
+                raise ValueError(
+                    f"a draft model is not supported by method {self.method!r} (draft-free): "
+                    "'model' and 'draft_heads' need method 'eagle'"
+                )
+            return self
+        if self.model is None:
+            raise ValueError("method 'eagle' needs 'model': the folder of a draft head")
+        for key, folder in [("model", self.model), *self.draft_heads.items()]:
+            where = "model" if key == "model" else f"draft_heads.{key}"
+            path = Path(folder).expanduser()
+            if not (path / "draft_head.safetensors").is_file():
+                raise ValueError(f"{where}: {folder!r} holds no draft_head.safetensors")
+            if not (path / "draft_head.json").is_file():
+                raise ValueError(f"{where}: {folder!r} holds no draft_head.json")
         return self
 
 

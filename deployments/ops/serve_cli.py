@@ -131,7 +131,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=speculative_config,
         metavar="JSON",
         help='vLLM\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_max": 4}\' (methods: ngram, suffix; engine.speculative)',
+        '"prompt_lookup_max": 4}\' (methods: ngram, suffix, eagle with "model": a head '
+        "folder from `molora train draft`; engine.speculative)",
     )
     p.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="the API's HTTP port (default 8000)")

@@ -92,7 +92,8 @@ class LLMEngine:
             prefix_caching=config.enable_prefix_caching,
         )
         self.identities = RouteIdentities(str(self.model_path), source)
-        self.drafter = Drafter(config.speculative) if config.speculative is not None else None
+        spec = config.speculative
+        self.drafter = Drafter(spec, self.model) if spec is not None else None
         self.scheduler = Scheduler(
             config,
             self.block_manager,

@@ -1,4 +1,5 @@
-"""`molora train adapter` and `molora train router`: argument parsing only, the work is elsewhere."""
+"""`molora train adapter`, `molora train router` and `molora train draft`: argument parsing only,
+the work is elsewhere."""
 
 from __future__ import annotations
 
@@ -81,6 +82,17 @@ _ROUTER: tuple[Option, ...] = (
         "weight of the gate-vs-known-domain loss (0 = train the gates by LM loss only)",
     ),
 )
+_DRAFT: tuple[Option, ...] = (
+    ("--sequences", int, 256, "prompts the target answers (reasoning-gym, the training split)"),
+    ("--max-tokens", int, 96, "tokens generated per prompt"),
+    ("--window", int, 5, "positions per training window (the roll-out it learns)"),
+    ("--steps", int, 300, None),
+    ("--batch-size", int, 32, None),
+    ("--lr", float, 1e-3, None),
+    ("--domains", None, None, "comma list of reasoning-gym domains (default: the four core ones)"),
+    ("--adapter", None, None, "NAME=PEFT_FOLDER: train on that adapter's outputs"),
+    ("--init-from", None, None, "a draft head folder to tune further (e.g. per adapter)"),
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -111,6 +123,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ro.add_argument("--output", required=True, help="composition folder to write")
     _add_options(ro, _COMMON + _ROUTER)
     ro.set_defaults(func=_router)
+
+    dr = sub.add_parser(
+        "draft",
+        help="train a learned draft head (eagle) on the base model's or an adapter's outputs",
+    )
+    dr.add_argument("--output", required=True, help="folder of the head to write")
+    common = tuple(o for o in _COMMON if o[0] not in ("--device", "--checkpoint-every"))
+    _add_options(dr, common + _DRAFT)
+    dr.set_defaults(func=_draft)
 
 
 def _add_options(p: argparse.ArgumentParser, options: tuple[Option, ...]) -> None:
@@ -163,4 +184,20 @@ def _router(args: argparse.Namespace) -> int:
     out = train_router(cfg)
     write_card(out, "MoLoRA composition (learned gates)", public_config(cfg), command_line())
     print(f"composition written to {out}")
+    return 0
+
+
+def _draft(args: argparse.Namespace) -> int:
+    # Imported when a command trains (see `_adapter`).
+    from molora_runtime.training.draft import DraftTrainConfig, public_config, train_draft
+
+    extra = {"domains": args.domains.split(",")} if args.domains else {}
+    try:
+        cfg = config_from_args(DraftTrainConfig, args, skip=frozenset({"domains"}), **extra)
+        cfg.adapter_pair()
+    except ValueError as exc:
+        raise SystemExit(f"molora train draft: {exc}") from None
+    out = train_draft(cfg)
+    write_card(out, "MoLoRA draft head (eagle)", public_config(cfg), command_line())
+    print(f"draft head written to {out}")
     return 0

@@ -36,7 +36,8 @@ def capture_gates(engine: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, lis
     real = engine.runner.run
 
     def run(batch: Any) -> Any:
-        logits, ctx = real(batch)
+        result = real(batch)
+        ctx = result.ctx
         for seq, row in zip(batch.logits_seqs, batch.logits_index, strict=True):
             if ctx is None or not isinstance(seq.route, LearnedRoute):
                 continue
@@ -47,7 +48,7 @@ def capture_gates(engine: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, lis
                     "logits": [lg[row].tolist() for lg in ctx.layer_logits],
                 }
             )
-        return logits, ctx
+        return result
 
     monkeypatch.setattr(engine.runner, "run", run)
     return seen

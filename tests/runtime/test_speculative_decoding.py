@@ -167,10 +167,12 @@ def test_rejection_rule_keeps_the_target_distribution() -> None:
 def test_speculative_config_refuses_what_it_cannot_do() -> None:
     with pytest.raises(ValueError, match="prompt_lookup_min"):
         SpeculativeConfig(prompt_lookup_min=5, prompt_lookup_max=2)
-    with pytest.raises(ValueError, match="draft model"):
+    with pytest.raises(ValueError, match="need method 'eagle'"):
         SpeculativeConfig(model="some/eagle-head")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs 'model'"):
         SpeculativeConfig(method="eagle")
+    with pytest.raises(ValueError):
+        SpeculativeConfig(method="medusa")
     with pytest.raises(ValueError):
         SpeculativeConfig(num_speculative_tokens=0)
 

@@ -25,6 +25,7 @@ from molora_runtime.engine.runner.step_batch import StepBatch
 from molora_runtime.engine.runner.step_result import StepResult
 from molora_runtime.engine.sampling.logits_processing import token_logprob
 from molora_runtime.engine.scheduling.scheduler import Scheduler
+from molora_runtime.engine.sequence import SeqStatus
 from molora_runtime.engine.speculation.drafter import Drafter
 from molora_runtime.lora.hotset import HotSet
 from molora_runtime.model.lora_context import LoRAContext
@@ -52,6 +53,7 @@ class OutputProcessor:
         self.gate_stats = GateStats(hot_set)
         self.summaries = GateSummaries(hot_set, max_num_seqs)
         self.text = TextStream(tokenizer, eos_ids, max_len)
+        self.drafter = drafter
         self.endings = Endings(self.text, self.summaries, scheduler, wipe, drafter)
         self.verify = VerifyStep(
             eos_ids, hot_set, scheduler, drafter, self.summaries, self.text, self.endings
@@ -71,6 +73,30 @@ class OutputProcessor:
         self._record_gate_stats(ctx)
         self.verify.run(batch.verify, result.verify_logits, ctx, outputs)
         self.sample.run(batch, result.sampled_logits, ctx, outputs)
+        if result.hidden is not None:
+            self._hand_features(result)
+
+    def _hand_features(self, result: StepResult) -> None:
+        """A learned draft starts from the hidden state of the row that sampled each sequence's
+        newest token: a sampled row's own, a verification's last emitted row's."""
+        drafter, batch = self.drafter, result.batch
+        sampled, verified = result.sampled_hidden, result.verify_hidden
+        if drafter is None or sampled is None or verified is None:
+            return
+        rows = zip(batch.logits_seqs, batch.logits_index, strict=True)
+        picks = [(seq, batch.positions[row], sampled[i]) for i, (seq, row) in enumerate(rows)]
+        offset = 0
+        for seq, start, n in batch.verify:
+            j = seq.num_computed - 1 - batch.positions[start]  # rows before it were committed
+            if 0 <= j < n:
+                picks.append((seq, seq.num_computed - 1, verified[offset + j]))
+            offset += n
+        for seq, pos, feature in picks:
+            if seq.status is SeqStatus.FINISHED:
+                continue
+            if seq.spec is None:
+                seq.spec = drafter.new_state(seq.request.tenant, seq.route)
+            drafter.observe(seq.spec, pos, feature)
 
     def _commit(self, batch: StepBatch) -> None:
         """The tokens the forward cached are computed; full blocks join the prefix cache."""

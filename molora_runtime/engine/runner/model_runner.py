@@ -62,27 +62,34 @@ class ModelRunner:
             max_num_seqs=config.max_num_seqs,
         )  # fmt: skip
         self.step = StepModel(model, kv, hot_set, config.hot_set.max_adapters_per_token, device)
+        # A learned draft reads each sampled row's hidden state (the eager forward keeps them).
+        spec = config.speculative
+        self.keep_hidden = spec is not None and spec.method == "eagle"
         self.graph_runner: CudaGraphRunner | None = None
-        if config.enable_cuda_graph and device.type == "cuda":
+        if config.enable_cuda_graph and device.type == "cuda" and not self.keep_hidden:
             max_batch = min(config.cuda_graph_max_batch, config.max_num_seqs)
             self.graph_runner = CudaGraphRunner(self.step, max_batch, -(-self.max_seq_len // bs))
             self.graph_runner.capture_all()
 
-    def run(self, batch: StepBatch) -> tuple[torch.Tensor, LoRAContext | None]:
-        """Logits of the batch's `logit_rows` and the LoRA context its layers recorded into."""
+    def run(self, batch: StepBatch) -> StepResult:
+        """Logits of the batch's `logit_rows`, the LoRA context its layers recorded into, and
+        (for a learned draft only) those rows' hidden states after the final norm."""
         ids = torch.tensor(batch.token_ids, dtype=torch.long, device=self.device)
         ctx = self._lora_context(batch, ids)
         graphs = self.graph_runner
         if graphs is not None and batch.decode_only and graphs.can_run(batch.num_decode, ctx):
-            return graphs.run(batch, ids, ctx), ctx
+            return StepResult(batch, graphs.run(batch, ids, ctx), ctx)
         dev, kv = self.device, self.kv
         meta = step_attention(
             batch.slots, batch.positions, batch.decode_tables, batch.prefills, kv, dev
         )
         rows = torch.tensor(batch.logit_rows, dtype=torch.long, device=dev)
         with torch.inference_mode():
-            logits = self.model(ids, meta, kv, ctx, rows)
-        return logits, ctx
+            if not self.keep_hidden:
+                return StepResult(batch, self.model(ids, meta, kv, ctx, rows), ctx)
+            # the same ops as `CausalLM.forward`, with the selected rows kept
+            hidden = self.model.hidden_states(ids, meta, kv, ctx).index_select(0, rows)
+            return StepResult(batch, self.model.logits(hidden), ctx, hidden=hidden)
 
     def _lora_context(self, batch: StepBatch, ids: torch.Tensor) -> LoRAContext | None:
         """Each token's route as slot ids and weights (None when every sequence is on the base
@@ -108,8 +115,7 @@ class ModelRunner:
         the others finish the step as if nothing happened; k culprits cost O(k log n) forwards.
         """
         try:
-            logits, ctx = self.run(batch)
-            result = StepResult(batch, logits, ctx)
+            result = self.run(batch)
         except Exception as exc:
             result = StepResult(batch, error=exc)
         if result.error is None:

@@ -1,5 +1,6 @@
-"""What one forward hands the output processor: its logits, split by the rows' purpose, and the
-LoRA context the layers recorded into, or the error the batch's lone sequence raised."""
+"""What one forward hands the output processor: its logits, split by the rows' purpose, the
+LoRA context the layers recorded into (and, for a learned draft, the same rows' hidden states),
+or the error the batch's lone sequence raised."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class StepResult:
     logits: torch.Tensor | None = None
     ctx: LoRAContext | None = None
     error: BaseException | None = None  # set only for a batch of one sequence
+    hidden: torch.Tensor | None = None  # the logit rows' final-norm hidden states (eagle only)
 
     @property
     def _sampled_end(self) -> int:
@@ -40,6 +42,16 @@ class StepResult:
         """Every row of every verified draft (the last token and each draft token)."""
         assert self.logits is not None
         return self.logits[self._sampled_end : self._verify_end]
+
+    @property
+    def sampled_hidden(self) -> torch.Tensor | None:
+        """The sampled rows' hidden states, when the forward kept them."""
+        return None if self.hidden is None else self.hidden[: self._sampled_end]
+
+    @property
+    def verify_hidden(self) -> torch.Tensor | None:
+        """The verified rows' hidden states, when the forward kept them."""
+        return None if self.hidden is None else self.hidden[self._sampled_end : self._verify_end]
 
     @property
     def prompt_logits(self) -> torch.Tensor:
