@@ -131,7 +131,7 @@ class StoreConfig(StrictModel):
         gt=0,
         le=1,
         description="the most of one core a router's background catalog reload may take: a "
-        "store whose listing takes longer than refresh_s x this is re-listed less often "
+        "store whose listing takes more CPU than refresh_s x this is re-listed less often "
         "(changes made through the API apply at once either way)",
     )
 

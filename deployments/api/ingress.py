@@ -67,6 +67,7 @@ class Router:
             lambda: asyncio.to_thread(loader),
             self.cfg.store.refresh_s,
             max_share=self.cfg.store.reload_share,
+            load_cpu_s=lambda: loader.cpu_s,
         )
         self.epoch = CatalogWatch(self.catalog, epoch, uuid.uuid4().hex, reader=loader)
         self.upstream = Upstream(model, uuid.uuid4().hex, None)

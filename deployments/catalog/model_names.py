@@ -277,6 +277,9 @@ def _first_error(exc: Exception) -> str:
 NameKey = tuple[str, str]  # ("adapter" | "composition", store name)
 
 
+STRETCH_FLOOR_S = 0.1  # a catalog load cheaper than this keeps the refresh period as set
+
+
 class CatalogCache:
     """The router's catalog, reloaded in the background every `ttl_s` (or less often, so that
     reloading takes at most `max_share` of a core): a request reads the last good catalog and
@@ -290,11 +293,16 @@ class CatalogCache:
     cannot bring the old state back when it finishes after it."""
 
     def __init__(
-        self, load: Callable[[], Awaitable[Catalog]], ttl_s: float, max_share: float = 1.0
+        self,
+        load: Callable[[], Awaitable[Catalog]],
+        ttl_s: float,
+        max_share: float = 1.0,
+        load_cpu_s: Callable[[], float] | None = None,
     ) -> None:
         self._load = load
         self._ttl = ttl_s
         self._max_share = max_share
+        self._load_cpu_s = load_cpu_s  # the CPU seconds of the last load (else its wall time)
         self._catalog: Catalog | None = None
         self._lock = asyncio.Lock()
         self._reloader: asyncio.Task[None] | None = None
@@ -319,13 +327,18 @@ class CatalogCache:
             return self._catalog
 
     def reload_period(self) -> float:
-        """Seconds between background reloads: `ttl_s`, or longer where the last load took more
-        than `max_share` of that time (a store of 10,000 folders lists in about a second)."""
-        return max(self._ttl, self.load_s / self._max_share)
+        """Seconds between background reloads: `ttl_s`, or longer where the last load's CPU
+        time was more than `max_share` of that (a store of 10,000 folders lists in under a
+        CPU second). A load under STRETCH_FLOOR_S never stretches it, and waiting on a slow
+        store costs no CPU."""
+        cost = self.load_s if self._load_cpu_s is None else self._load_cpu_s()
+        return self._ttl if cost < STRETCH_FLOOR_S else max(self._ttl, cost / self._max_share)
 
     async def _reload_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.reload_period())
+            await asyncio.sleep(self._ttl)
+            if time.monotonic() - self._base_at < self.reload_period():
+                continue  # a costly listing waits longer, judged by its latest price
             try:
                 await self.refresh()
             except asyncio.CancelledError:

@@ -8,6 +8,7 @@ change re-reads only the names it touched (`CatalogLoader.entries`): one listing
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -51,6 +52,7 @@ class CatalogLoader:
         # The entries the last load built (a name gone from the store is dropped with it).
         self._built: dict[NameKey, tuple[AnyManifest, list[str], Any]] = {}
         self._last = self._built
+        self.cpu_s = 0.0  # the last load's CPU time in its thread (what a reload takes a core)
 
     def _open(self) -> Registry:
         if self._registry is None:
@@ -61,7 +63,14 @@ class CatalogLoader:
         """Adapters and compositions of the store (latest, non-yanked versions) for
         `/v1/models`; their ranks also go to this process's request router
         (deployments/catalog/rank_hints.py)."""
-        registry = self._open()
+        registry = self._open()  # opened once: its price is not a reload's
+        started = time.thread_time()
+        try:
+            return self._load(registry)
+        finally:
+            self.cpu_s = time.thread_time() - started
+
+    def _load(self, registry: Registry) -> Catalog:
         self._last, self._built = self._built, {}
         adapters: dict[str, AdapterEntry] = {}
         for manifest, live in registry.catalog_live("adapter"):

@@ -160,17 +160,30 @@ async def test_a_slow_listing_is_reloaded_less_often() -> None:
     async def load() -> Catalog:
         nonlocal loads
         loads += 1
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.15)
         return Catalog(adapters={"a": AdapterEntry(name="a")})
 
-    cache = CatalogCache(load, ttl_s=0.01, max_share=0.25)
+    cache = CatalogCache(load, ttl_s=0.01, max_share=0.5)
     try:
         await cache.get()
-        assert cache.reload_period() >= 0.2  # 0.05 s a load at most a quarter of the time
-        await asyncio.sleep(0.45)
-        assert loads <= 3
+        assert cache.reload_period() >= 0.3  # 0.15 s a load at most half of the time
+        await asyncio.sleep(0.7)
+        assert loads <= 4  # a load every 0.15 s would make 5 or more
     finally:
         cache.close()
     quick = CatalogCache(load, ttl_s=10.0, max_share=0.25)
-    quick.load_s = 0.05
+    quick.load_s = 0.15
     assert quick.reload_period() == 10.0  # a cheap listing keeps its period
+    small = CatalogCache(load, ttl_s=1.0, max_share=0.02)
+    small.load_s = 0.05
+    assert small.reload_period() == 1.0  # a load under the floor never stretches it
+    # With the loader's CPU time known, a slow store's wait stretches nothing.
+    waiting = CatalogCache(load, ttl_s=0.01, max_share=0.25, load_cpu_s=lambda: 0.001)
+    waiting.load_s = 5.0
+    assert waiting.reload_period() == 0.01
+
+
+def test_a_loader_knows_the_cpu_its_last_load_took(peft_dir: Path) -> None:
+    load = CatalogLoader(StoreConfig(url=f"peft:{peft_dir}"))
+    load()
+    assert 0 < load.cpu_s < 60
