@@ -34,7 +34,7 @@ from benchmarks.sse import sse_events
 from deployments.app import build
 from deployments.config import ServeConfig
 from molora_runtime.model.model_paths import resolve_model_path
-from tests.serve.serve_assets import make_store, make_tiny_model
+from tests.deployments.serve_assets import make_store, make_tiny_model
 from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
 RESULTS = RESULTS_DIR / "serve_load.json"

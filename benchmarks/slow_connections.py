@@ -35,8 +35,8 @@ import httpx
 
 from benchmarks.report import write_json
 from deployments.api.proxy_guard import CAP_ENV
-from tests.serve.serve_assets import make_assets
-from tests.serve.serve_helpers import auth_on, deployed, issue_keys, shipped_args
+from tests.deployments.serve_assets import make_assets
+from tests.deployments.serve_helpers import auth_on, deployed, issue_keys, shipped_args
 from tests.support.local_ray import start_local_cluster, stop_local_cluster
 
 ROOT = Path(__file__).resolve().parents[1]

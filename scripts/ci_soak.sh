@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Soak the Ray-backed suites the way CI meets them: N fresh clones of this checkout's HEAD, each
-# running tests/serve and tests/k8s with PYTHONPATH on the clone (so the clone's code wins over
+# running tests/deployments and tests/k8s with PYTHONPATH on the clone (so the clone's code wins over
 # the venv's editable install, in Ray's workers too). One tally line per run, then a summary.
 #
 #   scripts/ci_soak.sh [N=10]
 #   VENV=path/to/venv        venv to use (default: this checkout's .venv; in a git worktree
 #                            without one, the main checkout's .venv)
-#   SUITES="tests/serve tests/k8s"   what each run runs
+#   SUITES="tests/deployments tests/k8s"   what each run runs
 #   RUN_TIMEOUT=1800         seconds one run may take (then it counts as failed)
 #   SOAK_TIMEOUT=21600       seconds for the whole soak (later runs are not started)
 #   KEEP=1                   keep every clone (failed runs' clones are always kept)
@@ -15,7 +15,7 @@
 set -uo pipefail
 
 N="${1:-10}"
-SUITES="${SUITES:-tests/serve tests/k8s}"
+SUITES="${SUITES:-tests/deployments tests/k8s}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-1800}"
 SOAK_TIMEOUT="${SOAK_TIMEOUT:-21600}"
 

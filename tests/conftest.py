@@ -7,7 +7,8 @@ import os
 import secrets
 
 import pytest
-from start_once import STARTS, setup_starts
+
+from tests.start_once import STARTS, setup_starts
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # Ray token auth stays on: without it a Serve replica's gRPC server (every interface, unpickles

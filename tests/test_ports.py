@@ -9,8 +9,8 @@ import socket
 from pathlib import Path
 
 import pytest
-from start_once import StartOnce
 
+from tests.start_once import StartOnce
 from tests.support import ports
 
 ROOT = Path(__file__).resolve().parents[1]

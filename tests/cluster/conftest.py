@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from start_once import StartOnce
 
+from tests.start_once import StartOnce
 from tests.support.multinode import (
     MultiNodeCluster,
     RedisServer,

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_support import skip
+
+from tests.gpu.gpu_support import skip
 
 HIDDEN = 128
 LAYERS = 3

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -21,7 +20,7 @@ ROOT = HERE.parents[1]
 
 
 def _outcome(exc: BaseException) -> str:
-    from gpu_support import SkipCheck
+    from tests.gpu.gpu_support import SkipCheck
 
     if isinstance(exc, SkipCheck) or type(exc).__name__ == "Skipped":  # pytest.skip
         return "skipped"
@@ -29,9 +28,6 @@ def _outcome(exc: BaseException) -> str:
 
 
 def run(pattern: str = "test_*.py", select: str | None = None) -> list[dict]:
-    for path in (str(ROOT), str(HERE)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
     results = []
     for file in sorted(HERE.glob(pattern)):
         spec = importlib.util.spec_from_file_location(f"gpu_checks_{file.stem}", file)

@@ -8,9 +8,9 @@ tests.gpu.run_checks` (scripts/gpu_check.sh).
 from __future__ import annotations
 
 import torch
-from gpu_support import assert_close_scaled, gpu, require_cuda
 
 from kernels.reference import routed_lora_segmented
+from tests.gpu.gpu_support import assert_close_scaled, gpu, require_cuda
 
 TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (2e-2, 1e-2)}
 

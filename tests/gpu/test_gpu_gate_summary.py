@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_models import cuda_llm, tiny_model_set
-from gpu_support import gpu, require_cuda
+
+from tests.gpu.gpu_models import cuda_llm, tiny_model_set
+from tests.gpu.gpu_support import gpu, require_cuda
 
 MAX_TOKENS = 12
 

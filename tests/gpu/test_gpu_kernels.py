@@ -7,9 +7,9 @@ machine without pytest, under `python -m tests.gpu.run_checks` (scripts/gpu_chec
 from __future__ import annotations
 
 import torch
-from gpu_support import assert_close_scaled, gpu, require_cuda
 
 from kernels.reference import routed_lora_dense, routed_lora_segmented
+from tests.gpu.gpu_support import assert_close_scaled, gpu, require_cuda
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # (rtol, atol relative to max |y|): halves multiply x·A in fp16/bf16 (exact products, fp32

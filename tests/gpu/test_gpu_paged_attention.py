@@ -7,10 +7,10 @@ machine without pytest, under `python -m tests.gpu.run_checks` (scripts/gpu_chec
 from __future__ import annotations
 
 import torch
-from gpu_support import assert_close_scaled, gpu, require_cuda
 
 from kernels.paged_attention import paged_decode_attention_reference
 from kernels.paged_inputs import PagedDecodeInputs
+from tests.gpu.gpu_support import assert_close_scaled, gpu, require_cuda
 
 # (rtol, atol relative to 1 + max |out|): the kernel computes in fp32 from the same inputs as
 # the twin and rounds once; only the summation order differs.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from test_image import _makefile_var
+from tests.k8s.test_image import _makefile_var
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "cpu.Dockerfile"

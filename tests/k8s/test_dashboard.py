@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import jsonschema
-from dashboard_queries import exported_names, metric_names, targets
 from grafana_foundation_sdk.models.dashboard import Dashboard
-from k8s_schemas import REPO
 
 from deployments.ops import dashboard
+from tests.k8s.dashboard_queries import exported_names, metric_names, targets
+from tests.k8s.k8s_schemas import REPO
 
 COMMITTED = REPO / dashboard.DASHBOARD_PATH
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from k8s_schemas import REPO, kustomize_build, operator_object, strict
 
 from deployments.ops import gate_alerts
 from deployments.telemetry import metric_names as m
+from tests.k8s.k8s_schemas import REPO, kustomize_build, operator_object, strict
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")

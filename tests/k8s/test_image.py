@@ -3,6 +3,7 @@ project from an exact, fresh lock, with the model prepared at build time."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -63,11 +64,10 @@ def test_dockerfile_builds_what_the_cluster_runs() -> None:
 
 
 def test_lock_is_exact_and_fresh() -> None:
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import image_lock
-    finally:
-        sys.path.pop(0)
+    spec = importlib.util.spec_from_file_location("image_lock", REPO / "scripts" / "image_lock.py")
+    assert spec is not None and spec.loader is not None
+    image_lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(image_lock)
     lines = [line for line in LOCK.read_text().splitlines() if line and not line.startswith("#")]
     assert all(re.fullmatch(r"[a-z0-9-]+==[^\s=]+", line) for line in lines), lines
     pins = dict(line.split("==") for line in lines)

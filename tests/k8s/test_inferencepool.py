@@ -8,7 +8,9 @@ import copy
 import jsonschema
 import pytest
 import yaml
-from k8s_schemas import (
+
+from deployments.ops import kube_profile
+from tests.k8s.k8s_schemas import (
     INFERENCEPOOL_CRD,
     REPO,
     crd_schema,
@@ -16,8 +18,6 @@ from k8s_schemas import (
     load_all,
     pod_templates,
 )
-
-from deployments.ops import kube_profile
 
 BASE = REPO / "k8s" / "base"
 POOL = BASE / "inferencepool.yaml"

@@ -11,7 +11,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from k8s_schemas import (
+
+from deployments.ops import kube, kube_plan, kube_profile
+from tests.k8s.k8s_schemas import (
     PODMONITOR_SCHEMA,
     RAYSERVICE_CRD,
     REPO,
@@ -23,8 +25,6 @@ from k8s_schemas import (
     pod_templates,
     rayservice_schema,
 )
-
-from deployments.ops import kube, kube_plan, kube_profile
 
 BASE = REPO / "k8s" / "base"
 DEV = REPO / "k8s" / "overlays" / "dev"

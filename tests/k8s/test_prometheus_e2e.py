@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from dashboard_queries import RARE, exported_names, metric_names, targets
-from start_once import StartOnce
 
 from deployments.ops import dashboard, dashboard_promql
 from deployments.telemetry import metric_names as m
+from tests.k8s.dashboard_queries import RARE, exported_names, metric_names, targets
+from tests.start_once import StartOnce
 from tests.support.local_ray import ClusterStartError, start_local_cluster, stop_local_cluster
 from tests.support.ports import free_port, retry_on_address_in_use
 

@@ -1,6 +1,6 @@
 """Compile every Triton kernel ahead of time for an NVIDIA target, on a machine without a GPU.
 
-    python tests/kernels/compile_kernels.py [sm] [dtypes]   # default: 90 bf16,fp16,fp32
+    python -m tests.kernels.compile_kernels [sm] [dtypes]   # from the repo root;   # default: 90 bf16,fp16,fp32
 
 The interpreter runs kernels as Python and so cannot catch what only the compiler rejects
 (type unification across runtime branches, `tl.dot` shape/dtype rules, the specialisation of
@@ -13,9 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).with_name("compile_kernels.py")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(
@@ -22,7 +22,8 @@ SCRIPT = Path(__file__).with_name("compile_kernels.py")
 def test_kernels_compile_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "90", "bf16,fp32"],
+        [sys.executable, "-m", "tests.kernels.compile_kernels", "90", "bf16,fp32"],
+        cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 from hypothesis import given, settings
-from paged_cases import assert_paged_close, make_paged_case, paged_params
 
 from kernels import cpu_paged_attention as cpa
 from kernels.paged_attention import paged_decode_attention_reference
+from tests.kernels.paged_cases import assert_paged_close, make_paged_case, paged_params
 
 pytestmark = pytest.mark.skipif(not cpa.available(), reason="the kernel does not build here")
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import GROUP_SHAPES, assert_matches
 
 from kernels.device_plan import build_device_plan
 from kernels.reference import routed_lora_dense
@@ -22,6 +21,7 @@ from molora_runtime.model.layers import FusedLinear, LoRALinear
 from molora_runtime.model.lora_backend import LoRABackend, ReferenceBackend
 from molora_runtime.model.lora_context import GateTable, LoRAContext
 from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
+from tests.kernels.kernel_cases import GROUP_SHAPES, assert_matches
 
 CPU = torch.device("cpu")
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import TOLERANCES
 
 from kernels import choice_cache, chooser, cpu_topk_delta
 from kernels.cpu_extension_build import CACHE_ENV
@@ -21,6 +20,7 @@ from molora_runtime.model.lora_backend import choose_backend
 from molora_runtime.model.lora_context import LoRAContext
 from molora_runtime.model.packed_linear import pack_weight
 from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
+from tests.kernels.kernel_cases import TOLERANCES
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")

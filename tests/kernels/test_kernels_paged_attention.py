@@ -10,7 +10,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from paged_cases import (
+
+from benchmarks import paged_attention as paged_bench
+from kernels.paged_attention import paged_decode_attention_reference, write_paged_kv
+from kernels.paged_inputs import PagedDecodeInputs
+from molora_runtime.model.paged_decode import paged_decode_tables
+from tests.kernels.paged_cases import (
     PAGED_DTYPES,
     assert_paged_close,
     dense_attention,
@@ -18,11 +23,6 @@ from paged_cases import (
     paged_params,
     unpaged,
 )
-
-from benchmarks import paged_attention as paged_bench
-from kernels.paged_attention import paged_decode_attention_reference, write_paged_kv
-from kernels.paged_inputs import PagedDecodeInputs
-from molora_runtime.model.paged_decode import paged_decode_tables
 
 
 def _triton(inputs: PagedDecodeInputs) -> torch.Tensor:

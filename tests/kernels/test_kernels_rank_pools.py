@@ -10,7 +10,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import assert_matches
 
 from kernels.reference import routed_lora_dense
 from molora_runtime.lora.routing import stacked_range
@@ -23,6 +22,7 @@ from molora_runtime.model.lora_backend import (
 from molora_runtime.model.lora_context import GateTable, LoRAContext
 from molora_runtime.model.rank_pools import PooledBackend, PooledBuffers, SlotPool, layout_pools
 from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
+from tests.kernels.kernel_cases import assert_matches
 
 CPU = torch.device("cpu")
 L, LAYER = 2, 1

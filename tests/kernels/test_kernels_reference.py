@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import given, settings
-from kernel_cases import assert_matches, case_params, make_case
 
 from kernels.reference import REFERENCE_VARIANTS, routed_lora_dense
+from tests.kernels.kernel_cases import assert_matches, case_params, make_case
 
 VARIANTS = sorted(set(REFERENCE_VARIANTS) - {"dense"})
 REPO = Path(__file__).resolve().parents[2]

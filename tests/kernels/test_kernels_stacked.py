@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import assert_matches, case_params, make_case
 
 from kernels.reference import routed_lora_dense
 from kernels.stacked import routed_lora_stacked, slot_gate
 from molora_runtime.model.slot_buffers import LoRABuffers
+from tests.kernels.kernel_cases import assert_matches, case_params, make_case
 
 
 def stacked_views(A: torch.Tensor, B: torch.Tensor, first: int, count: int):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import GROUP_SHAPES, assert_matches
 
 from kernels.stacked import routed_lora_stacked, routed_lora_stacked_group, slot_gate
+from tests.kernels.kernel_cases import GROUP_SHAPES, assert_matches
 
 
 @settings(max_examples=40, deadline=None)

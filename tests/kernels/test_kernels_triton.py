@@ -9,12 +9,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_cases import assert_matches, case_params, make_case
 
 from kernels.reference import routed_lora_dense
 from molora_runtime.model.lora_backend import ReferenceBackend, TritonBackend
 from molora_runtime.model.lora_context import LoRAContext
 from molora_runtime.model.slot_buffers import GroupBuffers, LoRABuffers
+from tests.kernels.kernel_cases import assert_matches, case_params, make_case
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,13 +11,6 @@ from typing import Any
 import pytest
 import torch
 
-# `tests/conftest.py` puts `tests/` first on sys.path, where `tests/kernels` would shadow the real
-# `kernels` package as a namespace package (see tests/kernels/conftest.py): repo root goes first.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-if getattr(sys.modules.get("kernels"), "__file__", "") is None:
-    del sys.modules["kernels"]
 # 2 shared cores: one intra-op thread is faster under contention and fairer to the neighbours.
 torch.set_num_threads(1)
 

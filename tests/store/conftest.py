@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from store_helpers import SMALL_LLAMA, make_peft_adapter
 
 from adapter_store import AdapterStoreSource, Registry, open_registry
+from tests.store.store_helpers import SMALL_LLAMA, make_peft_adapter
 from tests.support.seaweedfs import SeaweedFS
 
 

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from store_helpers import make_synthetic_adapter
 
 from adapter_store import (
     AdapterStoreSource,
@@ -21,6 +20,8 @@ from adapter_store import (
 from adapter_store.backends.s3 import S3Backend
 from adapter_store.layout import blob_key
 from adapter_store.validate import sha256_file
+from tests.store.puller import pull_in_process
+from tests.store.store_helpers import make_synthetic_adapter
 from tests.support.ports import free_port
 
 SPAWN = mp.get_context("spawn")
@@ -101,12 +102,6 @@ def _cached(cache: LocalCache) -> set[str]:
     return {e.parent.name for e in cache.entries()}
 
 
-def _pull_in_process(url: str, cache_dir: str, out: mp.Queue) -> None:
-    source = AdapterStoreSource(url, cache_dir=cache_dir, cache_bytes=1 << 30, direct_local=False)
-    path = source.adapter_path("shared@1")
-    out.put(str(path))
-
-
 @pytest.mark.slow  # starts processes
 def test_concurrent_pullers_across_processes(
     registry: Registry, store_url: str, tmp_path: Path
@@ -115,7 +110,7 @@ def test_concurrent_pullers_across_processes(
     m = registry.publish_adapter(folder, "shared", "1")
     out = SPAWN.Queue()
     procs = [
-        SPAWN.Process(target=_pull_in_process, args=(store_url, str(tmp_path / "cache"), out))
+        SPAWN.Process(target=pull_in_process, args=(store_url, str(tmp_path / "cache"), out))
         for _ in range(3)
     ]
     for p in procs:

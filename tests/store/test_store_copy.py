@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from store_helpers import make_composition
 
 from adapter_store import open_registry
 from adapter_store.errors import IntegrityError, VersionExistsError
 from adapter_store.layout import blob_key
 from deployments.ops.cli import main
+from tests.store.store_helpers import make_composition
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from store_helpers import make_synthetic_adapter
 
 from adapter_store import AdapterStoreSource, NotFoundError, open_registry
+from tests.store.store_helpers import make_synthetic_adapter
 
 
 def test_disk_tier_counts_and_keeps_pinned(tmp_path: Path) -> None:

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from store_helpers import make_synthetic_adapter
 
 from adapter_store import AdapterStoreSource, LocalCache, Registry, StoreUnavailableError
 from adapter_store.backends.s3 import S3Backend
+from tests.store.store_helpers import make_synthetic_adapter
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.slow  # starts a SeaweedFS of its own (`doomed`)

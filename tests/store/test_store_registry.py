@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.numpy import load_file
-from store_helpers import BASE_ID, SMALL_LLAMA, make_composition
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from adapter_store import (
@@ -20,6 +19,7 @@ from adapter_store import (
     VersionExistsError,
 )
 from adapter_store.manifest import AdapterManifest
+from tests.store.store_helpers import BASE_ID, SMALL_LLAMA, make_composition
 
 
 def test_peft_round_trip(

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from store_helpers import make_composition
 
 from adapter_store import InvalidInputError, Registry
 from adapter_store.manifest import parse_manifest
 from deployments.ops.cli import main
+from tests.store.store_helpers import make_composition
 
 
 def test_tenant_is_recorded_and_fixed_per_name(registry: Registry, alpha: Path) -> None:
