@@ -77,7 +77,9 @@ def test_vllm_named_series_on_the_api_port(app_url) -> None:
     def exported(t: str) -> bool:  # Ray exports in windows: wait for every series and count
         return all(s in t for s in VLLM_SERIES) and _lora_counts(t)["math"] >= before + 2
 
-    before = _lora_counts(httpx.get(f"{app_url}/metrics", timeout=10).text)["math"]
+    first = httpx.get(f"{app_url}/metrics", timeout=10).text
+    before = _lora_counts(first)["math"]
+    counted = {tuple(sorted(labels.items())): v for labels, v in _samples(first, E2E_COUNT)}
     for _ in range(2):  # the same prompt twice: the second hits the prefix cache
         client.chat.completions.create(model="math", messages=MESSAGES, max_tokens=6)
     stream = client.chat.completions.create(
@@ -97,7 +99,10 @@ def test_vllm_named_series_on_the_api_port(app_url) -> None:
     e2e = _samples(text, E2E_COUNT)
     by_lora = _lora_counts(text)
     assert by_lora["math"] >= before + 2 and by_lora["mathcode"] >= 1, e2e
-    assert all(s[0]["model_name"] == "tiny-base" for s in e2e)
+    # The series these requests moved name the served base model (an earlier module's app, with
+    # its own served name, keeps its series beside them).
+    moved = [lab for lab, v in e2e if v > counted.get(tuple(sorted(lab.items())), 0.0)]
+    assert moved and all(lab["model_name"] == "tiny-base" for lab in moved), moved
     hits = sum(v for _, v in _samples(text, "vllm:prefix_cache_hits_total"))
     assert hits > 0
     kv = _samples(text, "vllm:kv_cache_usage_perc")
