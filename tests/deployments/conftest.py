@@ -82,11 +82,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[i] = item
 
 
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """The shared app is removed after the last module that shares it, before the next one's;
-    the cluster after this folder's last test (tests/k8s then starts one of its own)."""
+    the cluster after this folder's last test and its fixtures' teardown (tests/k8s then starts
+    one of its own)."""
     if item.path in SHARING and (nextitem is None or nextitem.path not in SHARING):
         SHARED.release()
+    result = yield
     if nextitem is None or not nextitem.path.is_relative_to(HERE):
         SHARED.key = None  # the cluster goes, its app with it
         RAY.stop()
+    return result
