@@ -40,7 +40,7 @@ from molora_runtime.lora.source import DirectorySource
 from molora_runtime.model.attention_meta import KVCache
 from molora_runtime.model.tiny import make_native_tiny_model, make_random_adapter
 from molora_runtime.routes import LearnedRoute
-from tests.runtime.rt_util import make_composition
+from tests.molora_runtime.rt_util import make_composition
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_SHAPE = {"hidden_size": 576, "num_layers": 30, "vocab_size": 49152}

@@ -38,8 +38,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # Redis, the Prometheus end-to-end app) are added from its registry.
 SLOW_FIXTURES = frozenset(
     {
-        "seaweed",  # a SeaweedFS S3 server (tests/store/conftest.py, test_peft_folder_serving.py)
-        "smollm2",  # the real SmolLM2-135M checkpoint, loaded twice (tests/runtime/conftest.py)
+        "seaweed",  # SeaweedFS S3 (tests/adapter_store/conftest.py, test_peft_folder_serving.py)
+        "smollm2",  # the real SmolLM2-135M, loaded twice (tests/molora_runtime/conftest.py)
     }
 )
 # Parametrized fixtures whose listed values start a server through `request.getfixturevalue`,

@@ -28,7 +28,7 @@ def route_label(resolved: Resolved, alias: str | None = None) -> str:
 class Tracker:
     """Per-request metrics: TTFT, inter-token gaps, e2e latency, tokens, final status."""
 
-    def __init__(self, kind: str, label: str, model_name: str = "") -> None:
+    def __init__(self, kind: str, label: str, model_name: str) -> None:
         self.kind, self.label = kind, label  # the route kind; the bounded adapter label
         self.model_name = model_name
         self.start = time.perf_counter()

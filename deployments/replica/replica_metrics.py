@@ -40,7 +40,7 @@ MAX_SPEC_NAMES = 64  # adapter labels of the speculative-decoding counters, then
 class ReplicaMetrics:
     """Exports one replica's engine statistics."""
 
-    def __init__(self, engine: Any, source: Any, model_name: str = "") -> None:
+    def __init__(self, engine: Any, source: Any, model_name: str) -> None:
         self._engine = engine
         self._source = source
         self._model = {"model_name": model_name}

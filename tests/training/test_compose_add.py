@@ -46,7 +46,7 @@ from molora_runtime.training.grow import (
     stay_out_mask,
 )
 from molora_runtime.training.router import TokenBatch, load_experts, routed_batches
-from tests.runtime.rt_util import make_composition, make_peft_adapter
+from tests.molora_runtime.rt_util import make_composition, make_peft_adapter
 
 OLD = ["arithmetic", "sorting"]
 TINY_GROW = GrowSettings(steps=3, batch_size=2, lr=0.05, warmup=0)

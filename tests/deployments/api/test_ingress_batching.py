@@ -78,7 +78,7 @@ def _body() -> ChatCompletionRequest:
 
 async def _batches(router: Any, stream: _Stream) -> list[list[Any]]:
     out = []
-    async for batch in router._items(stream, _head(), Tracker("base", "base"), KEY):
+    async for batch in router._items(stream, _head(), Tracker("base", "base", "tiny-base"), KEY):
         out.append(batch)
     return out
 
@@ -121,7 +121,9 @@ async def test_a_lost_channel_delivers_what_came_before_it_then_fails() -> None:
     queue.put_nowait(CHANNEL_LOST)
     got: list[list[Any]] = []
     with pytest.raises(RuntimeError, match="stream channel"):
-        async for batch in router._items(stream, _head(), Tracker("base", "base"), KEY):
+        async for batch in router._items(
+            stream, _head(), Tracker("base", "base", "tiny-base"), KEY
+        ):
             got.append(batch)
     assert [_text(i) for i in got[1]] == ["B"]
     assert stream.cancelled
@@ -138,7 +140,9 @@ def _events(text: str) -> list[Any]:
 async def _sse_writes(router: Any) -> list[str]:
     shaper = Shaper(ResponseShape.of(_body(), _resolved(), True, KEY))
     writes = []
-    async for write in router._sse(_Stream(), _head(), shaper, Tracker("base", "base")):
+    async for write in router._sse(
+        _Stream(), _head(), shaper, Tracker("base", "base", "tiny-base")
+    ):
         writes.append(write)
     return writes
 

@@ -116,7 +116,7 @@ def test_replica_exports_lora_info_and_residency(monkeypatch: pytest.MonkeyPatch
         adapter_ranks={"math@v2": 8},
     )
     before = time.time()
-    ReplicaMetrics(engine, source=None)._export_adapters(stats)
+    ReplicaMetrics(engine, source=None, model_name="tiny-base")._export_adapters(stats)
     ((value, tags),) = lora.sets
     assert before <= value <= time.time()  # vLLM's semantics: the time of the update
     assert tags == {

@@ -99,11 +99,11 @@ def test_vllm_named_series_on_the_api_port(app_url) -> None:
     e2e = _samples(text, E2E_COUNT)
     by_lora = _lora_counts(text)
     assert by_lora["math"] >= before + 2 and by_lora["mathcode"] >= 1, e2e
-    # Every series names its served base model; those these requests moved name this app's (an
-    # earlier module's app keeps its series, with its own served name, beside them).
-    assert all(lab.get("model_name") for lab, _ in e2e), e2e
+    # The series these requests moved name this app's served base model (earlier modules' apps
+    # on the shared cluster keep their own series, with their own labels, beside them).
     moved = [lab for lab, v in e2e if v > counted.get(tuple(sorted(lab.items())), 0.0)]
-    ours = [lab for lab in moved if lab["lora_name"] in ("math", "mathcode")]
+    ours = [lab for lab in moved if lab.get("lora_name") in ("math", "mathcode")]
+    assert all(lab.get("model_name") for lab in ours), moved
     assert any(lab["model_name"] == "tiny-base" for lab in ours), moved
     hits = sum(v for _, v in _samples(text, "vllm:prefix_cache_hits_total"))
     assert hits > 0
