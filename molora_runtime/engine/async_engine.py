@@ -22,7 +22,6 @@ from typing import Any, Protocol
 import torch
 
 from molora_runtime.config import EngineConfig
-from molora_runtime.delegate import Delegate
 from molora_runtime.engine.engine import LLMEngine
 from molora_runtime.engine.route_stats.gate_telemetry import LayerTelemetry
 from molora_runtime.engine.types import (
@@ -78,9 +77,17 @@ class AsyncEngine:
             raise self._build_error
 
     # ----- passthroughs ---------------------------------------------------------------------
-    tokenizer = Delegate[Any]("engine.tokenizer")
-    model_id = Delegate[str]("engine.model_id")
-    max_model_len = Delegate[int]("engine.max_model_len")
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def model_id(self) -> str:
+        return self.engine.model_id
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

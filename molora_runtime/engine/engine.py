@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from molora_runtime.config import EngineConfig
-from molora_runtime.delegate import Delegate
 from molora_runtime.engine.device import load_tokenizer, pick_device, pick_dtype
 from molora_runtime.engine.outputs.endings import Endings, Outputs
 from molora_runtime.engine.outputs.output_processor import OutputProcessor
@@ -131,16 +130,48 @@ class LLMEngine:
         self._lock = threading.Lock()
         self._seed_gen = torch.Generator().manual_seed(config.seed)
 
-    waiting = Delegate[deque[Sequence]]("scheduler.waiting")
-    running = Delegate[list[Sequence]]("scheduler.running")
-    forked_prefills = Delegate[int]("scheduler.forked_prefills")
-    kv = Delegate[KVCache]("runner.kv")
-    hot_set = Delegate[HotSet]("runner.hot_set")
-    width = Delegate[int]("runner.width")  # adapters per token
-    max_seq_len = Delegate[int]("runner.max_seq_len")  # one sequence's reach (KV budget)
-    # tests and benchmarks swap in their own graph runner (or none)
-    graph_runner = Delegate[CudaGraphRunner | None]("runner.graph_runner", writable=True)
-    endings = Delegate[Endings]("outputs.endings")
+    @property
+    def waiting(self) -> deque[Sequence]:
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        return self.scheduler.running
+
+    @property
+    def forked_prefills(self) -> int:
+        return self.scheduler.forked_prefills
+
+    @property
+    def kv(self) -> KVCache:
+        return self.runner.kv
+
+    @property
+    def hot_set(self) -> HotSet:
+        return self.runner.hot_set
+
+    @property
+    def width(self) -> int:
+        """Adapters per token."""
+        return self.runner.width
+
+    @property
+    def max_seq_len(self) -> int:
+        """One sequence's reach (the KV budget)."""
+        return self.runner.max_seq_len
+
+    @property
+    def graph_runner(self) -> CudaGraphRunner | None:
+        """The runner's CUDA graphs; tests and benchmarks swap in their own (or none)."""
+        return self.runner.graph_runner
+
+    @graph_runner.setter
+    def graph_runner(self, value: CudaGraphRunner | None) -> None:
+        self.runner.graph_runner = value
+
+    @property
+    def endings(self) -> Endings:
+        return self.outputs.endings
 
     def _cache_identity(self, seq: Sequence) -> bytes:
         """The prefix-cache key of `seq`: route identity salted with tenant and cache_salt."""

@@ -9,7 +9,6 @@ from enum import Enum
 
 import torch
 
-from molora_runtime.delegate import Delegate
 from molora_runtime.engine.sampling.logits_processing import RowInput
 from molora_runtime.engine.speculation.drafter import SpecState
 from molora_runtime.engine.structured.grammar_state import GrammarState
@@ -65,8 +64,13 @@ class Sequence:
     spec: SpecState | None = None  # speculative decoding: this sequence's drafter state
     draft: list[int] = field(default_factory=list)  # tokens this step verifies after the last
 
-    request_id = Delegate[str]("request.request_id")
-    route = Delegate[RouteSpec]("request.route")
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def route(self) -> RouteSpec:
+        return self.request.route
 
     @property
     def composition(self) -> str | None:

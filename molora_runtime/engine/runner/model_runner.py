@@ -15,7 +15,6 @@ from collections.abc import Iterator
 import torch
 
 from molora_runtime.config import EngineConfig
-from molora_runtime.delegate import Delegate
 from molora_runtime.engine.runner.cuda_graph import CudaGraphRunner
 from molora_runtime.engine.runner.kv_budget import kv_num_blocks
 from molora_runtime.engine.runner.step_batch import StepBatch
@@ -34,11 +33,25 @@ log = logging.getLogger(__name__)
 class ModelRunner:
     """Runs the scheduler's batches on the device; holds the KV cache, hot-set and graphs."""
 
-    model = Delegate[CausalLM]("step.model")
-    kv = Delegate[KVCache]("step.kv")
-    hot_set = Delegate[HotSet]("step.hot_set")
-    width = Delegate[int]("step.width")
-    device = Delegate[torch.device]("step.device")
+    @property
+    def model(self) -> CausalLM:
+        return self.step.model
+
+    @property
+    def kv(self) -> KVCache:
+        return self.step.kv
+
+    @property
+    def hot_set(self) -> HotSet:
+        return self.step.hot_set
+
+    @property
+    def width(self) -> int:
+        return self.step.width
+
+    @property
+    def device(self) -> torch.device:
+        return self.step.device
 
     def __init__(
         self,
