@@ -12,8 +12,15 @@ resolved route pins.
 
 from __future__ import annotations
 
-from adapter_store.names import namespace_of, plain_name
-from deployments.catalog.model_names import Catalog, ModelNotFound, Resolved, Resolver, Route
+from adapter_store.names import namespace_of, namespaced, plain_name
+from deployments.catalog.model_names import (
+    Catalog,
+    ModelNotFound,
+    NameKey,
+    Resolved,
+    Resolver,
+    Route,
+)
 
 
 def _visible(owner: str | None, tenant: str | None) -> bool:
@@ -46,6 +53,17 @@ def visible_catalog(catalog: Catalog, tenant: str | None) -> Catalog:
         if all(_base(a) in usable for a in e.adapters)
     }
     return Catalog(adapters=adapters, compositions=compositions)
+
+
+def store_keys(names: tuple[NameKey, ...], tenant: str | None) -> list[NameKey]:
+    """The store names a caller of `tenant` may mean by `names`: its own namespaced name
+    (which would shadow a public one), then the public name."""
+    out: list[NameKey] = []
+    for kind, name in names:
+        if tenant is not None and namespace_of(name) is None:
+            out.append((kind, namespaced(tenant, name)))
+        out.append((kind, name))
+    return out
 
 
 def visible_routes(resolver: Resolver, routes: dict[str, Route]) -> dict[str, Route]:

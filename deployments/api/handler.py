@@ -24,6 +24,7 @@ from deployments.api.shaping import Item, Shaper, sse
 from deployments.api.tracking import Tracker
 from deployments.api.upstream import Upstream
 from deployments.catalog.model_names import CatalogCache
+from deployments.catalog.name_lookup import NameLookup
 from deployments.config import ServeConfig
 from deployments.protocol.openai_error import error_payload
 from deployments.protocol.wire import ErrorItem
@@ -35,10 +36,15 @@ class RequestHandler:
     """Serves `/v1/completions` and `/v1/chat/completions` end to end."""
 
     def __init__(
-        self, cfg: ServeConfig, access: Access, catalog: CatalogCache, upstream: Upstream
+        self,
+        cfg: ServeConfig,
+        access: Access,
+        catalog: CatalogCache,
+        lookup: NameLookup,
+        upstream: Upstream,
     ) -> None:
         self.cfg, self.access, self.upstream = cfg, access, upstream
-        self.planner = RequestPlanner(cfg, access, catalog)
+        self.planner = RequestPlanner(cfg, access, catalog, lookup)
 
     async def handle(self, request: Request, chat: bool) -> Any:
         retry_after = self.access.load.retry_after()

@@ -32,6 +32,7 @@ from deployments.api.upstream import Upstream
 from deployments.catalog.admin import YankBody, scope_stats
 from deployments.catalog.lora_admin import LoadLoraBody, UnloadLoraBody
 from deployments.catalog.model_names import CatalogCache, Resolver
+from deployments.catalog.name_lookup import ABSENT_TTL_S, NameLookup
 from deployments.catalog.store import CatalogLoader
 from deployments.catalog.watch import CatalogWatch
 from deployments.config import REPO_ROOT, ServeConfig
@@ -77,7 +78,10 @@ class Router:
         self.access.announce()
         app.state.admission = self.access.admission
         header_deadline.install(self.cfg.server.admission.header_timeout_s)
-        self.handler = RequestHandler(self.cfg, self.access, self.catalog, self.upstream)
+        lookup = NameLookup(
+            self.catalog, loader.entries, min(ABSENT_TTL_S, self.cfg.store.refresh_s)
+        )
+        self.handler = RequestHandler(self.cfg, self.access, self.catalog, lookup, self.upstream)
         self.tokenization = Tokenization(self.cfg, self.access, self.catalog, model)
         self.facts = ModelFacts(model, self.cfg.engine.max_model_len)
         self.scraper = MetricsScraper(lambda: self._private_names())

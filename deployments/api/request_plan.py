@@ -13,7 +13,6 @@ taken before any catalog or image work, and a refusal after admission ends the l
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ from fastapi import Request
 
 from deployments.access.auth import Principal
 from deployments.access.gate import Access
-from deployments.access.tenancy import metric_label
+from deployments.access.tenancy import metric_label, store_keys
 from deployments.api.engine_request import Body, check_echo_size, engine_request
 from deployments.api.http_errors import ApiError, read_payload
 from deployments.api.images import ImagePartError, request_images
@@ -34,6 +33,7 @@ from deployments.catalog.model_names import (
     ModelNotFound,
     Resolved,
 )
+from deployments.catalog.name_lookup import NameLookup
 from deployments.config import ServeConfig
 from molora_runtime.engine.types import GenerationRequest
 
@@ -59,9 +59,10 @@ class RequestPlan:
 class RequestPlanner:
     """Parses, admits and resolves `/v1/completions` and `/v1/chat/completions` requests."""
 
-    def __init__(self, cfg: ServeConfig, access: Access, catalog: CatalogCache) -> None:
-        self.cfg, self.access, self.catalog = cfg, access, catalog
-        self._last_forced = 0.0
+    def __init__(
+        self, cfg: ServeConfig, access: Access, catalog: CatalogCache, lookup: NameLookup
+    ) -> None:
+        self.cfg, self.access, self.catalog, self.lookup = cfg, access, catalog, lookup
 
     async def plan(self, request: Request, chat: bool, principal: Principal) -> RequestPlan:
         """The request's plan; raises `ApiError` (lease ended) or `AccessError` (not taken)."""
@@ -95,20 +96,20 @@ class RequestPlanner:
         return RequestPlan(gen, resolved.placement_adapters, shape, label, lease)
 
     async def resolve(self, body: Body, principal: Principal) -> Resolved:
-        """The body's route, pinned; an unknown name forces one catalog reload first (at most
-        10% of the time, whatever a reload costs), so a just-published adapter is found."""
+        """The body's route, pinned; the names an unknown model may mean are read from the
+        store alone first (deployments/catalog/name_lookup.py), so a just-published adapter is
+        found whatever the store holds."""
         explicit = body.molora.route
         for attempt in range(2):
-            catalog = await self.catalog.get(force=attempt > 0)
+            catalog = await self.catalog.get()
             resolver = self.access.resolver(principal, catalog, self.cfg)
             try:
                 return resolver.resolve(body.model, explicit)
             except BadModelName as exc:
                 raise ApiError(400, str(exc), "model") from None
             except ModelNotFound as exc:
-                now = time.monotonic()
-                if attempt == 0 and now - self._last_forced > max(1.0, 10 * self.catalog.load_s):
-                    self._last_forced = now
+                keys = store_keys(exc.names, principal.tenant)
+                if attempt == 0 and keys and await self.lookup.find(keys, catalog):
                     continue
                 param = "molora.route" if explicit is not None else "model"
                 raise ApiError(404, str(exc), param) from None

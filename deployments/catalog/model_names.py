@@ -36,8 +36,17 @@ from molora_runtime.routes import (
 logger = logging.getLogger("ray.serve")
 
 
+NameKey = tuple[str, str]  # ("adapter" | "composition", store name)
+
+
 class ModelNotFound(LookupError):
-    """`model` (or a ref inside a route) names nothing the server exposes."""
+    """`model` (or a ref inside a route) names nothing the server exposes. `names`: the
+    catalog names, as the caller wrote them, whose appearance in the store could change that
+    (none for a malformed or hidden name)."""
+
+    def __init__(self, message: str, names: tuple[NameKey, ...] = ()) -> None:
+        super().__init__(message)
+        self.names = names
 
 
 class BadModelName(ValueError):
@@ -107,6 +116,16 @@ def _split(ref: str) -> tuple[str, str | None]:
     return name, version or None
 
 
+def _either(ref: str) -> tuple[NameKey, ...]:
+    """The names a plain `name[@version]` may mean, when it is a well-formed one."""
+    try:
+        check_ref(ref)
+    except ValueError:
+        return ()
+    name = _split(ref)[0]
+    return (("adapter", name), ("composition", name))
+
+
 class Resolver:
     """Resolves names against a catalog filtered by the `expose` settings."""
 
@@ -135,7 +154,8 @@ class Resolver:
         if version is None or version not in entry.versions:
             raise ModelNotFound(
                 f"{kind} {ref!r} has no version {version!r} (yanked or never published); "
-                f"live: {list(entry.versions)}"
+                f"live: {list(entry.versions)}",
+                ((kind, _split(ref)[0]),),
             )
         return f"{entry.name}@{version}"  # the store name: a tenant's own names are namespaced
 
@@ -148,7 +168,7 @@ class Resolver:
         name, _ = _split(ref)
         entry = self.adapters.get(name)
         if entry is None:
-            raise ModelNotFound(f"adapter {name!r} does not exist")
+            raise ModelNotFound(f"adapter {name!r} does not exist", (("adapter", name),))
         return self._pin("adapter", ref, entry)
 
     def composition(self, ref: str) -> tuple[CompositionEntry, str]:
@@ -156,7 +176,7 @@ class Resolver:
         name, _ = _split(ref)
         entry = self.compositions.get(name)
         if entry is None:
-            raise ModelNotFound(f"composition {name!r} does not exist")
+            raise ModelNotFound(f"composition {name!r} does not exist", (("composition", name),))
         return entry, self._pin("composition", ref, entry)
 
     # -- resolution -------------------------------------------------------------------------
@@ -182,8 +202,8 @@ class Resolver:
         if model in self.config.expose.routes:
             try:
                 return self.check_route(self.config.expose.routes[model])
-            except ModelNotFound:
-                raise self._not_found(model) from None  # a route over hidden names is hidden
+            except ModelNotFound as exc:  # a route over hidden names is hidden
+                raise self._not_found(model, exc.names) from None
         prefixed = self._base_prefixed(model)
         if prefixed is not None:
             return prefixed
@@ -201,7 +221,7 @@ class Resolver:
         if name in self.adapters:
             self.adapter(model)  # a malformed or dead version is refused before the route is built
             return self.check_route(SingleRoute(adapter=model))
-        raise self._not_found(model)
+        raise self._not_found(model, _either(model))
 
     def _base_prefixed(self, model: str) -> Resolved | None:
         """Ray Serve LLM's `<base>:<adapter>` id; None when `model` is not one (a colon
@@ -231,13 +251,14 @@ class Resolver:
             return self.check_route(LearnedRoute(composition=rest))
         if name in self.adapters:
             return self.check_route(SingleRoute(adapter=self.adapter(rest)))
-        raise self._not_found(model)
+        raise self._not_found(model, _either(rest))
 
     @staticmethod
-    def _not_found(model: str) -> ModelNotFound:
+    def _not_found(model: str, names: tuple[NameKey, ...] = ()) -> ModelNotFound:
         return ModelNotFound(
             f"model {model!r} does not exist; see GET /v1/models for the base model, adapters, "
-            "compositions and routes, or write a mix as 'a:0.7+b:0.3'"
+            "compositions and routes, or write a mix as 'a:0.7+b:0.3'",
+            names,
         )
 
     def known(self, model: str) -> None:
@@ -247,7 +268,7 @@ class Resolver:
         name, _ = _split(model)
         if ":" in model or name in self.adapters or name in self.compositions:
             return
-        raise ModelNotFound(f"model {model!r} does not exist")
+        raise ModelNotFound(f"model {model!r} does not exist", _either(model))
 
 
 def pin_adapters(route: Route, pin: Callable[[str], str]) -> Route:
@@ -274,17 +295,14 @@ def _first_error(exc: Exception) -> str:
     return str(exc)
 
 
-NameKey = tuple[str, str]  # ("adapter" | "composition", store name)
-
-
 STRETCH_FLOOR_S = 0.1  # a catalog load cheaper than this keeps the refresh period as set
 
 
 class CatalogCache:
     """The router's catalog, reloaded in the background every `ttl_s` (or less often, so that
     reloading takes at most `max_share` of a core): a request reads the last good catalog and
-    never waits on the store, whatever the store holds (only the first load, a forced reload
-    and `refresh` wait). A failed reload keeps serving the last good catalog.
+    never waits on the store, whatever the store holds (only the first load and `refresh`
+    wait). A failed reload keeps serving the last good catalog.
 
     A change names what it touched (deployments/catalog/epoch.py), so `apply` installs single
     names re-read on their own beside the full reloads. Each installed name remembers when the
@@ -306,17 +324,17 @@ class CatalogCache:
         self._catalog: Catalog | None = None
         self._lock = asyncio.Lock()
         self._reloader: asyncio.Task[None] | None = None
-        self.load_s = 0.0  # how long the last load took (a forced reload's price)
+        self.load_s = 0.0  # how long the last load took
         self._base_at = float("-inf")  # when the installed full load began reading
         self._read_at: dict[NameKey, float] = {}  # names read alone since then, and when
 
-    async def get(self, force: bool = False) -> Catalog:
+    async def get(self) -> Catalog:
         if self._reloader is None:
             self._reloader = asyncio.get_running_loop().create_task(self._reload_forever())
-        if not force and self._catalog is not None:
+        if self._catalog is not None:
             return self._catalog
         async with self._lock:
-            if not force and self._catalog is not None:
+            if self._catalog is not None:
                 return self._catalog
             try:
                 await self._timed_load()

@@ -135,8 +135,8 @@ def test_one_resolver_per_catalog_load_and_tenant(monkeypatch) -> None:
 
 
 async def test_the_price_of_a_load_is_known() -> None:
-    """The handler forces a reload for an unknown name at most 10% of the time: it needs the
-    price of the last load."""
+    """The background reload keeps to its share of a core: it needs the price of the last
+    load."""
 
     async def slow_load() -> Catalog:
         await asyncio.sleep(0.05)
@@ -146,7 +146,7 @@ async def test_the_price_of_a_load_is_known() -> None:
     try:
         await cache.get()
         assert cache.load_s >= 0.05
-        await cache.get(force=True)
+        await cache.refresh()
         assert 0.05 <= cache.load_s < 5
     finally:
         cache.close()

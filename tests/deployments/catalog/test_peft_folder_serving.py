@@ -89,7 +89,8 @@ def test_a_peft_folder_prefix_is_served_read_only(
     doc = serve_cli.build_document(parser.parse_args(["serve", *argv]))
     assert serve_cli.publish_modules(doc, {}) == []  # as `molora serve` does: makes the store
     args = doc["applications"][0]["args"]
-    args["store"] |= {"cache_dir": str(tmp_path / "cache"), "refresh_s": 0.5}
+    # No background reload during the test: what appears, appears by a request or a change.
+    args["store"] |= {"cache_dir": str(tmp_path / "cache"), "refresh_s": 3600}
     load_dir = tmp_path / "load"
     shutil.copytree(src, load_dir / "own")
     args["server"]["runtime_lora"] = {"load_dir": str(load_dir)}
@@ -103,6 +104,13 @@ def test_a_peft_folder_prefix_is_served_read_only(
         texts = [r.json()["choices"][0]["message"]["content"] for r in (by_name, prefixed)]
         assert texts[0] == texts[1] and texts[0]
         assert _chat(url, "tiny-base:ray-math:0.5").status_code == 400
+        # A folder written behind the router's back is found by the first request naming it.
+        assert _chat(url, "ray-never").status_code == 404
+        for path in sorted(src.iterdir()):
+            backend.upload_file(f"ray-late/{path.name}", path)
+        late = _chat(url, "ray-late")
+        assert late.status_code == 200, late.text
+        before = backend.list_keys("")
         # Runtime loads and unloads write to the writable store, not the PEFT folder.
         _load(url, "own")
         assert _chat(url, "tiny-base:own").status_code == 200
