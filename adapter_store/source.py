@@ -23,8 +23,7 @@ from adapter_store.config import (
 )
 from adapter_store.errors import IntegrityError, NotFoundError, StoreUnavailableError
 from adapter_store.layout import MANIFEST, AnyManifest, blob_key, kind_prefix
-from adapter_store.manifest import CompositionManifest
-from adapter_store.names import KINDS, Kind, parse_ref
+from adapter_store.names import Kind, parse_ref
 from adapter_store.validate import sha256_file
 from adapter_store.versions import Registry
 
@@ -227,23 +226,3 @@ class AdapterStoreSource:
                 self._verified[path] = stamp
         assert folder is not None
         return folder
-
-    # ---- listing for /v1/models --------------------------------------------------------------------
-
-    def catalog(self) -> list[AnyManifest]:
-        """Latest manifest of every adapter and composition; cached ones while the store is down."""
-        try:
-            return [m for kind in KINDS for m in self.registry.catalog(kind)]
-        except StoreUnavailableError as exc:
-            log.warning("store %s is down (%s); listing cached versions only", self.url, exc)
-            out: list[AnyManifest] = []
-            for kind in KINDS:
-                base = self.cache.root / f"{kind}s"
-                for name_dir in sorted(base.iterdir()) if base.is_dir() else []:
-                    cached = self.cache.cached_manifests(kind, name_dir.name)
-                    if cached:
-                        out.append(max(cached, key=lambda m: (m.created, m.version)))
-            return out
-
-    def list_compositions(self) -> list[CompositionManifest]:
-        return [m for m in self.catalog() if isinstance(m, CompositionManifest)]

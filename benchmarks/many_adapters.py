@@ -10,8 +10,10 @@ slots `auto`, on CPU two per sequence of a step, `--slots` to change) with the f
 requests of 64 tokens, greedy, `ignore_eos`, at concurrency `--concurrency`, each naming an
 adapter drawn Zipf(`--zipf`) over the N. Per cell: tok/s, TTFT p50/p99, ITL p99,
 CPU ms per output token of every server process, and for MoLoRA the adapter loads per request
-by tier (slot, host, disk, store) from its admin stats. Rounds run in reversed order every other
-round; the table pairs each side's best round.
+by tier (slot, host, disk, store) from its admin stats. `--store-n 10000` adds a MoLoRA run on a
+store of 10,000 folders to each cell, the requests still drawing from the first N: what the
+store's size alone costs. Rounds run in reversed order every other round; the table pairs each
+side's best round.
 
     .venv/bin/python -m benchmarks.many_adapters [--n 8 1000] [--dtypes float32] [--rounds 1]
 
@@ -38,7 +40,6 @@ from safetensors.torch import save_file
 from benchmarks.chat_stream import run_cell
 from benchmarks.machine import machine_info
 from benchmarks.report import RESULTS_DIR, write_json
-from benchmarks.serve_rounds import round_order
 from benchmarks.server_process import (
     MOLORA_PORT,
     CpuMeter,
@@ -216,7 +217,7 @@ def run_server(server: str, store: Path, names: list[str], trace: list[str], dty
                vllm_python: Path) -> dict[str, Any]:  # fmt: skip
     """One server's cell: start on the store, time the trace, stop."""
     started = time.monotonic()
-    log = work / f"{server}_{len(names)}_{dtype}.log"
+    log = work / f"{server.replace('@', '_store')}_{len(names)}_{dtype}.log"
     if server == "vllm":
         proc = start_vllm(vllm_python, resolve_model_path("smollm2-135m-instruct"), log,
                           VLLM_PORT, dtype=dtype, max_model_len=MAX_MODEL_LEN,
@@ -228,7 +229,7 @@ def run_server(server: str, store: Path, names: list[str], trace: list[str], dty
         proc = start_molora(config, log)
         port = MOLORA_PORT
     try:
-        row = drive(port, trace, conc, proc, server == "molora")
+        row = drive(port, trace, conc, proc, server != "vllm")
     finally:
         stop(proc)
     row["startup_and_run_s"] = round(time.monotonic() - started, 1)
@@ -239,15 +240,14 @@ def run_server(server: str, store: Path, names: list[str], trace: list[str], dty
 
 def summarize(cells: list[dict[str, Any]]) -> list[str]:
     head = ("| N | ranks | dtype | server | tok/s | TTFT p50 / p99 (s) | ITL p99 (ms) | "
-            "slot hit | store fetch / req | MoLoRA ÷ vLLM |")  # fmt: skip
+            "slot hit | store fetch / req | ratio |")  # fmt: skip
     table = [head, "|" + "---|" * 10]
     for cell in cells:
         best = cell["best"]
         n = cell["n"]
-        if cell.get("store_folders", n) > n:
-            n = f"{n} (of {cell['store_folders']} in the store)"
         vllm_tps = (best.get("vllm") or {}).get("tok_per_s")
-        for server in ("vllm", "molora"):
+        own_tps = (best.get("molora") or {}).get("tok_per_s")
+        for server in cell["store_folders"]:
             row = best.get(server)
             if row is None:
                 skipped = cell.get("skipped", {}).get(server)
@@ -258,7 +258,11 @@ def summarize(cells: list[dict[str, Any]]) -> list[str]:
             loads = row.get("loads_per_request") or {}
             ratio = ""
             if server == "molora" and vllm_tps:
-                ratio = f"**{row['tok_per_s'] / vllm_tps:.2f}**"
+                ratio = f"**{row['tok_per_s'] / vllm_tps:.2f}** ÷ vLLM"
+            elif server.startswith("molora@") and own_tps:
+                ratio = f"**{row['tok_per_s'] / own_tps:.2f}** ÷ {n} folders"
+            if server.startswith("molora@"):
+                server = f"molora, {cell['store_folders'][server]} folders in the store"
             ttft = f"{_s(row['ttft_p50_ms'])} / {_s(row['ttft_p99_ms'])}"
             table.append(
                 f"| {n} | {cell['ranks']} | {cell['dtype']} | {server} | "
@@ -306,9 +310,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", nargs="+", type=int, default=[8, 100, 1000, 10000])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--ranks", nargs="+", type=int, default=[8], help="e.g. 8 16 64 (mixed)")
-    ap.add_argument("--store-n", type=int, default=0,
-                    help="the store holds this many folders (when more than N) while requests "
-                    "still draw from the first N: what a store's size alone costs")  # fmt: skip
+    ap.add_argument("--store-n", nargs="*", type=int, default=[],
+                    help="MoLoRA also runs on stores of these many folders (those above N) while "
+                    "requests still draw from the first N, in the same rounds: what a store's "
+                    "size alone costs")  # fmt: skip
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--zipf", type=float, default=1.0)
@@ -337,12 +342,12 @@ def main(argv: list[str] | None = None) -> None:
     vllm_python = Path(args.vllm_python)
     cells = []
     for n in args.n:
-        folders = max(n, args.store_n)
-        store = make_store(work, model_dir, folders, args.ranks)
+        stores = {"vllm": n, "molora": n, **{f"molora@{s}": s for s in args.store_n if s > n}}
+        paths = {s: make_store(work, model_dir, s, args.ranks) for s in set(stores.values())}
         names = adapter_names(n)
         trace = zipf_trace(n, args.requests, args.zipf, args.seed)
         for dtype in args.dtypes:
-            cell: dict[str, Any] = {"n": n, "store_folders": folders,
+            cell: dict[str, Any] = {"n": n, "store_folders": stores,
                                     "ranks": "/".join(map(str, args.ranks)),
                                     "dtype": dtype, "distinct_in_trace": len(set(trace)),
                                     "rounds": [], "skipped": {}}  # fmt: skip
@@ -353,21 +358,20 @@ def main(argv: list[str] | None = None) -> None:
             elif n > args.vllm_max_n:
                 cell["skipped"]["vllm"] = f"N > --vllm-max-n {args.vllm_max_n}"
             for round_no in range(args.rounds):
-                order = [s for s in round_order(round_no, False, True) if s != "offline"]
+                order = [s for s in stores if s not in cell["skipped"]]
+                order = order[::-1] if round_no % 2 else order  # rounds in reversed order
                 rows: dict[str, Any] = {}
                 for server in order:
-                    if server in cell["skipped"]:
-                        continue
-                    rows[server] = run_server(server, store, names, trace, dtype, args.ranks,
-                                              args.slots, args.max_loras, args.concurrency, work,
-                                              vllm_python)  # fmt: skip
+                    rows[server] = run_server(server, paths[stores[server]], names, trace, dtype,
+                                              args.ranks, args.slots, args.max_loras,
+                                              args.concurrency, work, vllm_python)  # fmt: skip
                     print(json.dumps({"n": n, "dtype": dtype, "server": server, **rows[server]}),
                           flush=True)  # fmt: skip
                 cell["rounds"].append({"order": order, **rows})
             cell["best"] = {
                 server: max((r[server] for r in cell["rounds"] if server in r),
                             key=lambda row: row["tok_per_s"], default=None)
-                for server in ("vllm", "molora")
+                for server in stores
             }  # fmt: skip
             cells.append(cell)
     table = summarize(cells)

@@ -19,6 +19,7 @@ from adapter_store import (
     VersionExistsError,
 )
 from adapter_store.manifest import AdapterManifest
+from adapter_store.names import KINDS
 from tests.adapter_store.store_helpers import BASE_ID, SMALL_LLAMA, make_composition
 
 
@@ -93,22 +94,19 @@ def test_latest_yank_and_delete(
         source.adapter_path("nope")
 
 
-def test_catalog_lists_latest(
-    registry: Registry, source: AdapterStoreSource, alpha: Path, beta: Path
-) -> None:
+def test_catalog_lists_latest(registry: Registry, alpha: Path, beta: Path) -> None:
     registry.publish_adapter(alpha, "alpha", "1")
     registry.publish_adapter(alpha, "alpha", "2")
     registry.publish_adapter(beta, "beta", "1")
     registry.publish_composition(
         make_composition(alpha.parent / "c", ["alpha", "beta"]), "mix", "1"
     )
-    listed = {(m.kind, m.name): m.version for m in source.catalog()}
+    listed = {(m.kind, m.name): m.version for k in KINDS for m in registry.catalog(k)}
     assert listed == {
         ("adapter", "alpha"): "2",
         ("adapter", "beta"): "1",
         ("composition", "mix"): "1",
     }
-    assert [m.name for m in source.list_compositions()] == ["mix"]
 
 
 def test_composition_pins_adapters(
