@@ -7,6 +7,7 @@ import os
 import secrets
 
 import pytest
+import torch
 
 from tests.start_once import STARTS, setup_starts
 
@@ -19,6 +20,11 @@ os.environ["RAY_AUTH_MODE"] = "token"
 if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton runs on CPU only through its interpreter, which it reads when `triton` itself is first
+# imported (its library's own jit functions are decorated then), and many test modules import it
+# through transformers and peft: set it before any of them is collected.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -44,6 +44,8 @@ def _self_actor() -> tuple[str | None, str | None, str | None]:
         import ray
         from ray import serve
 
+        if not ray.is_initialized():  # `get_runtime_context` would start a local Ray
+            return None, None, None
         ctx = ray.get_runtime_context()
         replica = serve.get_replica_context().replica_id.unique_id
         name = ctx.get_actor_name()

@@ -1,8 +1,9 @@
 """Kernel tests run the Triton kernels on CPU through the interpreter.
 
-`TRITON_INTERPRET` is read when a kernel is decorated, i.e. when `kernels.triton_*` is first
-imported; `kernels` itself never imports triton, so setting it here (before any test module of
-this directory is imported) is early enough even if another directory imported triton first.
+`TRITON_INTERPRET` is read when `triton` is first imported (its library's jit functions are
+decorated then) and when a kernel is decorated. On a machine without CUDA the root conftest
+sets it before any test module is collected; here it is set for a CUDA machine too, where
+these tests still run interpreted (tests/gpu runs the compiled kernels).
 """
 
 from __future__ import annotations
