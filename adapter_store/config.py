@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapter_store.backends.base import Backend
+from adapter_store.backends.derived_memo import DerivedMemo
 from adapter_store.backends.layered import LAYER_SEP, LayeredBackend
 from adapter_store.backends.local import LocalBackend
 from adapter_store.backends.peft_folder import PeftFolderBackend
@@ -99,23 +100,33 @@ def resolve_cache_bytes(flag: int | None = None, settings: StoreSettings | None 
     return (settings or load_settings()).cache_bytes
 
 
-def open_backend(url: str, endpoint_url: str | None = None, *, create: bool = False) -> Backend:
+def open_backend(
+    url: str,
+    endpoint_url: str | None = None,
+    *,
+    create: bool = False,
+    cache_root: Path | None = None,
+) -> Backend:
     """`s3://bucket/prefix` → S3Backend; anything else is a local directory path. Three forms
     compose them: `peft:<dir or s3 url>` (a read-only folder of PEFT adapters), `ro:<url>` (a
     store read but never written) and `TOP|LOWER|...` (layers: writes go to TOP, which is
-    created if it is a missing directory; the others are read-only)."""
+    created if it is a missing directory; the others are read-only). `cache_root`: where a
+    `peft:` store keeps its derived manifests across restarts (none: in memory only)."""
     if LAYER_SEP in url:
         parts = [part.strip() for part in url.split(LAYER_SEP)]
         if not all(parts):
             raise InvalidInputError(f"store URL {url!r} has an empty layer")
         top = open_backend(parts[0], endpoint_url, create=True)
         lower = [
-            ReadOnlyBackend(open_backend(part, endpoint_url), "a lower layer of a layered store")
+            ReadOnlyBackend(
+                open_backend(part, endpoint_url, cache_root=cache_root),
+                "a lower layer of a layered store",
+            )
             for part in parts[1:]
         ]
         return LayeredBackend([top, *lower])
     if url.startswith(RO_PREFIX):
-        inner = open_backend(url[len(RO_PREFIX) :], endpoint_url)
+        inner = open_backend(url[len(RO_PREFIX) :], endpoint_url, cache_root=cache_root)
         return ReadOnlyBackend(inner, "opened with ro:")
     if url.startswith(PEFT_PREFIX):
         inner_url = url[len(PEFT_PREFIX) :]
@@ -123,7 +134,11 @@ def open_backend(url: str, endpoint_url: str | None = None, *, create: bool = Fa
             raise InvalidInputError(
                 f"store URL {url!r}: peft: takes a directory or s3://bucket/prefix"
             )
-        return PeftFolderBackend(open_backend(inner_url, endpoint_url))  # type: ignore[arg-type]
+        folders = open_backend(inner_url, endpoint_url)
+        memo = None
+        if cache_root is not None:
+            memo = DerivedMemo.for_store(cache_root, f"{endpoint_url or ''}|{folders.url}")
+        return PeftFolderBackend(folders, memo=memo)  # type: ignore[arg-type]
     if url.startswith("s3://"):
         parsed = urlparse(url)
         if "@" in parsed.netloc or ":" in parsed.netloc:

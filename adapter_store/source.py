@@ -45,13 +45,13 @@ class AdapterStoreSource:
         registry: Registry | None = None,
     ) -> None:
         settings = load_settings()
+        root = resolve_cache_dir(cache_dir, settings)
         if registry is None:
             url = resolve_store_url(store_url, settings)
-            registry = Registry(open_backend(url, endpoint_url or settings.endpoint_url))
+            endpoint = endpoint_url or settings.endpoint_url
+            registry = Registry(open_backend(url, endpoint, cache_root=root))
         self.registry = registry
-        self.cache = LocalCache(
-            resolve_cache_dir(cache_dir, settings), resolve_cache_bytes(cache_bytes, settings)
-        )
+        self.cache = LocalCache(root, resolve_cache_bytes(cache_bytes, settings))
         self.latest_ttl_s = latest_ttl_s
         self.direct_local = direct_local
         self._latest: dict[tuple[str, str], tuple[float, AnyManifest]] = {}

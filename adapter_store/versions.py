@@ -260,7 +260,13 @@ class Registry(VersionReader):
 
 
 def open_registry(
-    url: str, endpoint_url: str | None = None, *, create: bool = False, **kwargs: Any
+    url: str,
+    endpoint_url: str | None = None,
+    *,
+    create: bool = False,
+    cache_root: Path | None = None,
+    **kwargs: Any,
 ) -> Registry:
-
-    return Registry(open_backend(url, endpoint_url, create=create), **kwargs)
+    """A registry over the store at `url`; `cache_root` as `open_backend` takes it."""
+    backend = open_backend(url, endpoint_url, create=create, cache_root=cache_root)
+    return Registry(backend, **kwargs)

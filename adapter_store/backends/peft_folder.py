@@ -5,8 +5,8 @@ and `adapter_model.safetensors` (a `README.md` is kept; other files are never re
 folder is one adapter whose only version is a hash of its files' sha256s. Its manifest is
 derived the first time the folder is seen (files fetched, checked by the push rulebook, hashed)
 and kept while the listing shows the same sizes and tags (each file is read once: the rulebook
-and the hash see the same bytes), so the registry, the verified cache and every reader work
-unchanged over the virtual keys
+and the hash see the same bytes; with a `memo`, kept on disk across restarts too), so the
+registry, the verified cache and every reader work unchanged over the virtual keys
 
     adapters/<name>/<version>/manifest.json           derived, never stored
     adapters/<name>/<version>/u-peft-folder/<file>    = <prefix>/<name>/<file>
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from adapter_store.backends.base import Backend, ObjectMissingError, ObjectStat, Progress
+from adapter_store.backends.derived_memo import DerivedMemo, Stamp
 from adapter_store.backends.readonly import refuse_write
 from adapter_store.errors import InvalidInputError
 from adapter_store.layout import MANIFEST
@@ -63,9 +64,6 @@ class StatBackend(Backend, Protocol):
     def list_folder_stats(self, prefix: str) -> dict[str, dict[str, ObjectStat]]: ...
 
 
-Stamp = tuple[tuple[str, int, str], ...]
-
-
 def content_version(entries: list[tuple[str, str]]) -> str:
     """The version of a folder: a hash over its (file name, sha256) pairs."""
     digest = hashlib.sha256()
@@ -76,9 +74,16 @@ def content_version(entries: list[tuple[str, str]]) -> str:
 
 class PeftFolderBackend:
     def __init__(
-        self, inner: StatBackend, *, max_bytes: int = DEFAULT_MAX_BYTES, stats_ttl_s: float = 1.0
+        self,
+        inner: StatBackend,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        stats_ttl_s: float = 1.0,
+        memo: DerivedMemo | None = None,
     ) -> None:
+        """`memo`: derived manifests kept on disk across restarts (none: kept in memory)."""
         self.inner = inner
+        self.memo = memo
         self.max_bytes = max_bytes
         self.stats_ttl_s = stats_ttl_s
         self._listed: dict[str, tuple[float, dict[str, ObjectStat]]] = {}
@@ -103,10 +108,16 @@ class PeftFolderBackend:
             known = self._derived.get(name)
         if known is not None and known[0] == stamp:
             return known[1]
-        try:
-            manifest, problem = self._derive(name, stats)
-        except ObjectMissingError:
-            return None  # removed while we read it
+        remembered = self.memo.get(name, stamp) if self.memo is not None else None
+        if remembered is not None:
+            manifest, problem = remembered
+        else:
+            try:
+                manifest, problem = self._derive(name, stats)
+            except ObjectMissingError:
+                return None  # removed while we read it
+            if self.memo is not None:
+                self.memo.put(name, stamp, (manifest, problem))
         if problem is not None:
             log.warning(
                 "PEFT store %s: adapter folder %r is not served: %s", self.url, name, problem

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from adapter_store import open_store
+from adapter_store.config import load_settings, resolve_cache_dir
 from adapter_store.errors import NotFoundError
 from adapter_store.layout import AnyManifest
 from adapter_store.versions import Registry, open_registry
@@ -26,7 +27,10 @@ E = TypeVar("E", AdapterEntry, CompositionEntry)
 
 
 def _registry(cfg: StoreConfig) -> Registry:
-    return open_registry(cfg.resolved_url(), cfg.endpoint_url)
+    """The catalog's registry: a `peft:` store keeps derived manifests in the cache dir, so a
+    restarted router reads only the folders that changed."""
+    cache_root = resolve_cache_dir(cfg.cache_dir, load_settings())
+    return open_registry(cfg.resolved_url(), cfg.endpoint_url, cache_root=cache_root)
 
 
 _WRITERS: dict[tuple[str, str | None], Registry] = {}

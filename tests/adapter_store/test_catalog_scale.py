@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from adapter_store.backends import peft_folder
+from adapter_store.backends.derived_memo import MEMO_DIR as DERIVED_DIR
 from deployments.access.auth import ANONYMOUS
 from deployments.access.gate import Access
 from deployments.catalog.model_names import AdapterEntry, Catalog, CatalogCache
@@ -187,3 +188,34 @@ def test_a_loader_knows_the_cpu_its_last_load_took(peft_dir: Path) -> None:
     load = CatalogLoader(StoreConfig(url=f"peft:{peft_dir}"))
     load()
     assert 0 < load.cpu_s < 60
+
+
+def test_a_restarted_loader_reads_only_changed_folders(
+    peft_dir: Path, adapters_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """Derived manifests outlive the process in the cache dir: a router that restarts (a
+    rolling update) lists the store and reads only what changed since."""
+    derived: list[str] = []
+    real = peft_folder.PeftFolderBackend._derive
+
+    def counting(self, name, stats):  # type: ignore[no-untyped-def]
+        derived.append(name)
+        return real(self, name, stats)
+
+    monkeypatch.setattr(peft_folder.PeftFolderBackend, "_derive", counting)
+    (peft_dir / "bad").mkdir()
+    (peft_dir / "bad" / "adapter_config.json").write_text("{}")
+    cfg = StoreConfig(url=f"peft:{peft_dir}", cache_dir=str(tmp_path / "cache"))
+    first = CatalogLoader(cfg)()
+    assert len(derived) == 7 and "bad" not in first.adapters
+    again = CatalogLoader(cfg)()  # a new process: nothing is read again
+    assert again.adapters == first.adapters and len(derived) == 7
+    for f in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copy(adapters_dir / "beta" / f, peft_dir / "n1" / f)
+    memo = next((tmp_path / "cache" / DERIVED_DIR).iterdir())
+    with memo.open("a") as out:
+        out.write('{"name": "n2", "stamp": [["adap')  # a line torn by a crash is a miss
+    third = CatalogLoader(cfg)()
+    assert derived[7:] == ["n1"]
+    assert third.adapters["n1"].latest != first.adapters["n1"].latest
+    assert third.adapters["n0"] == first.adapters["n0"]
