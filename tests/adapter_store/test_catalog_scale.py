@@ -30,17 +30,23 @@ def peft_dir(adapters_dir: Path, tmp_path: Path) -> Path:
     return folder
 
 
-def test_a_reload_derives_only_changed_folders(
-    peft_dir: Path, adapters_dir: Path, monkeypatch
-) -> None:
-    derived: list[str] = []
+@pytest.fixture
+def derived(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the folders derived (read and hashed) from now on, in order."""
+    names: list[str] = []
     real = peft_folder.PeftFolderBackend._derive
 
     def counting(self, name, stats):  # type: ignore[no-untyped-def]
-        derived.append(name)
+        names.append(name)
         return real(self, name, stats)
 
     monkeypatch.setattr(peft_folder.PeftFolderBackend, "_derive", counting)
+    return names
+
+
+def test_a_reload_derives_only_changed_folders(
+    peft_dir: Path, adapters_dir: Path, derived: list[str]
+) -> None:
     load = CatalogLoader(StoreConfig(url=f"peft:{peft_dir}"))
     first = load()
     assert sorted(first.adapters) == [f"n{i}" for i in range(6)] and len(derived) == 6
@@ -191,18 +197,10 @@ def test_a_loader_knows_the_cpu_its_last_load_took(peft_dir: Path) -> None:
 
 
 def test_a_restarted_loader_reads_only_changed_folders(
-    peft_dir: Path, adapters_dir: Path, tmp_path: Path, monkeypatch
+    peft_dir: Path, adapters_dir: Path, tmp_path: Path, derived: list[str]
 ) -> None:
     """Derived manifests outlive the process in the cache dir: a router that restarts (a
     rolling update) lists the store and reads only what changed since."""
-    derived: list[str] = []
-    real = peft_folder.PeftFolderBackend._derive
-
-    def counting(self, name, stats):  # type: ignore[no-untyped-def]
-        derived.append(name)
-        return real(self, name, stats)
-
-    monkeypatch.setattr(peft_folder.PeftFolderBackend, "_derive", counting)
     (peft_dir / "bad").mkdir()
     (peft_dir / "bad" / "adapter_config.json").write_text("{}")
     cfg = StoreConfig(url=f"peft:{peft_dir}", cache_dir=str(tmp_path / "cache"))
