@@ -9,6 +9,7 @@ pinned names are never evicted. `counters` feed the runtime's per-tier metrics (
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -34,7 +35,16 @@ LAST_USED = ".last_used"
 STALE_TMP_S = 6 * 3600
 
 
-USAGE_TTL_S = 2.0  # how long a measured usage is reused (it walks every entry)
+LISTING_TTL_S = 10.0  # how long a walk of every entry is reused (metrics export every 10 s)
+VERIFIED = ".verified.json"  # the stat stamps of an entry's files when they were last hashed
+
+Stamp = tuple[int, int, int, int, str]  # size, mtime_ns, ctime_ns, inode, sha256
+
+
+def stamp_of(st: os.stat_result, sha256: str) -> Stamp:
+    """What a hashed file looked like: any write, replacement or `utime` changes it (the
+    ctime cannot be set back), so a file whose stamp matches still has that hash."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, sha256)
 
 
 class LocalCache:
@@ -46,46 +56,58 @@ class LocalCache:
         self._locks = self.root / ".locks"
         self.counters = TierCounters()  # the disk tier's, this process' look-ups
         self.pinned: set[tuple[str, str]] = set()  # (kind, name): never evicted
-        self._count_lock = threading.Lock()
-        self._usage: tuple[float, int] | None = None
-        self._names: dict[str, tuple[float, list[str]]] = {}
-        self._verified: dict[Path, tuple[int, int, int, str]] = {}
+        self._state_lock = threading.Lock()  # counters, listing, verified stamps: fetch threads
+        self._listing: tuple[float, dict[Path, int]] | None = None  # (walked at, entry -> bytes)
+        self._verified: dict[Path, Stamp] = {}
 
     def count(self, **deltas: int) -> None:
         """Add to the counters (fetch workers of one replica call this concurrently)."""
-        with self._count_lock:
+        with self._state_lock:
             for key, n in deltas.items():
                 setattr(self.counters, key, getattr(self.counters, key) + n)
 
     def pin(self, kind: Kind, name: str) -> None:
         self.pinned.add((kind, check_name(name)))
 
+    def listing(self, max_age_s: float = LISTING_TTL_S) -> dict[Path, int]:
+        """Every complete entry and its bytes, walked at most every `max_age_s` and kept up to
+        date by this process' own pulls and drops in between (other processes sharing the
+        folder show at the next walk). Entries never change once in place, so a walk sizes
+        only the ones it has not seen: stats and eviction cost a listing, not a stat per file."""
+        with self._state_lock:
+            if self._listing is not None and time.monotonic() - self._listing[0] <= max_age_s:
+                return dict(self._listing[1])
+            known = dict(self._listing[1]) if self._listing is not None else {}
+        walked = {}
+        for entry in self.entries():
+            size = known.get(entry)
+            if size is None:
+                with contextlib.suppress(FileNotFoundError):  # evicted meanwhile
+                    size = self.entry_size(entry)
+            if size is not None:
+                walked[entry] = size
+        with self._state_lock:
+            self._listing = (time.monotonic(), walked)
+        return dict(walked)
+
+    def _listed(self, entry: Path, size: int | None) -> None:
+        """This process put (`size`) or dropped (None) an entry: the listing follows at once."""
+        with self._state_lock:
+            if self._listing is None:
+                return
+            if size is None:
+                self._listing[1].pop(entry, None)
+            else:
+                self._listing[1][entry] = size
+
     def cached_names(self, kind: Kind) -> list[str]:
-        """Names with at least one complete cached version (the residency view's disk tier),
-        listed at most every USAGE_TTL_S: the replica reads it at 1 Hz on its event loop, and
-        the listing walks every cached adapter."""
-        now = time.monotonic()
-        seen = self._names.get(kind)
-        if seen is None or now - seen[0] > USAGE_TTL_S:
-            base = self.root / kind_prefix(kind)
-            names = (
-                sorted(
-                    d.name
-                    for d in base.iterdir()
-                    if any((v / MANIFEST).is_file() for v in d.glob("*"))
-                )
-                if base.is_dir()
-                else []
-            )
-            seen = self._names[kind] = (now, names)
-        return seen[1]
+        """Names with at least one complete cached version (the residency view's disk tier)."""
+        base = self.root / kind_prefix(kind)
+        return sorted({e.parent.name for e in self.listing() if e.parent.parent == base})
 
     def usage_cached(self) -> int:
-        """`usage()`, measured at most every USAGE_TTL_S (for 1 Hz stats)."""
-        now = time.monotonic()
-        if self._usage is None or now - self._usage[0] > USAGE_TTL_S:
-            self._usage = (now, self.usage())
-        return self._usage[1]
+        """Bytes in the cache as of the last listing (for 1 Hz stats)."""
+        return sum(self.listing().values())
 
     def entry_dir(self, kind: Kind, name: str, version: str) -> Path:
         return self.root / kind_prefix(kind) / check_name(name) / check_version(version)
@@ -123,29 +145,60 @@ class LocalCache:
         self.touch(entry)
         return entry
 
+    def _stamps(self, folder: Path, manifest: AnyManifest) -> dict[str, Stamp]:
+        return {f.path: stamp_of((folder / f.path).lstat(), f.sha256) for f in manifest.files}
+
+    def _save_stamps(self, folder: Path, manifest: AnyManifest) -> None:
+        """Record the stamps of files just hashed, so no process of this node hashes them
+        again until they change (best effort: a read-only cache just hashes on each start)."""
+        tmp = folder / f"{VERIFIED}.{uuid.uuid4().hex}"
+        try:
+            tmp.write_text(json.dumps(self._stamps(folder, manifest)))
+            os.replace(tmp, folder / VERIFIED)
+        except OSError as exc:
+            log.debug("store cache %s: stamps not saved: %s", folder, exc)
+            tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _saved_stamps(entry: Path) -> dict[str, Stamp]:
+        try:
+            raw = json.loads((entry / VERIFIED).read_bytes())
+            return {k: tuple(v) for k, v in raw.items()}  # type: ignore[misc]
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}
+
     def _remember(self, entry: Path, manifest: AnyManifest) -> None:
         """Files just downloaded were hashed on the way in: no need to hash them on first use."""
-        for f in manifest.files:
-            st = (entry / f.path).lstat()
-            with self._count_lock:
-                self._verified[entry / f.path] = (st.st_size, st.st_mtime_ns, st.st_ino, f.sha256)
+        stamps = self._stamps(entry, manifest)
+        with self._state_lock:
+            for rel, stamp in stamps.items():
+                self._verified[entry / rel] = stamp
 
     def _mismatch(self, entry: Path, manifest: AnyManifest) -> str | None:
         """What differs between the cached files and the manifest (size, sha256), if anything;
-        a file is hashed again only when its size, mtime or inode changed."""
+        a file is hashed again only when its stamp changed since this process or another of
+        this node last hashed it."""
+        saved: dict[str, Stamp] | None = None
+        hashed = False
         for f in manifest.files:
             path = entry / f.path
             st = path.lstat()
             if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
                 return f"{f.path} is not the {f.size}-byte file of the manifest"
-            stamp = (st.st_size, st.st_mtime_ns, st.st_ino, f.sha256)
-            with self._count_lock:
+            stamp = stamp_of(st, f.sha256)
+            with self._state_lock:
                 if self._verified.get(path) == stamp:
                     continue
-            if sha256_file(path) != f.sha256:
-                return f"{f.path} does not match its manifest sha256"
-            with self._count_lock:
+            if saved is None:
+                saved = self._saved_stamps(entry)
+            if saved.get(f.path) != stamp:
+                if sha256_file(path) != f.sha256:
+                    return f"{f.path} does not match its manifest sha256"
+                hashed = True
+            with self._state_lock:
                 self._verified[path] = stamp
+        if hashed:
+            self._save_stamps(entry, manifest)
         return None
 
     def pull(
@@ -165,10 +218,12 @@ class LocalCache:
                 for f in manifest.files:
                     registry.fetch_to(manifest, f, tmp / f.path, progress)
                 (tmp / MANIFEST).write_bytes(manifest.model_dump_json(indent=2).encode())
+                self._save_stamps(tmp, manifest)
                 (tmp / LAST_USED).touch()
                 entry.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(tmp, entry)
                 self._remember(entry, manifest)
+                self._listed(entry, self.entry_size(entry))
                 self.count(loads=1)
             except OSError as exc:
                 full = disk_full(
@@ -222,21 +277,25 @@ class LocalCache:
         self._tmp.mkdir(parents=True, exist_ok=True)
         trash = self._tmp / f"evict-{uuid.uuid4().hex}"
         os.rename(entry, trash)  # disappears atomically for readers
+        self._listed(entry, None)
         shutil.rmtree(trash, ignore_errors=True)
         return True
 
     def evict(self, keep: set[Path] | frozenset[Path] = frozenset()) -> list[Path]:
-        """Drop least-recently-used entries until the cache fits its byte budget."""
+        """Drop least-recently-used entries until the cache fits its byte budget. Within
+        budget by the listing (at most LISTING_TTL_S old), nothing is walked."""
+        if sum(self.listing().values()) <= self.max_bytes:
+            return []
         self._locks.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self._locks / "evict.lock"), timeout=self.lock_timeout_s):
             self._clean_stale_tmp()
             sized = []
-            for entry in self.entries():
+            for entry, size in self.listing(max_age_s=0.0).items():
                 try:
                     stamp = (entry / LAST_USED).stat().st_mtime
                 except FileNotFoundError:
                     stamp = 0.0
-                sized.append((stamp, entry, self.entry_size(entry)))
+                sized.append((stamp, entry, size))
             total = sum(size for _, _, size in sized)
             evicted = []
             for _, entry, size in sorted(sized, key=lambda t: t[0]):

@@ -62,6 +62,7 @@ CPU_LORAS = 64
 MAX_NUM_SEQS = 32
 MAX_MODEL_LEN = 1024
 TIERS = ("slot", "host", "disk")
+EXPORT_PERIOD_S = 11.0  # Ray's metrics report period (10 s) and a second of slack
 TIER_SERIES = re.compile(
     r'^molora_tier_(?P<what>hits|loads)_total\{[^}]*tier="(?P<tier>\w+)"[^}]*\} (?P<value>\S+)'
 )
@@ -163,11 +164,29 @@ def tier_counts(port: int) -> dict[str, dict[str, int]] | None:
     except httpx.HTTPError:
         return None
     counts: dict[str, dict[str, int]] = {t: {"hits": 0, "loads": 0} for t in TIERS}
+    seen = False
     for line in text.splitlines():
         match = TIER_SERIES.match(line)
         if match and match["tier"] in counts:
             counts[match["tier"]][match["what"]] += int(float(match["value"]))
-    return counts
+            seen = True
+    return counts if seen else None
+
+
+def settled_tier_counts(port: int) -> dict[str, dict[str, int]] | None:
+    """The tier counters once they stop moving: Ray's exporter publishes them every
+    `EXPORT_PERIOD_S`, and the API port may answer with its previous scrape, so one read right
+    after a run can still show the counts from before it."""
+    deadline = time.monotonic() + 6 * EXPORT_PERIOD_S
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        counts = tier_counts(port)
+        if counts != last:
+            last, since = counts, time.monotonic()
+        elif counts is not None and time.monotonic() - since > EXPORT_PERIOD_S:
+            return counts
+        time.sleep(1.0)
+    return last
 
 
 def loads_per_request(
@@ -199,11 +218,11 @@ def drive(port: int, trace: list[str], conc: int, proc: Any, molora: bool) -> di
     """Warm up on the trace's first adapters, then run the trace once, timed."""
     warm = [(name, None) for name in dict.fromkeys(trace[:SLOTS])]
     asyncio.run(run_cell(port, warm, min(conc, len(warm)), len(warm)))
-    before = tier_counts(port) if molora else None
+    before = settled_tier_counts(port) if molora else None
     with CpuMeter(proc) as cpu:
         row = asyncio.run(run_cell(port, [(name, None) for name in trace], conc, len(trace)))
     if molora:
-        row["loads_per_request"] = loads_per_request(before, tier_counts(port), len(trace))
+        row["loads_per_request"] = loads_per_request(before, settled_tier_counts(port), len(trace))
     row["cpu_ms_per_token"] = cpu_ms_per_token(cpu.server_s, row["completion_tokens"])
     row["client_cpu_s"] = cpu.client_s
     return row

@@ -112,6 +112,9 @@ def read_peft_adapter(
         plan = rules.check_adapter(config, entries, base_shapes(arch))
     except RuleError as exc:
         raise AdapterLoadError(f"adapter {name!r}: {exc}") from exc
+    nonfinite = _first_nonfinite(tensors)
+    if nonfinite is not None:
+        raise AdapterLoadError(f"adapter {name!r}: {rules.nonfinite_message(nonfinite)}")
     adapter = AdapterWeights(name=name, rank=plan.rank, base_model=config.base_model_name_or_path)
     for (module, layer), (key_a, key_b, r, scale) in plan.pairs.items():
         if module not in allowed_targets:
@@ -124,8 +127,16 @@ def read_peft_adapter(
                 f"adapter {name!r}: tensor {key_a} has rank {r}, above hot_set.max_rank={max_rank}"
             )
         a, b = tensors[key_a], tensors[key_b]
-        for key, t in ((key_a, a), (key_b, b)):
-            if not torch.isfinite(t).all():
-                raise AdapterLoadError(f"adapter {name!r}: {rules.nonfinite_message(key)}")
         adapter.modules.setdefault(module, {})[layer] = (a.float(), b.float() * scale)
     return adapter
+
+
+def _first_nonfinite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The first tensor (by key) holding a NaN or an infinity, if any: one check over all of
+    them per dtype, since a per-tensor check costs ~120 dispatches for a 30-layer adapter."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors.values():
+        by_dtype.setdefault(t.dtype, []).append(t.reshape(-1))
+    if all(bool(torch.isfinite(torch.cat(flat)).all()) for flat in by_dtype.values()):
+        return None
+    return next(key for key in sorted(tensors) if not bool(torch.isfinite(tensors[key]).all()))
