@@ -26,6 +26,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -326,16 +327,18 @@ class MultiNodeCluster:
 
     # -- the app --------------------------------------------------------------------------
 
-    def publish(self, adapters: Path) -> dict[str, str]:
-        """Every adapter folder published to a fresh bucket as `<name>@v1`; the store args."""
+    def publish(self, adapters: Path, workers: int = 1) -> dict[str, str]:
+        """Every adapter folder published to a fresh bucket as `<name>@v1` (`workers` at once);
+        the store args."""
         from adapter_store import open_registry
 
         assert self.seaweed is not None
         bucket = self.seaweed.create_bucket()
         url = f"s3://{bucket}/adapters"
         registry = open_registry(url, self.seaweed.endpoint_url, create=True)
-        for folder in sorted(adapters.iterdir()):
-            registry.publish_adapter(folder, folder.name, "v1")
+        folders = sorted(adapters.iterdir())
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda f: registry.publish_adapter(f, f.name, "v1"), folders))
         return {"url": url, "endpoint_url": self.seaweed.endpoint_url}
 
     def deploy(self, app: dict[str, Any], timeout_s: float = 240.0) -> None:

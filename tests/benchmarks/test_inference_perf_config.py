@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from deployments.api.request_models import CompletionRequest
 
-CONFIG = Path(__file__).resolve().parents[1] / "benchmarks" / "inference_perf.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "benchmarks" / "inference_perf.yaml"
 ADAPTERS = [f"ad{i:05d}" for i in range(64)]
 
 
