@@ -11,10 +11,14 @@ autoscaling across nodes, with the tiny model.
 - rolling_update: a changed config deployed (`serve deploy`) under steady load; failed requests.
 - autoscale: 1..4 replicas under a load burst, then idle: replicas and nodes over time, with the
   clients' latency per sample.
+- scale: a third worker node, 6 replicas x 16 slots, 1,000 adapters of ranks 8/16/32, the placement
+  simulator's trace replayed open-loop cold then warm, beside the simulator's prediction
+  (benchmarks/cluster_scale.py).
 
-    python -m benchmarks.cluster [--quick]
+    python -m benchmarks.cluster [--quick] [--phases scale]
 
-Writes benchmarks/results/cluster.json (with `lscpu`'s model name and flags) and prints a table.
+Writes benchmarks/results/cluster.json (with `lscpu`'s model name and flags; a run of some phases
+keeps the others' results) and prints a table.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from typing import Any
 import httpx
 from ray import serve
 
+from benchmarks.cluster_scale import scale, scale_table
+from benchmarks.machine import machine_info
 from benchmarks.report import RESULTS_DIR, write_json
 from benchmarks.serve_load import Sample, one_request, pct, zipf_sequence
 from tests.support.multinode import (
@@ -44,6 +50,7 @@ from tests.support.multinode import (
 )
 
 RESULTS = RESULTS_DIR / "cluster.json"
+PHASES = ("placement", "node_loss", "rolling_update", "autoscale", "scale")
 PROMPT = "Write a short story about a robot learning to paint."
 
 
@@ -289,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="fewer requests per phase")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     args = parser.parse_args(argv)
     args.requests = 96 if args.quick else 384
     args.concurrency = 8
@@ -298,31 +306,43 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="molora-cluster-bench-"))
     model, adapters = make_assets(work / "assets", 24)
     mn = start_multinode(work / "cluster")
-    result: dict[str, Any] = {}
+    kept = json.loads(args.out.read_text()) if args.out.exists() else {}
+    result: dict[str, Any] = {k: v for k, v in kept.items() if k in PHASES}
+    for phase in result.values():  # a kept phase keeps the box it ran on
+        phase.setdefault("machine_info", kept.get("machine_info") or kept.get("machine"))
     try:
         store = mn.publish(adapters)
-        result["placement"] = placement(mn, model, store, args)
-        print(
-            "placement", {k: v for k, v in result["placement"].items() if k != "cells"}, flush=True
-        )
         app = app_config(model, store, model_replicas=4, slots=4)
-        mn.deploy(app)
-        result["node_loss"] = asyncio.run(_node_loss(mn, 32, 200 if args.quick else 400))
-        print("node_loss", result["node_loss"], flush=True)
-        changed = copy.deepcopy(app)
-        changed["args"]["engine"]["max_num_seqs"] = 6
-        changed["args"]["server"]["default_max_tokens"] = 24
-        result["rolling_update"] = asyncio.run(_rolling(mn, changed, 4))
-        print("rolling_update", result["rolling_update"], flush=True)
-        result["autoscale"] = autoscale(mn, model, store, args)
-        print(
-            "autoscale",
-            {k: v for k, v in result["autoscale"].items() if k != "timeline"},
-            flush=True,
-        )
+        if "placement" in args.phases:
+            result["placement"] = placement(mn, model, store, args)
+            cells = {k: v for k, v in result["placement"].items() if k != "cells"}
+            print("placement", cells, flush=True)
+        if "node_loss" in args.phases:
+            mn.deploy(app)
+            result["node_loss"] = asyncio.run(_node_loss(mn, 32, 200 if args.quick else 400))
+            print("node_loss", result["node_loss"], flush=True)
+        if "rolling_update" in args.phases:
+            mn.deploy(app)
+            changed = copy.deepcopy(app)
+            changed["args"]["engine"]["max_num_seqs"] = 6
+            changed["args"]["server"]["default_max_tokens"] = 24
+            result["rolling_update"] = asyncio.run(_rolling(mn, changed, 4))
+            print("rolling_update", result["rolling_update"], flush=True)
+        if "autoscale" in args.phases:
+            result["autoscale"] = autoscale(mn, model, store, args)
+            timeline = {k: v for k, v in result["autoscale"].items() if k != "timeline"}
+            print("autoscale", timeline, flush=True)
+        if "scale" in args.phases:
+            serve.delete("molora")
+            with_cold_caches(mn)
+            result["scale"] = scale(mn, model, work / "scale", args.quick)
+            print("scale", json.dumps(scale_table(result["scale"])), flush=True)
     finally:
         mn.stop()
         shutil.rmtree(work, ignore_errors=True)
+    for name in args.phases:
+        if name in result:
+            result[name]["machine_info"] = machine_info()
     result["machine"] = {  # write_json adds the CPU model and flags under machine_info
         "note": "3 Ray nodes on one shared 2-core box: timings are noisy, counts are the result",
     }
@@ -333,15 +353,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def table(r: dict[str, Any]) -> str:
-    p, n, u, a = r["placement"], r["node_loss"], r["rolling_update"], r["autoscale"]
-    rows = [
-        ("placement slot hit (affinity / default)", f"{p['affinity_slot_hit']} / {p['default_slot_hit']}"),
-        ("store fetches (affinity / default)", f"{p['affinity_store_fetches']} / {p['default_store_fetches']}"),
-        ("node loss: streams / affected / silent / 5xx", f"{n['streams']} / {n['affected']} / {n['silent_losses']} / {n['http_5xx']}"),
-        ("node loss: recovery s after re-add", str(n["recovery_s"])),
-        ("rolling update: requests / failed", f"{u['requests']} / {u['failed']}"),
-        ("autoscale: max replicas / nodes", f"{a['max_replicas_seen']} / {', '.join(a['nodes_used'])}"),
-    ]  # fmt: skip
+    rows: list[tuple[str, str]] = []
+    if p := r.get("placement"):
+        hit = f"{p['affinity_slot_hit']} / {p['default_slot_hit']}"
+        fetches = f"{p['affinity_store_fetches']} / {p['default_store_fetches']}"
+        rows.append(("placement slot hit (affinity / default)", hit))
+        rows.append(("store fetches (affinity / default)", fetches))
+    if n := r.get("node_loss"):
+        lost = f"{n['streams']} / {n['affected']} / {n['silent_losses']} / {n['http_5xx']}"
+        rows.append(("node loss: streams / affected / silent / 5xx", lost))
+        rows.append(("node loss: recovery s after re-add", str(n["recovery_s"])))
+    if u := r.get("rolling_update"):
+        rows.append(("rolling update: requests / failed", f"{u['requests']} / {u['failed']}"))
+    if a := r.get("autoscale"):
+        nodes = ", ".join(a["nodes_used"])
+        rows.append(("autoscale: max replicas / nodes", f"{a['max_replicas_seen']} / {nodes}"))
+    if s := r.get("scale"):
+        rows += scale_table(s)
     return "\n".join(["| phase | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
 
 
