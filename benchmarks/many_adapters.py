@@ -8,7 +8,8 @@ to every core) registers every folder with `--lora-modules` (`--max-loras 8 --ma
 slots `auto`, on CPU two per sequence of a step, `--slots` to change) with the folder as a
 `peft:` store. One streaming client sends the same seeded trace to both: `--requests` chat
 requests of 64 tokens, greedy, `ignore_eos`, at concurrency `--concurrency`, each naming an
-adapter drawn Zipf(`--zipf`) over the N. Per cell: tok/s, TTFT p50/p99, ITL p99,
+adapter drawn Zipf(`--zipf`) over the N; every MoLoRA run starts with an empty adapter disk
+cache (the store is read afresh, as vLLM reads it). Per cell: tok/s, TTFT p50/p99, ITL p99,
 CPU ms per output token of every server process, and for MoLoRA the adapter loads per request
 by tier (slot, host, disk, store) from its admin stats. `--store-n 10000` adds a MoLoRA run on a
 store of 10,000 folders to each cell, the requests still drawing from the first N: what the
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import json
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -149,6 +151,17 @@ def molora_config(store: Path, dtype: str, hot: dict[str, Any], path: Path) -> P
     return path
 
 
+def empty_disk_cache(cache: Path) -> None:
+    """No adapter file on the replica's disk, as on a node that never served one (vLLM reads the
+    folders afresh too); the folders' derived catalog facts (`.peft-derived`) are kept, so a
+    10,000-folder store does not re-derive at every start. Else the first run of a store fetched
+    every adapter and later ones none: the rounds were not alike."""
+    if cache.is_dir():
+        for entry in cache.iterdir():
+            if entry.name != ".peft-derived":
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
 def vllm_args(store: Path, names: list[str], max_rank: int, max_loras: int) -> tuple[str, ...]:
     modules = [f"{n}={store / n}" for n in names]
     cpu_loras = max(CPU_LORAS, max_loras)
@@ -245,6 +258,7 @@ def run_server(server: str, store: Path, names: list[str], trace: list[str], dty
     else:
         hot = hot_set(ranks, slots, max_loras)
         config = molora_config(store, dtype, hot, work / f"molora_{dtype}.yaml")
+        empty_disk_cache(work / "molora-cache")
         proc = start_molora(config, log)
         port = MOLORA_PORT
     try:
@@ -412,7 +426,8 @@ def main(argv: list[str] | None = None) -> None:
                 "vllm": f"--max-loras {args.max_loras} --max-cpu-loras "
                 f"{max(CPU_LORAS, args.max_loras)}, every adapter in --lora-modules",
                 "molora": "serve run as make serve runs it, hot set "
-                f"{hot_set(args.ranks, args.slots, args.max_loras)}, peft: store",
+                f"{hot_set(args.ranks, args.slots, args.max_loras)}, peft: store, "
+                "every run from an empty adapter disk cache",
             },
             "cells": cells,
             "table": table,
