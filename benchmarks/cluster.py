@@ -38,9 +38,9 @@ import httpx
 from ray import serve
 
 from benchmarks.cluster_scale import scale, scale_table
+from benchmarks.load_client import Sample, one_request, pct, zipf_sequence
 from benchmarks.machine import machine_info
 from benchmarks.report import RESULTS_DIR, write_json
-from benchmarks.serve_load import Sample, one_request, pct, zipf_sequence
 from tests.support.multinode import (
     MultiNodeCluster,
     app_config,

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from benchmarks.load_client import Sample, one_request, pct
 from benchmarks.placement_sim import (
     MEASURED_PHASES,
     SimConfig,
@@ -36,7 +37,6 @@ from benchmarks.placement_sim import (
     run_policy,
 )
 from benchmarks.placement_traffic import Arrival, Traffic, TrafficConfig, make_traffic
-from benchmarks.serve_load import Sample, one_request, pct
 from tests.support.multinode import MultiNodeCluster, app_config
 
 NODES = ("node_a", "node_b", "node_c")

@@ -158,8 +158,10 @@ def empty_disk_cache(cache: Path) -> None:
     every adapter and later ones none: the rounds were not alike."""
     if cache.is_dir():
         for entry in cache.iterdir():
-            if entry.name != ".peft-derived":
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            if entry.is_dir() and entry.name != ".peft-derived":
+                shutil.rmtree(entry)
+            elif entry.is_file():
+                entry.unlink()
 
 
 def vllm_args(store: Path, names: list[str], max_rank: int, max_loras: int) -> tuple[str, ...]:

@@ -12,9 +12,9 @@ from benchmarks.cluster_scale import (
     traffic_config,
     windows,
 )
+from benchmarks.load_client import Sample
 from benchmarks.placement_sim import MEASURED_PHASES
 from benchmarks.placement_traffic import Arrival, make_traffic
-from benchmarks.serve_load import Sample
 
 TRAFFIC = make_traffic(traffic_config(quick=True), 4.0)
 
