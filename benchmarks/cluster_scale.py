@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,6 +28,7 @@ import httpx
 import numpy as np
 
 from benchmarks.load_client import Sample, one_request, pct
+from benchmarks.many_adapters import write_adapter
 from benchmarks.placement_sim import (
     MEASURED_PHASES,
     SimConfig,
@@ -69,32 +69,11 @@ def traffic_config(quick: bool) -> TrafficConfig:
 
 
 def make_ranked_adapters(work: Path, model: Path, ranks: dict[str, int]) -> Path:
-    """One PEFT folder per name (q_proj and v_proj at its rank, seeded random weights)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from safetensors.torch import load_file, save_file
-    from transformers import LlamaForCausalLM
-
+    """One PEFT folder per name at its rank (q_proj and v_proj, seeded random weights), written
+    as `many_adapters` writes its stores."""
     out = work / "adapters"
-    templates: dict[int, tuple[Path, dict[str, torch.Size]]] = {}
-    for rank in sorted(set(ranks.values())):
-        folder = work / f"template-r{rank}"
-        lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"])
-        get_peft_model(LlamaForCausalLM.from_pretrained(model), lora).save_pretrained(folder)
-        shapes = {
-            k: v.shape for k, v in load_file(str(folder / "adapter_model.safetensors")).items()
-        }
-        templates[rank] = (folder, shapes)
     for i, (name, rank) in enumerate(sorted(ranks.items())):
-        folder, shapes = templates[rank]
-        dest = out / name
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy(folder / "adapter_config.json", dest)
-        gen = torch.Generator().manual_seed(i + 1)
-        tensors = {k: torch.randn(s, generator=gen) * 0.05 for k, s in shapes.items()}
-        save_file(tensors, str(dest / "adapter_model.safetensors"))
-    for folder, _ in templates.values():
-        shutil.rmtree(folder)
+        write_adapter(out / name, model, rank, seed=i + 1)
     return out
 
 
