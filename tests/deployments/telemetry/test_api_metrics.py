@@ -75,7 +75,12 @@ def test_vllm_named_series_on_the_api_port(app_url) -> None:
     client = openai_client(app_url)
 
     def exported(t: str) -> bool:  # Ray exports in windows: wait for every series and count
-        return all(s in t for s in VLLM_SERIES) and _lora_counts(t)["math"] >= before + 2
+        counts = _lora_counts(t)
+        return (
+            all(s in t for s in VLLM_SERIES)
+            and counts["math"] >= before + 2
+            and counts["mathcode"] >= 1
+        )
 
     first = httpx.get(f"{app_url}/metrics", timeout=10).text
     before = _lora_counts(first)["math"]
